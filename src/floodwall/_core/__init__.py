@@ -1,0 +1,1 @@
+"""Pure building blocks shared by every policy: clock, outcomes, windows, events, errors."""

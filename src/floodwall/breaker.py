@@ -1,0 +1,517 @@
+"""Circuit breaker: stop calling a dependency that is failing, probe it, resume when it heals.
+
+States and their stable metric numbers: CLOSED 0, OPEN 1, HALF_OPEN 2; operator states
+FORCED_OPEN 3, FORCED_CLOSED 4, DISABLED 5.
+
+* CLOSED: every call runs and is counted in a rolling window. The breaker trips to OPEN when
+  the window holds at least ``minimum_calls`` calls AND one of: the error rate is at least
+  ``failure_rate``; the share of calls slower than ``slow_call_duration`` is at least
+  ``slow_call_rate``; the error count is at least ``error_count``. Below ``minimum_calls``
+  nothing trips, even at 100 % failures (a handful of calls proves nothing).
+* OPEN: calls are rejected with :class:`CircuitOpenError` (``retry_after`` = time left) for
+  ``open_duration`` seconds; then the next call moves the breaker to HALF_OPEN.
+* HALF_OPEN: ``half_open_calls`` probes run; when all succeed the breaker closes with a fresh
+  window, the first failure (or slow probe, when the slow-call rule is on) reopens it, for an
+  open duration multiplied by ``open_duration_growth`` (capped at ``max_open_duration``). A probe
+  that has not come back after ``probe_timeout`` seconds counts as failed, so a hung probe cannot
+  wedge the breaker.
+* FORCED_OPEN rejects everything; FORCED_CLOSED lets everything through and counts nothing;
+  DISABLED lets everything through but keeps counting and emits ``"would_trip"`` events, for
+  rolling out thresholds in shadow mode. ``reset()`` returns to CLOSED.
+
+What counts: exceptions that are instances of ``record`` (default: any ``Exception``) and not
+of ``ignore`` are failures; ``TimeoutExceeded``/``TimeoutError`` count as timeouts, other
+floodwall rejections (a full bulkhead) as rejections; all three are errors. A result for which
+``failure_result(result)`` is true (an HTTP 503 response) is a failure. Ignored exceptions
+(business errors, cancellation) are not counted and release a half-open probe slot.
+
+Thread safety: the breaker's lock is held only to count and decide, never while the protected
+call runs (pybreaker holds it across the call, serialising every caller).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Kind
+from floodwall._core.policy import Policy
+from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
+from floodwall._core.window import _value as _count_value
+
+__all__ = ["CircuitBreaker", "CircuitState"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CircuitState(enum.IntEnum):
+    """A breaker's state; the numbers are stable for metrics."""
+
+    CLOSED = 0
+    OPEN = 1
+    HALF_OPEN = 2
+    FORCED_OPEN = 3
+    FORCED_CLOSED = 4
+    DISABLED = 5
+
+
+_CLOSED = CircuitState.CLOSED
+_OPEN = CircuitState.OPEN
+_HALF_OPEN = CircuitState.HALF_OPEN
+_FORCED_OPEN = CircuitState.FORCED_OPEN
+_FORCED_CLOSED = CircuitState.FORCED_CLOSED
+_DISABLED = CircuitState.DISABLED
+_SUCCESS = Kind.SUCCESS
+_FAILURE = Kind.FAILURE
+_REJECTED = -1
+"""``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
+
+
+def _rate(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not 0 < value <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _positive(name: str, value: float) -> float:
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class CircuitBreaker(Policy):
+    """A circuit breaker over a rolling window (see the module docstring for the semantics).
+
+    Defaults (Hystrix's): ``window=10`` s in ``buckets=10``, ``minimum_calls=20``,
+    ``failure_rate=0.5``, ``open_duration=5`` s, ``half_open_calls=1``. Pass ``window_calls=N``
+    for a count-based window of the last N calls instead.
+
+    Use it as a decorator (``@breaker``), with ``breaker.call(fn, ...)`` or
+    ``await breaker.call_async(fn, ...)``, or inside a :class:`~floodwall.Pipeline`. The pure
+    core is :meth:`acquire` / :meth:`on_outcome`, fed by the caller's clock readings.
+    """
+
+    kind = "circuit_breaker"
+
+    def __init__(
+        self,
+        name: str = "circuit_breaker",
+        *,
+        failure_rate: float | None = defaults.BREAKER_FAILURE_RATE,
+        minimum_calls: int = defaults.BREAKER_MINIMUM_CALLS,
+        slow_call_rate: float | None = None,
+        slow_call_duration: float | None = None,
+        error_count: int | None = None,
+        window: float = defaults.BREAKER_WINDOW,
+        buckets: int = defaults.BREAKER_BUCKETS,
+        window_calls: int | None = None,
+        open_duration: float = defaults.BREAKER_OPEN_DURATION,
+        open_duration_growth: float = defaults.BREAKER_OPEN_DURATION_GROWTH,
+        max_open_duration: float = defaults.BREAKER_MAX_OPEN_DURATION,
+        half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS,
+        probe_timeout: float = defaults.BREAKER_PROBE_TIMEOUT,
+        record: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
+        failure_result: Callable[[Any], bool] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.name = name
+        self.failure_rate = _rate("failure_rate", failure_rate)
+        self.minimum_calls = _count("minimum_calls", minimum_calls)
+        self.slow_call_rate = _rate("slow_call_rate", slow_call_rate)
+        if self.slow_call_rate is not None and slow_call_duration is None:
+            raise ConfigError(
+                f"slow_call_rate={slow_call_rate!r} needs slow_call_duration (seconds), got None"
+            )
+        self.slow_call_duration = (
+            None
+            if slow_call_duration is None
+            else _positive("slow_call_duration", slow_call_duration)
+        )
+        self.error_count = None if error_count is None else _count("error_count", error_count)
+        if self.failure_rate is None and self.slow_call_rate is None and self.error_count is None:
+            raise ConfigError(
+                "at least one of failure_rate, slow_call_rate, error_count must be set, got none"
+            )
+        self.window = _positive("window", window)
+        self.buckets = _count("buckets", buckets)
+        self.window_calls = None if window_calls is None else _count("window_calls", window_calls)
+        self.open_duration = _positive("open_duration", open_duration)
+        if not open_duration_growth >= 1:
+            raise ConfigError(f"open_duration_growth must be >= 1, got {open_duration_growth!r}")
+        self.open_duration_growth = float(open_duration_growth)
+        self.max_open_duration = _positive("max_open_duration", max_open_duration)
+        if self.max_open_duration < self.open_duration:
+            raise ConfigError(
+                f"max_open_duration must be >= open_duration ({open_duration!r}), "
+                f"got {max_open_duration!r}"
+            )
+        self.half_open_calls = _count("half_open_calls", half_open_calls)
+        self.probe_timeout = _positive("probe_timeout", probe_timeout)
+        self.record = record if isinstance(record, tuple) else (record,)
+        self.ignore = ignore if isinstance(ignore, tuple) else (ignore,)
+        self.failure_result = failure_result
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+
+        slow = self.slow_call_duration if self.slow_call_duration is not None else float("inf")
+        self._window: Window = (
+            CountWindow(self.window_calls, slow_call_duration=slow)
+            if self.window_calls is not None
+            else TimeWindow(self.buckets, self.window / self.buckets, slow_call_duration=slow)
+        )
+        self._lock = threading.Lock()
+        self._now = clock.monotonic
+        self._state = _CLOSED
+        self._gen = 0
+        self._changed_at = clock.monotonic()
+        self._open_for = self.open_duration
+        self._probes = 0
+        self._probe_successes = 0
+        self._rejections = itertools.count()
+        self._would_trip = False
+
+    # -- the pure core ----------------------------------------------------------------------
+
+    def acquire(self, now: float) -> int:
+        """Ask to run one call at ``now``; return a permit (>= 0) or -1 when refused.
+
+        The permit is handed back to :meth:`on_outcome`. OPEN turns into HALF_OPEN here once
+        the open duration has passed.
+        """
+        state = self._state
+        if state is _CLOSED or state is _DISABLED or state is _FORCED_CLOSED:
+            return self._gen
+        events: list[Event] = []
+        with self._lock:
+            permit = self._acquire_locked(now, events)
+        if events:
+            self._emit(events)
+        return permit
+
+    def _acquire_locked(self, now: float, events: list[Event]) -> int:
+        state = self._state
+        if state is _OPEN:
+            if now - self._changed_at < self._open_for:
+                next(self._rejections)
+                return _REJECTED
+            self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
+            state = _HALF_OPEN
+        if state is _HALF_OPEN:
+            if self._probes < self.half_open_calls:
+                self._probes += 1
+                return self._gen
+            if now - self._changed_at >= self.probe_timeout:
+                self._reopen(now, f"probe not back within {self.probe_timeout:g}s", events)
+            next(self._rejections)
+            return _REJECTED
+        if state is _FORCED_OPEN:
+            next(self._rejections)
+            return _REJECTED
+        return self._gen
+
+    def on_outcome(self, permit: int, now: float, kind: Kind, duration: float) -> None:
+        """Record how the call holding ``permit`` ended: ``kind`` at ``now`` after ``duration``.
+
+        Thresholds are evaluated when a call fails or is slow: a fast success never opens the
+        breaker. Outcomes of calls admitted before the last state change are dropped: they
+        describe the dependency as it was, not as the current state is testing it.
+        """
+        if (
+            kind == 0
+            and permit == self._gen
+            and self._state is _CLOSED
+            and self._window.add_success(now, duration)
+        ):
+            return  # the hot path: a fast success, counted lock-free
+        events: list[Event] = []
+        with self._lock:
+            if permit != self._gen:
+                return
+            state = self._state
+            if state is _HALF_OPEN:
+                self._on_probe(now, kind, duration, events)
+            elif state is _CLOSED or state is _DISABLED:
+                self._window.record(now, kind, duration)
+                if (kind or duration >= self._window.slow_call_duration) and not (
+                    state is _DISABLED and self._would_trip
+                ):
+                    reason = self._trip_reason(self._window.totals())
+                    if reason is not None:
+                        self._on_threshold(now, reason, events)
+        if events:
+            self._emit(events)
+
+    def _on_probe(self, now: float, kind: Kind, duration: float, events: list[Event]) -> None:
+        slow = self.slow_call_duration is not None and duration >= self.slow_call_duration
+        if kind is Kind.IGNORED:
+            self._probes -= 1
+        elif kind or (slow and self.slow_call_rate is not None):
+            what = "slow" if not kind else kind.name.lower()
+            self._reopen(now, f"half-open probe ended {what} after {duration:.3f}s", events)
+        else:
+            self._probe_successes += 1
+            if self._probe_successes >= self.half_open_calls:
+                self._open_for = self.open_duration
+                self._transition(
+                    _CLOSED, now, f"{self._probe_successes} half-open probe(s) succeeded", events
+                )
+
+    def _trip_reason(self, totals: tuple[int, int, int, int, int]) -> str | None:
+        """Why the figures trip the breaker, or None (lock held)."""
+        calls, failures, timeouts, rejections, slow = totals
+        if calls < self.minimum_calls:
+            return None
+        errors = failures + timeouts + rejections
+        span = self._span()
+        rate = self.failure_rate
+        if rate is not None and errors >= rate * calls:
+            return f"failure rate {errors / calls:.2f} >= {rate:.2f} over {calls} calls in {span}"
+        slow_rate = self.slow_call_rate
+        if slow_rate is not None and slow >= slow_rate * calls:
+            return (
+                f"slow-call rate {slow / calls:.2f} >= {slow_rate:.2f} "
+                f"(calls >= {self.slow_call_duration:g}s) over {calls} calls in {span}"
+            )
+        if self.error_count is not None and errors >= self.error_count:
+            return f"error count {errors} >= {self.error_count} over {calls} calls in {span}"
+        return None
+
+    def _span(self) -> str:
+        if self.window_calls is not None:
+            return f"the last {self.window_calls} calls"
+        return f"{self.window:g}s"
+
+    def _on_threshold(self, now: float, reason: str, events: list[Event]) -> None:
+        if self._state is _CLOSED:
+            self._open_for = self.open_duration
+            self._transition(_OPEN, now, reason, events)
+        elif self._state is _DISABLED and not self._would_trip:
+            self._would_trip = True
+            events.append(self._event("would_trip", now, reason))
+
+    def _reopen(self, now: float, reason: str, events: list[Event]) -> None:
+        grown = self._open_for * self.open_duration_growth
+        self._open_for = min(grown, self.max_open_duration)
+        self._transition(_OPEN, now, f"{reason}; open for {self._open_for:g}s", events)
+
+    def _transition(
+        self, to: CircuitState, now: float, reason: str, events: list[Event] | None
+    ) -> None:
+        """Change state (lock held): new generation, fresh probe and window bookkeeping."""
+        before = self._state
+        figures = self._figures(now)
+        self._state = to
+        self._gen += 1
+        self._changed_at = now
+        self._probes = 0
+        self._probe_successes = 0
+        self._would_trip = False
+        if to is _CLOSED or to is _DISABLED or to is _HALF_OPEN:
+            self._window.reset()
+        if events is not None and self.listeners:
+            events.append(
+                Event(
+                    kind="state_change",
+                    source=self.kind,
+                    name=self.name,
+                    time=now,
+                    reason=reason,
+                    from_state=before.name,
+                    to_state=to.name,
+                    figures=figures,
+                )
+            )
+
+    def _figures(self, now: float) -> dict[str, Any]:
+        snap = self._window.snapshot(now)
+        return {
+            "calls": snap.calls,
+            "errors": snap.errors,
+            "failure_rate": snap.failure_rate,
+            "slow_calls": snap.slow_calls,
+            "slow_call_rate": snap.slow_call_rate,
+            "open_duration": self._open_for,
+        }
+
+    def _event(self, kind: str, now: float, reason: str) -> Event:
+        return Event(kind=kind, source=self.kind, name=self.name, time=now, reason=reason)
+
+    def _emit(self, events: list[Event]) -> None:
+        for event in events:
+            self.listeners.emit(event)
+
+    def classify(self, exc: BaseException) -> Kind:
+        """How an exception counts: ignored, timeout, rejection or failure."""
+        if isinstance(exc, self.ignore):
+            return Kind.IGNORED
+        if isinstance(exc, TimeoutError):
+            return Kind.TIMEOUT
+        if isinstance(exc, RejectedError):
+            return Kind.REJECTED
+        if isinstance(exc, self.record):
+            return Kind.FAILURE
+        return Kind.IGNORED
+
+    def retry_after(self, now: float) -> float | None:
+        """Seconds until an OPEN breaker lets a probe through; ``None`` when unknown."""
+        if self._state is _OPEN:
+            return max(0.0, self._open_for - (now - self._changed_at))
+        return None
+
+    def rejection(self, now: float) -> CircuitOpenError:
+        """The error for a call refused at ``now``."""
+        state = self._state
+        retry_after = self._open_for - (now - self._changed_at) if state is _OPEN else None
+        return CircuitOpenError(self.name, state, retry_after)
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        now = self._now
+        start = now()
+        state = self._state
+        if state is _CLOSED:
+            permit = self._gen  # the hot path: no lock (acquire() would agree)
+        elif state is _OPEN and start - self._changed_at < self._open_for:
+            next(self._rejections)  # rejecting is the hot path of an outage: no lock either
+            raise CircuitOpenError(self.name, state, self._open_for - (start - self._changed_at))
+        elif state is _FORCED_OPEN:
+            next(self._rejections)
+            raise CircuitOpenError(self.name, state, None)
+        else:
+            permit = self.acquire(start)
+            if permit < 0:
+                raise self.rejection(start)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            end = now()
+            self.on_outcome(permit, end, self.classify(exc), end - start)
+            raise
+        end = now()
+        if self.failure_result is not None and self.failure_result(result):
+            self.on_outcome(permit, end, _FAILURE, end - start)
+        elif not (
+            permit == self._gen
+            and self._state is _CLOSED
+            and self._window.add_success(end, end - start)
+        ):
+            self.on_outcome(permit, end, _SUCCESS, end - start)  # (on_outcome's fast path, inlined)
+        return result
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        now = self._now
+        start = now()
+        state = self._state
+        if state is _CLOSED:
+            permit = self._gen  # the hot path: no lock (acquire() would agree)
+        elif state is _OPEN and start - self._changed_at < self._open_for:
+            next(self._rejections)  # rejecting is the hot path of an outage: no lock either
+            raise CircuitOpenError(self.name, state, self._open_for - (start - self._changed_at))
+        elif state is _FORCED_OPEN:
+            next(self._rejections)
+            raise CircuitOpenError(self.name, state, None)
+        else:
+            permit = self.acquire(start)
+            if permit < 0:
+                raise self.rejection(start)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            end = now()
+            self.on_outcome(permit, end, self.classify(exc), end - start)
+            raise
+        end = now()
+        if self.failure_result is not None and self.failure_result(result):
+            self.on_outcome(permit, end, _FAILURE, end - start)
+        elif not (
+            permit == self._gen
+            and self._state is _CLOSED
+            and self._window.add_success(end, end - start)
+        ):
+            self.on_outcome(permit, end, _SUCCESS, end - start)  # (on_outcome's fast path, inlined)
+        return result
+
+    # -- operators and observers ------------------------------------------------------------
+
+    @property
+    def state(self) -> CircuitState:
+        """The current state; an OPEN breaker whose open time is over reads as HALF_OPEN."""
+        if self._state is _OPEN and self._now() - self._changed_at >= self._open_for:
+            events: list[Event] = []
+            with self._lock:
+                now = self._now()
+                if self._state is _OPEN and now - self._changed_at >= self._open_for:
+                    self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
+            self._emit(events)
+        return self._state
+
+    def metrics(self) -> WindowSnapshot:
+        """The rolling window's figures now (calls, error and slow-call rates, p50/p99)."""
+        with self._lock:
+            return self._window.snapshot(self._now())
+
+    @property
+    def rejected(self) -> int:
+        """Calls refused since the breaker was built."""
+        return _count_value(self._rejections)
+
+    def force_open(self, reason: str = "forced open by operator") -> None:
+        """Reject every call until :meth:`reset` or another manual state."""
+        self._manual(_FORCED_OPEN, reason)
+
+    def force_closed(self, reason: str = "forced closed by operator") -> None:
+        """Let every call through, counting nothing, until :meth:`reset`."""
+        self._manual(_FORCED_CLOSED, reason)
+
+    def disable(self, reason: str = "disabled by operator") -> None:
+        """Let every call through but keep counting (shadow mode: ``would_trip`` events)."""
+        self._manual(_DISABLED, reason)
+
+    def reset(self, reason: str = "reset by operator") -> None:
+        """Back to CLOSED with an empty window and the base open duration."""
+        self._open_for = self.open_duration
+        self._manual(_CLOSED, reason)
+
+    def _manual(self, to: CircuitState, reason: str) -> None:
+        events: list[Event] = []
+        with self._lock:
+            self._transition(to, self._now(), reason, events)
+        self._emit(events)
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Subscribe to this breaker's events."""
+        self.listeners.add(listener)
+
+    def describe(self) -> str:
+        rules = []
+        if self.failure_rate is not None:
+            rules.append(f"failure_rate={self.failure_rate:g}")
+        if self.slow_call_rate is not None:
+            rules.append(f"slow_call_rate={self.slow_call_rate:g}@{self.slow_call_duration:g}s")
+        if self.error_count is not None:
+            rules.append(f"error_count={self.error_count}")
+        return (
+            f"CircuitBreaker({self.name!r}, {', '.join(rules)}, minimum_calls={self.minimum_calls},"
+            f" window={self._span()}, open_duration={self.open_duration:g}s)"
+        )

@@ -1,0 +1,136 @@
+"""Fallback: answer instead of the dependency when it fails or a policy refuses the call.
+
+``Fallback(value=x)`` answers a constant; ``Fallback(factory=f)`` calls ``f(exception)`` (an
+``async def`` factory is awaited by ``call_async``). Which failures it handles is chosen by
+exception type (``on``, default any ``Exception``) and/or by rejection kind (``kinds``, e.g.
+``{"circuit_open", "timeout"}``); when both are given, either matches. ``failure_result`` also
+replaces results that count as failures (an HTTP 503 value).
+
+A fallback answer is marked as degraded: the open :func:`floodwall.call_context` records which
+fallback answered and why, for response headers and metrics; ``Fallback.degraded`` counts them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, Generic, ParamSpec, TypeVar, cast
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, FailedResult, RejectedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.context import _CALL
+
+__all__ = ["Fallback"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+_UNSET: Any = object()
+
+
+class Fallback(Policy, Generic[T]):
+    """Replace a failed call's outcome with ``value`` or ``factory(exception)``."""
+
+    kind = "fallback"
+
+    def __init__(
+        self,
+        value: T = _UNSET,
+        *,
+        factory: Callable[[BaseException], T | Awaitable[T]] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        kinds: Collection[str] | None = None,
+        failure_result: Callable[[Any], bool] | None = None,
+        name: str = "fallback",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        if (value is _UNSET) == (factory is None):
+            raise ConfigError(
+                "give exactly one of value=... or factory=..., got "
+                + ("both" if factory is not None else "neither")
+            )
+        if kinds is not None and isinstance(kinds, str):
+            raise ConfigError(f"kinds must be a collection of rejection kinds, got {kinds!r}")
+        self.value = value
+        self.factory = factory
+        self.on: tuple[type[BaseException], ...] | None = (
+            None if on is None else (on if isinstance(on, tuple) else (on,))
+        )
+        self.kinds = None if kinds is None else frozenset(kinds)
+        self.failure_result = failure_result
+        self.name = name
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self.degraded = 0
+        """How many answers this fallback gave instead of the dependency."""
+
+    def handles(self, exc: BaseException) -> bool:
+        """Whether this fallback answers for ``exc``."""
+        if self.on is None and self.kinds is None:
+            return isinstance(exc, Exception)
+        if self.on is not None and isinstance(exc, self.on):
+            return True
+        return self.kinds is not None and isinstance(exc, RejectedError) and exc.kind in self.kinds
+
+    def _reason(self, exc: BaseException | None) -> str:
+        if exc is None:
+            return "failure_result"
+        return exc.kind if isinstance(exc, RejectedError) else type(exc).__name__
+
+    def _mark(self, exc: BaseException | None) -> None:
+        self.degraded += 1
+        reason = self._reason(exc)
+        context = _CALL.get()
+        if context is not None:
+            context.degraded_by = self.name
+            context.degraded_reason = reason
+        if self.listeners:
+            self.listeners.emit(
+                Event("fallback", self.kind, self.name, self.clock.monotonic(), reason)
+            )
+
+    def _answer(self, exc: BaseException | None, result: object = None) -> T | Awaitable[T]:
+        self._mark(exc)
+        if self.factory is None:
+            return self.value
+        return self.factory(exc if exc is not None else FailedResult(self.name, result))
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            if not self.handles(exc):
+                raise
+            answer = self._answer(exc)
+        else:
+            if self.failure_result is None or not self.failure_result(result):
+                return result
+            answer = self._answer(None, result)
+        if inspect.isawaitable(answer):
+            raise ConfigError(f"fallback {self.name!r} has an async factory; use call_async()")
+        return cast(R, answer)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            if not self.handles(exc):
+                raise
+            answer = self._answer(exc)
+        else:
+            if self.failure_result is None or not self.failure_result(result):
+                return result
+            answer = self._answer(None, result)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return cast(R, answer)
+
+    def describe(self) -> str:
+        what = "factory" if self.factory is not None else f"value={self.value!r}"
+        return f"Fallback({what})"
