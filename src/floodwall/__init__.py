@@ -6,10 +6,12 @@ alike; pure decision cores fed by an injectable clock, thin sync and async shell
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
 from floodwall._core.errors import (
+    BulkheadFullError,
     CircuitOpenError,
     ConfigError,
     FailedResult,
     FloodwallError,
+    RateLimitedError,
     RejectedError,
     TimeoutExceeded,
 )
@@ -35,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SYSTEM_CLOCK",
+    "BulkheadFullError",
     "CallContext",
     "CircuitBreaker",
     "CircuitOpenError",
@@ -54,6 +57,7 @@ __all__ = [
     "Outcome",
     "Pipeline",
     "Policy",
+    "RateLimitedError",
     "RejectedError",
     "SystemClock",
     "TimeWindow",

@@ -20,3 +20,7 @@ BREAKER_PROBE_TIMEOUT = 10.0
 
 TIMEOUT_THREAD_LIMIT = 8
 """Sync ``Timeout(mode="thread")``: abandoned, still-running worker threads allowed at once."""
+
+# -- retries, budgets, hedging (retry issue) -------------------------------------------------
+
+# -- bulkheads and rate limits (isolation issue) ---------------------------------------------

@@ -8,10 +8,12 @@ message built lazily in ``__str__``.
 from __future__ import annotations
 
 __all__ = [
+    "BulkheadFullError",
     "CircuitOpenError",
     "ConfigError",
     "FailedResult",
     "FloodwallError",
+    "RateLimitedError",
     "RejectedError",
     "TimeoutExceeded",
 ]
@@ -129,3 +131,15 @@ class FailedResult(FloodwallError):  # noqa: N818 - a value, handed to factories
 
     def __str__(self) -> str:
         return f"{self.name!r} counted the result {self.result!r} as a failure"
+
+
+class RateLimitedError(RejectedError):
+    """A rate limiter refused the call: ``RateLimitedError(name, reason, retry_after)``."""
+
+    kind = "rate_limited"
+
+
+class BulkheadFullError(RejectedError):
+    """A bulkhead had no free slot and no room to wait: ``BulkheadFullError(name, reason)``."""
+
+    kind = "bulkhead_full"
