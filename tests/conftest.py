@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 import redis
 
+from floodwall import FakeClock, Policy
 from servers import PostgresServer, RedisCluster, RedisServer
+
+T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------
 # Real servers for integration tests (helpers in tests/servers.py)
@@ -62,3 +67,42 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Core fixtures: a fake clock, and the two execution shells every policy must honour alike
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fresh :class:`floodwall.FakeClock` starting at t=1000 s (away from zero on purpose)."""
+    return FakeClock(1000.0)
+
+
+class Shell:
+    """Runs ``policy`` around a plain function in the sync or the async shell.
+
+    Contract tests take the ``shell`` fixture and run twice, once per shell, so the sync and
+    async paths are held to the same behaviour.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def run(self, policy: Policy, fn: Callable[[], T]) -> T:
+        if self.kind == "sync":
+            return policy.call(fn)
+
+        async def coroutine() -> T:
+            return fn()
+
+        return asyncio.run(policy.call_async(coroutine))
+
+    def __repr__(self) -> str:
+        return self.kind
+
+
+@pytest.fixture(params=["sync", "async"])
+def shell(request: pytest.FixtureRequest) -> Shell:
+    return Shell(str(request.param))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
@@ -26,21 +26,20 @@ __all__ = ["Fallback"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-T = TypeVar("T")
 
 _UNSET: Any = object()
 
 
-class Fallback(Policy, Generic[T]):
+class Fallback(Policy):
     """Replace a failed call's outcome with ``value`` or ``factory(exception)``."""
 
     kind = "fallback"
 
     def __init__(
         self,
-        value: T = _UNSET,
+        value: Any = _UNSET,
         *,
-        factory: Callable[[BaseException], T | Awaitable[T]] | None = None,
+        factory: Callable[[BaseException], Any] | None = None,
         on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         kinds: Collection[str] | None = None,
         failure_result: Callable[[Any], bool] | None = None,
@@ -93,7 +92,7 @@ class Fallback(Policy, Generic[T]):
                 Event("fallback", self.kind, self.name, self.clock.monotonic(), reason)
             )
 
-    def _answer(self, exc: BaseException | None, result: object = None) -> T | Awaitable[T]:
+    def _answer(self, exc: BaseException | None, result: object = None) -> Any:
         self._mark(exc)
         if self.factory is None:
             return self.value
@@ -111,6 +110,8 @@ class Fallback(Policy, Generic[T]):
                 return result
             answer = self._answer(None, result)
         if inspect.isawaitable(answer):
+            if inspect.iscoroutine(answer):
+                answer.close()  # never awaited: close it so it does not warn later
             raise ConfigError(f"fallback {self.name!r} has an async factory; use call_async()")
         return cast(R, answer)
 
