@@ -316,6 +316,13 @@ def _open_cases() -> list[Case]:
     return [
         Case(OPEN, BARE_RAISE, loop=bare_raise, ref="bare raise"),
         Case(OPEN, CALLEE_RAISE, fn=g, raises=ValueError, ref="raise in callee"),
+        Case(
+            OPEN,
+            "trivial decorator around g() that raises",
+            fn=deco(g),
+            raises=ValueError,
+            note="what the thinnest Python decorator costs before deciding anything",
+        ),
         Case(OPEN, FW_OPEN, fn=fw_open, raises=floodwall.CircuitOpenError),
         Case(
             OPEN,
@@ -347,8 +354,12 @@ async def asyncio_wait_for(n: int) -> None:
 def _hyx_timeout_decorator(group: str, label: str) -> Case:
     from hyx.timeout import timeout
 
+    # Applying hyx's decorator captures the running event loop: apply it once per loop, inside.
+    decorated: dict[asyncio.AbstractEventLoop, Callable[[], Awaitable[object]]] = {}
+
     async def run(n: int) -> None:
-        fn = timeout(1.0)(af)  # binds the running loop when applied: apply it inside the loop
+        loop = asyncio.get_running_loop()
+        fn = decorated.get(loop) or decorated.setdefault(loop, timeout(1.0)(af))
         for _ in repeat(None, n):
             await fn()
 
@@ -419,9 +430,22 @@ def targets() -> list[Target]:
             0.5,
             "async timeout, `@Timeout` ≤ 0.5 × `asyncio.timeout`",
         ),
-        Target(OPEN, FW_OPEN, CALLEE_RAISE, None, "rejection while OPEN vs calling a raiser"),
-        Target(SYNC, FW_SYNC, PYBREAKER_SYNC, None, "sync success path vs pybreaker"),
-        Target(SYNC, FW_SYNC, CIRCUITBREAKER_SYNC, None, "sync success path vs circuitbreaker"),
-        Target(ASYNC, FW_ASYNC, AIOBREAKER_ASYNC, None, "async success path vs aiobreaker"),
-        Target(ASYNC, FW_ASYNC, CIRCUITBREAKER_ASYNC, None, "async success path vs circuitbreaker"),
+        Target(
+            OPEN,
+            FW_OPEN,
+            CALLEE_RAISE,
+            2.0,
+            "rejection while OPEN ≤ 2 × raise-and-catch across one call (any decorator's floor)",
+        ),
+        Target(
+            OPEN,
+            FW_OPEN,
+            "trivial decorator around g() that raises",
+            None,
+            "rejection while OPEN vs the thinnest Python decorator re-raising",
+        ),
+        Target(SYNC, FW_SYNC, PYBREAKER_SYNC, 0.5, "sync success path ≤ 0.5 × pybreaker"),
+        Target(SYNC, FW_SYNC, CIRCUITBREAKER_SYNC, 1.0, "sync success path ≤ circuitbreaker"),
+        Target(ASYNC, FW_ASYNC, AIOBREAKER_ASYNC, 0.5, "async success path ≤ 0.5 × aiobreaker"),
+        Target(ASYNC, FW_ASYNC, CIRCUITBREAKER_ASYNC, 1.0, "async success path ≤ circuitbreaker"),
     ]

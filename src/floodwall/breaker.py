@@ -71,6 +71,7 @@ _FORCED_CLOSED = CircuitState.FORCED_CLOSED
 _DISABLED = CircuitState.DISABLED
 _SUCCESS = Kind.SUCCESS
 _FAILURE = Kind.FAILURE
+_INF = float("inf")
 _REJECTED = -1
 """``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
 
@@ -183,6 +184,7 @@ class CircuitBreaker(Policy):
         self._gen = 0
         self._changed_at = clock.monotonic()
         self._open_for = self.open_duration
+        self._open_until = _INF
         self._probes = 0
         self._probe_successes = 0
         self._rejections = itertools.count()
@@ -321,6 +323,7 @@ class CircuitBreaker(Policy):
         self._state = to
         self._gen += 1
         self._changed_at = now
+        self._open_until = now + self._open_for if to is _OPEN else _INF
         self._probes = 0
         self._probe_successes = 0
         self._would_trip = False
@@ -385,14 +388,13 @@ class CircuitBreaker(Policy):
     # -- the shells -------------------------------------------------------------------------
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        now = self._now
-        start = now()
+        start = self._now()
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start - self._changed_at < self._open_for:
+        elif state is _OPEN and start < self._open_until:
             next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_for - (start - self._changed_at))
+            raise CircuitOpenError(self.name, state, self._open_until - start)
         elif state is _FORCED_OPEN:
             next(self._rejections)
             raise CircuitOpenError(self.name, state, None)
@@ -403,10 +405,10 @@ class CircuitBreaker(Policy):
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            end = now()
+            end = self._now()
             self.on_outcome(permit, end, self.classify(exc), end - start)
             raise
-        end = now()
+        end = self._now()
         if self.failure_result is not None and self.failure_result(result):
             self.on_outcome(permit, end, _FAILURE, end - start)
         elif not (
@@ -420,14 +422,13 @@ class CircuitBreaker(Policy):
     async def call_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        now = self._now
-        start = now()
+        start = self._now()
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start - self._changed_at < self._open_for:
+        elif state is _OPEN and start < self._open_until:
             next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_for - (start - self._changed_at))
+            raise CircuitOpenError(self.name, state, self._open_until - start)
         elif state is _FORCED_OPEN:
             next(self._rejections)
             raise CircuitOpenError(self.name, state, None)
@@ -438,10 +439,10 @@ class CircuitBreaker(Policy):
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            end = now()
+            end = self._now()
             self.on_outcome(permit, end, self.classify(exc), end - start)
             raise
-        end = now()
+        end = self._now()
         if self.failure_result is not None and self.failure_result(result):
             self.on_outcome(permit, end, _FAILURE, end - start)
         elif not (

@@ -9,7 +9,16 @@ library's socket timeout, should wait at most.
 whether a fallback answered instead of the dependency), read by integrations for response
 headers and metrics.
 
-Both live in :mod:`contextvars`, so they follow asyncio tasks and are isolated per thread.
+``retry_marker(attempt, origin)`` says "this work is a retry": :class:`~floodwall.Retry` sets it
+around every attempt after the first, and a nested ``Retry`` that sees it does not retry again
+(one retrying layer per request, not one per tier). Integrations will carry it over HTTP headers
+and gRPC metadata, so a downstream service sees it too.
+
+``idempotency_key(key)`` names the logical write a call belongs to; a ``Retry`` declared for
+non-idempotent work (``idempotent=False``) retries only when a key is set, since the key is what
+lets the server recognise a duplicate.
+
+All of them live in :mod:`contextvars`, so they follow asyncio tasks and are isolated per thread.
 """
 
 from __future__ import annotations
@@ -17,18 +26,41 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 
-__all__ = ["CallContext", "Deadline", "call_context", "current_call", "deadline", "remaining"]
+__all__ = [
+    "CallContext",
+    "Deadline",
+    "RetryMarker",
+    "call_context",
+    "current_call",
+    "current_deadline",
+    "current_idempotency_key",
+    "current_retry",
+    "deadline",
+    "idempotency_key",
+    "remaining",
+    "retry_marker",
+]
 
 
-@dataclass(frozen=True, slots=True)
 class Deadline:
-    """An absolute point on ``clock``'s timeline."""
+    """An absolute point on ``clock``'s timeline (treat as immutable).
 
-    at: float
-    clock: Clock
+    A plain slotted class, not a frozen dataclass: timeouts create one per call, and a frozen
+    dataclass's ``__init__`` costs several times more.
+    """
+
+    __slots__ = ("at", "clock")
+
+    def __init__(self, at: float, clock: Clock) -> None:
+        self.at = at
+        self.clock = clock
+
+    def __repr__(self) -> str:
+        return f"Deadline(at={self.at!r}, clock={self.clock!r})"
 
     def remaining(self) -> float:
         """Seconds left (negative once passed)."""
@@ -161,6 +193,134 @@ class call_context:  # noqa: N801 - used like a function: ``with floodwall.call_
             self._token = None
 
     async def __aenter__(self) -> CallContext:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+# -- retry marker ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryMarker:
+    """The work running now is retry attempt ``attempt`` (2 for the first retry) of ``origin``.
+
+    Its presence means "a layer above is already retrying this request: do not retry below
+    me". ``origin`` names the policy (or, once carried over the network, the service) that
+    retries.
+    """
+
+    attempt: int
+    origin: str
+
+
+_RETRY: contextvars.ContextVar[RetryMarker | None] = contextvars.ContextVar(
+    "floodwall_retry", default=None
+)
+
+_BUDGETS: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+    "floodwall_charged_budgets", default=()
+)
+"""Retry budgets already charged for the logical request running now (shared budgets only), so
+nested policies sharing a budget count one request once, not once per layer."""
+
+
+def current_retry() -> RetryMarker | None:
+    """The innermost :class:`RetryMarker`, or ``None`` when no layer above is retrying."""
+    return _RETRY.get()
+
+
+class retry_marker:  # noqa: N801 - used like a function: ``with floodwall.retry_marker(2, "x"):``
+    """Context manager (sync and async) marking everything inside as retry ``attempt``.
+
+    :class:`~floodwall.Retry` does this itself; integrations use it to restore a marker that
+    arrived in a request header. ``attempt`` must be an integer >= 2 (attempt 1 is no retry).
+    """
+
+    __slots__ = ("_token", "marker")
+
+    def __init__(self, attempt: int, origin: str) -> None:
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 2:
+            raise ValueError(f"attempt must be an integer >= 2 (a retry), got {attempt!r}")
+        self.marker = RetryMarker(attempt, origin)
+        self._token: contextvars.Token[RetryMarker | None] | None = None
+
+    def __enter__(self) -> RetryMarker:
+        self._token = _RETRY.set(self.marker)
+        return self.marker
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _RETRY.reset(self._token)
+            self._token = None
+
+    async def __aenter__(self) -> RetryMarker:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+# -- idempotency key ------------------------------------------------------------------------
+
+
+_IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "floodwall_idempotency_key", default=None
+)
+
+
+def current_idempotency_key() -> str | None:
+    """The ambient idempotency key, or ``None`` outside :class:`idempotency_key`."""
+    return _IDEMPOTENCY_KEY.get()
+
+
+class idempotency_key:  # noqa: N801 - used like a function: ``with floodwall.idempotency_key(k):``
+    """Context manager (sync and async) naming the logical write everything inside belongs to.
+
+    Every attempt of a retried write carries the same key, so the server (or a key store) can
+    tell a retry from a new write and answer it without doing the work twice. ``key`` must be
+    a non-empty string; the innermost key wins.
+    """
+
+    __slots__ = ("_token", "key")
+
+    def __init__(self, key: str) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a non-empty string, got {key!r}")
+        self.key = key
+        self._token: contextvars.Token[str | None] | None = None
+
+    def __enter__(self) -> str:
+        self._token = _IDEMPOTENCY_KEY.set(self.key)
+        return self.key
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _IDEMPOTENCY_KEY.reset(self._token)
+            self._token = None
+
+    async def __aenter__(self) -> str:
         return self.__enter__()
 
     async def __aexit__(

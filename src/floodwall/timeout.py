@@ -37,7 +37,7 @@ import signal
 import threading
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
@@ -58,6 +58,31 @@ SyncMode = Literal["auto", "signal", "thread", "cooperative"]
 
 _PENDING, _DONE, _EXPIRED = 0, 1, 2
 _INF = float("inf")
+
+
+class _CurrentTasks(Mapping[asyncio.AbstractEventLoop, "asyncio.Task[object]"]):
+    """Fallback for interpreters without ``asyncio.tasks._current_tasks``."""
+
+    def __iter__(self) -> Iterator[asyncio.AbstractEventLoop]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[object]:
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("floodwall.Timeout.call_async must run inside a task")
+        return task
+
+
+# asyncio.current_task() is a Python function that looks the loop up again; these are the two C
+# lookups it is made of (asyncio.tasks._current_tasks exists since 3.7; checked at import).
+_running_loop = asyncio.get_running_loop
+_TASKS = getattr(asyncio.tasks, "_current_tasks", None)
+_current_tasks: Mapping[asyncio.AbstractEventLoop, asyncio.Task[object]] = (
+    _TASKS if isinstance(_TASKS, dict) else _CurrentTasks()
+)
 
 
 class _Entry:
@@ -169,8 +194,8 @@ class Timeout(Policy):
     ) -> R:
         start = self._now()
         budget, inherited = self._budget(start)
-        task: asyncio.Task[object] = asyncio.current_task()  # type: ignore[assignment]
-        loop = task.get_loop()
+        loop = _running_loop()
+        task: asyncio.Task[object] = _current_tasks[loop]
         watch = self._watch if loop is self._loop else self._watch_for(loop)
         entry = _Entry(start + budget, task, task.cancelling())
         if inherited:

@@ -23,4 +23,25 @@ TIMEOUT_THREAD_LIMIT = 8
 
 # -- retries, budgets, hedging (retry issue) -------------------------------------------------
 
+RETRY_ATTEMPTS = 3
+"""Total attempts (the first call plus two retries): the seeds' "at most 3 times"."""
+RETRY_BACKOFF_BASE = 0.1
+"""Seconds: the first retry of the default exponential full-jitter backoff waits up to this."""
+RETRY_BACKOFF_CAP = 10.0
+"""Seconds: no backoff delay is ever longer."""
+RETRY_MAX_RETRY_AFTER = 30.0
+"""Seconds: a server's ``Retry-After`` is honoured up to this much waiting, then capped."""
+RETRY_MAX_LEVEL = 2
+"""Dependency levels above this never retry (level 3, "nice to have", fails fast)."""
+RETRY_BUDGET_RATIO = 0.1
+"""Retries per request over the budget's window: the seeds' 10 % (amplification about 1.1)."""
+RETRY_BUDGET_MIN_PER_SECOND = 1.0
+"""Retries per second always allowed, so a quiet caller can still retry a blip."""
+RETRY_BUDGET_WINDOW = 10.0
+RETRY_BUDGET_BUCKETS = 10
+HEDGE_MAX_HEDGES = 1
+"""Extra attempts a :class:`~floodwall.Hedge` may start beside the first."""
+HEDGE_MIN_SAMPLES = 20
+"""Latency samples a percentile hedge delay needs before it replaces the fixed delay."""
+
 # -- bulkheads and rate limits (isolation issue) ---------------------------------------------

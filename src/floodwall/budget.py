@@ -1,0 +1,216 @@
+"""Retry budgets: retries may add at most ``ratio`` to the traffic, whatever fails.
+
+A maximum number of attempts bounds the amplification of one request; it does nothing about
+ten thousand requests failing at once, each retrying twice. A budget bounds the sum: over a
+rolling window (10 s in 10 buckets by default) it counts requests and retries, and grants a
+retry only while
+
+    retries + 1 <= ratio × requests + min_per_second × window
+
+so retries stay within ``ratio`` of the requests (the seeds' 10 %, an amplification of about
+1.1 ×) plus a small floor that lets a quiet caller still retry a blip. It is the retry budget of
+Finagle (``RetryBudget``, "percentCanRetry" and "minRetriesPerSec" over a TTL), Linkerd and
+Envoy; the seeds describe the same rule as ``sum(RC) / sum(SC) < 0.1`` over the last 10 buckets.
+
+One budget can be shared by many :class:`~floodwall.Retry` and :class:`~floodwall.Hedge`
+policies (one per dependency, or one per process). Nested policies that share a budget count
+one logical request once, not once per layer.
+
+The counts live in a :class:`~floodwall.TimeWindow`: a request is a lock-free success record
+(two atomic counter bumps), a granted retry a failure record taken under the budget's lock, so
+``requests = calls − failures`` and ``retries = failures``. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, RejectedError
+from floodwall._core.outcome import Kind
+from floodwall._core.window import TimeWindow
+
+__all__ = ["BudgetSnapshot", "RetryBudget", "RetryBudgetExhausted"]
+
+_SLACK = 1e-9
+"""Absorbs float rounding in ``ratio × requests`` (0.1 × 30 is 3.0000000000000004)."""
+
+
+_INF = float("inf")
+
+
+def _number(
+    name: str, value: object, low: float, high: float, unit: str, *, low_open: bool = False
+) -> float:
+    """``value`` as a float in ``[low, high]`` (``(low, high]`` with ``low_open``), finite."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        number = float(value)  # type: ignore[arg-type]
+        ok = (number > low if low_open else number >= low) and number <= high and number < _INF
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ConfigError(f"{name} must be a finite number in {interval} {unit}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+class RetryBudgetExhausted(RejectedError):  # noqa: N818 - the name is the public contract
+    """A retry budget refused a retry: ``RetryBudgetExhausted(name, reason)``.
+
+    Not raised in place of the failure: the caller still gets the original error, with this
+    error's text added as a note (PEP 678) and the instance kept on
+    :func:`floodwall.retry.gave_up`'s record, so handlers see what failed *and* why it was not
+    retried.
+    """
+
+    kind = "retry_budget_exhausted"
+
+    def __str__(self) -> str:
+        return f"{self.name!r}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSnapshot:
+    """A budget's figures at one moment: what the window holds and what it allows."""
+
+    requests: int
+    retries: int
+    ratio: float
+    floor: float
+    """``min_per_second × window``: retries allowed whatever the traffic."""
+    span: float
+
+    @property
+    def allowance(self) -> float:
+        """Retries the window allows in total: ``ratio × requests + floor``."""
+        return self.ratio * self.requests + self.floor
+
+    @property
+    def available(self) -> int:
+        """Retries that would be granted now, one after the other."""
+        return max(0, int(self.allowance + _SLACK) - self.retries)
+
+    @property
+    def retry_ratio(self) -> float:
+        """Retries per request in the window (0.0 without requests)."""
+        return self.retries / self.requests if self.requests else 0.0
+
+
+class RetryBudget:
+    """Grant retries only while they stay within ``ratio`` of the requests (see the module).
+
+    ``ratio`` is retries per request, in ``[0, 1]``; ``min_per_second`` (``>= 0``) the retries
+    per second allowed whatever the traffic; the window is ``window`` seconds in ``buckets``
+    buckets. Policies call :meth:`deposit` once per logical request and :meth:`try_withdraw`
+    before each retry; ``clock`` is only read by :meth:`snapshot` without an explicit ``now``.
+    """
+
+    __slots__ = (
+        "_floor",
+        "_lock",
+        "_users",
+        "_window",
+        "buckets",
+        "clock",
+        "min_per_second",
+        "name",
+        "ratio",
+        "window",
+    )
+
+    def __init__(
+        self,
+        ratio: float = defaults.RETRY_BUDGET_RATIO,
+        *,
+        min_per_second: float = defaults.RETRY_BUDGET_MIN_PER_SECOND,
+        window: float = defaults.RETRY_BUDGET_WINDOW,
+        buckets: int = defaults.RETRY_BUDGET_BUCKETS,
+        name: str = "retry_budget",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.ratio = _number("ratio", ratio, 0.0, 1.0, "(retries per request)")
+        self.min_per_second = _number(
+            "min_per_second", min_per_second, 0.0, _INF, "(retries per second)"
+        )
+        self.window = _number("window", window, 0.0, _INF, "seconds", low_open=True)
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
+            raise ConfigError(f"buckets must be an integer >= 1, got {buckets!r}")
+        self.buckets = buckets
+        self.name = name
+        self.clock = clock
+        self._floor = self.min_per_second * self.window
+        self._window = TimeWindow(buckets, self.window / buckets, latency=False)
+        self._lock = threading.Lock()
+        self._users = 0
+
+    # -- the pure core ----------------------------------------------------------------------
+
+    def deposit(self, now: float) -> None:
+        """Count one request at ``now``. Lock-free in the common case (O(1))."""
+        if not self._window.add_success(now, 0.0):
+            with self._lock:
+                self._window.record(now, Kind.SUCCESS, 0.0)
+
+    def try_withdraw(self, now: float) -> bool:
+        """Count one retry at ``now`` if the budget allows it; return whether it did.
+
+        O(buckets), under the budget's lock.
+        """
+        window = self._window
+        with self._lock:
+            window.refresh(now)
+            calls, retries = window.totals()[:2]
+            if retries + 1 > self.ratio * (calls - retries) + self._floor + _SLACK:
+                return False
+            window.record(now, Kind.FAILURE, 0.0)
+            return True
+
+    def snapshot(self, now: float | None = None) -> BudgetSnapshot:
+        """The window's figures at ``now`` (default: the budget's clock)."""
+        at = self.clock.monotonic() if now is None else now
+        with self._lock:
+            self._window.refresh(at)
+            calls, retries = self._window.totals()[:2]
+        return BudgetSnapshot(
+            requests=calls - retries,
+            retries=retries,
+            ratio=self.ratio,
+            floor=self._floor,
+            span=self.window,
+        )
+
+    def exhausted(self, origin: str, now: float) -> RetryBudgetExhausted:
+        """The error that explains a refusal at ``now`` to a policy named ``origin``."""
+        snap = self.snapshot(now)
+        return RetryBudgetExhausted(
+            self.name,
+            f"retry budget exhausted for {origin!r}: {snap.retries} retries for "
+            f"{snap.requests} requests in the last {self.window:g}s; allowed "
+            f"{self.ratio:g} × {snap.requests} + {self.min_per_second:g}/s × {self.window:g}s "
+            f"= {snap.allowance:g}",
+            None,
+        )
+
+    def reset(self) -> None:
+        """Forget every request and retry."""
+        with self._lock:
+            self._window.reset()
+
+    # -- sharing ----------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        """Called by each policy that uses this budget (a shared budget dedupes nested calls)."""
+        with self._lock:
+            self._users += 1
+
+    @property
+    def shared(self) -> bool:
+        """Whether more than one policy uses this budget."""
+        return self._users > 1
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryBudget({self.name!r}, ratio={self.ratio:g}, "
+            f"min_per_second={self.min_per_second:g}, window={self.window:g}s/{self.buckets})"
+        )

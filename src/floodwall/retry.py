@@ -1,0 +1,646 @@
+"""Retries that never storm.
+
+A retry raises the success rate of one call and, done naively, takes a whole system down: a chain
+of three services over a database, each trying 3 times, turns one request into 3 × 3 × 3 = 27
+database calls exactly when the database is already failing. :class:`Retry` retries only what a
+retry can fix, and keeps the total small:
+
+* **what**: the failure's :class:`~floodwall.classify.ErrorClass`. Business errors are never
+  retried, overload signals (HTTP 429/503, open breakers, rate limits, full bulkheads) not by
+  default (``retry_overload=True``: only after their ``retry_after``), transient network errors
+  are, and so are the types listed in ``retry_on`` and results flagged by ``retry_on_result``.
+  ``Retry-After`` is honoured (the wait is at least that, capped at ``max_retry_after``).
+* **how often**: ``attempts`` in total (default 3), each retry after the
+  :mod:`~floodwall.backoff` delay (default exponential with full jitter).
+* **when not**: never past the ambient :func:`floodwall.deadline` (or the policy's own
+  ``deadline``): a retry is scheduled only if its delay plus an attempt as long as the last one
+  ends before the time left. Never for non-idempotent work (``idempotent=False``) unless the call
+  carries a :func:`floodwall.idempotency_key`. Never for a dependency whose ``level`` is above
+  ``max_level`` (level 3, "nice to have", fails fast), nor while :meth:`Retry.disable` is on.
+* **not twice**: while an attempt is a retry the context holds a
+  :class:`~floodwall.RetryMarker`; a nested ``Retry`` that sees one does not retry (the layer
+  above already does). Symmetrically, a failure that a nested ``Retry`` already retried, or that
+  its budget refused, is not retried again by an enclosing one. ``respect_marker=False`` turns
+  both off.
+* **not too many**: every retry must be granted by a :class:`~floodwall.RetryBudget` (by
+  default a private one; share one per dependency or per process), which keeps retries under
+  ``ratio`` (10 %) of the requests over a rolling window.
+
+When it stops, the caller gets the last error, unchanged but for a note (PEP 678) saying why it
+was not retried when that is not obvious (budget, deadline, marker…), and a :class:`GaveUp`
+record readable with :func:`gave_up`; a result flagged as failed is returned as is.
+
+Events (``Event.kind``): ``attempt`` (every attempt, ``figures["attempt"]``),
+``retry_scheduled`` (delay and reason), ``budget_exhausted`` and ``given_up`` (attempts, last
+error, cause). Counters: :attr:`Retry.calls`, :attr:`~Retry.retries`, :attr:`~Retry.recovered`,
+:attr:`~Retry.failed`, :attr:`~Retry.budget_refusals`.
+
+Cost: the first attempt's success path reads the clock once and counts the request in the budget
+with two atomic counter bumps; nothing is allocated and no context variable is set unless the
+budget is shared by several policies (then one, so nested policies count a request once) or the
+policy has its own ``deadline``. The decision core (:meth:`Retry.decide`) exists once; the sync
+and async shells only differ in how they sleep.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextvars import Token
+from dataclasses import dataclass
+from typing import Any, Final, Literal, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall._core.window import _value as _count_value
+from floodwall.backoff import Backoff, FullJitter, Rng
+from floodwall.budget import RetryBudget, RetryBudgetExhausted
+from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
+from floodwall.context import (
+    _BUDGETS,
+    _DEADLINE,
+    _IDEMPOTENCY_KEY,
+    _RETRY,
+    Deadline,
+    RetryMarker,
+)
+
+__all__ = ["Cause", "GaveUp", "Retry", "RetryState", "gave_up"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Cause = Literal[
+    "business",
+    "overload",
+    "not_retryable",
+    "attempts",
+    "disabled",
+    "level",
+    "marker",
+    "retried_below",
+    "idempotency",
+    "deadline",
+    "budget",
+]
+"""Why a :class:`Retry` stopped retrying a call."""
+
+_QUIET: Final = frozenset({"business", "overload", "not_retryable", "marker", "retried_below"})
+"""Causes that leave a first-attempt error untouched (no note, no record): nothing surprising
+happened, or the decision belongs to another layer."""
+
+_STOP: Final = -1.0
+_TRANSIENT = ErrorClass.TRANSIENT
+_OVERLOAD = ErrorClass.OVERLOAD
+_BUSINESS = ErrorClass.BUSINESS
+_UNKNOWN = ErrorClass.UNKNOWN
+_RECORD = "__floodwall_gave_up__"
+_DEFAULT_BUDGET: Any = object()
+"""Sentinel: give the policy its own private :class:`RetryBudget`."""
+
+
+@dataclass(frozen=True, slots=True)
+class GaveUp:
+    """Why a :class:`Retry` stopped: attached to the error the caller receives."""
+
+    policy: str
+    attempts: int
+    cause: Cause
+    reason: str
+    budget: RetryBudgetExhausted | None = None
+    """The budget's refusal, when ``cause == "budget"``."""
+
+    @property
+    def final(self) -> bool:
+        """Whether enclosing retries should leave this failure alone: it was retried already,
+        or a budget refused to retry it."""
+        return self.attempts > 1 or self.cause == "budget"
+
+
+def gave_up(exc: BaseException) -> GaveUp | None:
+    """The :class:`GaveUp` record a :class:`Retry` attached to ``exc``, if any."""
+    record = getattr(exc, _RECORD, None)
+    return record if isinstance(record, GaveUp) else None
+
+
+class RetryState:
+    """One call's way through its attempts (created at the first failure, never on success).
+
+    ``attempt`` is the number of the attempt that just ended (or is running); ``started`` is
+    when the call began, ``attempt_started`` when the current attempt did.
+    """
+
+    __slots__ = ("attempt", "attempt_started", "delays", "started")
+
+    def __init__(self, started: float) -> None:
+        self.attempt = 1
+        self.started = started
+        self.attempt_started = started
+        self.delays: Iterator[float] | None = None
+
+
+class _Scope:
+    """Context variables a call installed on entry, reset on exit."""
+
+    __slots__ = ("budgets", "deadline")
+
+    def __init__(self) -> None:
+        self.budgets: Token[tuple[Any, ...]] | None = None
+        self.deadline: Token[Deadline | None] | None = None
+
+    def close(self) -> None:
+        if self.deadline is not None:
+            _DEADLINE.reset(self.deadline)
+        if self.budgets is not None:
+            _BUDGETS.reset(self.budgets)
+
+
+def _types(name: str, value: object) -> tuple[type[BaseException], ...]:
+    items = value if isinstance(value, tuple) else (value,)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigError(f"{name} must be exception types, got {value!r}")
+    return items
+
+
+def _int(name: str, value: object, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: object, *, positive: bool) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value > 0 if positive else value >= 0)
+        or value == float("inf")
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{name} must be a finite number {bound} seconds, got {value!r}")
+    return float(value)
+
+
+class Retry(Policy):
+    """Retry failed calls that a retry can fix, within attempts, deadline and budget.
+
+    See the module docstring for the rules. Defaults: ``attempts=3`` in total,
+    ``backoff=FullJitter(base=0.1, cap=10)``, a private ``RetryBudget(ratio=0.1,
+    min_per_second=1)`` (pass ``budget=None`` for none, or a shared one),
+    ``max_retry_after=30`` s, ``max_level=2``. ``rng`` feeds the backoff's jitter (unless the
+    backoff has its own).
+    """
+
+    kind = "retry"
+
+    def __init__(
+        self,
+        name: str = "retry",
+        *,
+        attempts: int = defaults.RETRY_ATTEMPTS,
+        backoff: Backoff | None = None,
+        deadline: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        retry_on_result: Callable[[Any], bool] | None = None,
+        business: type[BaseException] | tuple[type[BaseException], ...] = (),
+        classifier: Classifier = DEFAULT_CLASSIFIER,
+        retry_overload: bool = False,
+        max_retry_after: float = defaults.RETRY_MAX_RETRY_AFTER,
+        budget: RetryBudget | None = _DEFAULT_BUDGET,
+        respect_marker: bool = True,
+        idempotent: bool = True,
+        level: int | None = None,
+        max_level: int = defaults.RETRY_MAX_LEVEL,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Rng | None = None,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.name = name
+        self.attempts = _int("attempts", attempts, 1)
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
+        self.backoff: Backoff = backoff if backoff is not None else FullJitter()
+        self.deadline = None if deadline is None else _seconds("deadline", deadline, positive=True)
+        self.retry_on = _types("retry_on", retry_on)
+        if retry_on_result is not None and not callable(retry_on_result):
+            raise ConfigError(f"retry_on_result must be callable, got {retry_on_result!r}")
+        self.retry_on_result = retry_on_result
+        extra = _types("business", business)
+        self.classifier = classifier.with_types(business=extra) if extra else classifier
+        self.retry_overload = bool(retry_overload)
+        self.max_retry_after = _seconds("max_retry_after", max_retry_after, positive=False)
+        if budget is _DEFAULT_BUDGET:
+            budget = RetryBudget(name=f"{name}.budget", clock=clock)
+        elif budget is not None and not isinstance(budget, RetryBudget):
+            raise ConfigError(f"budget must be a RetryBudget or None, got {budget!r}")
+        self.budget: RetryBudget | None = budget
+        if budget is not None:
+            budget.attach()
+        self.respect_marker = bool(respect_marker)
+        self.idempotent = bool(idempotent)
+        self.level = None if level is None else _int("level", level, 1)
+        self.max_level = _int("max_level", max_level, 0)
+        self.clock = clock
+        self.rng = rng
+        self.listeners = Listeners(listeners)
+        self._now = clock.monotonic
+        self._enabled = True
+        self._disabled_reason = ""
+        self._calls = itertools.count()
+        self._retries = itertools.count()
+        self._recovered = itertools.count()
+        self._failed = itertools.count()
+        self._refusals = itertools.count()
+
+    # -- the decision core ------------------------------------------------------------------
+
+    def decide(
+        self, state: RetryState, error: BaseException | None, result: Any, now: float
+    ) -> float:
+        """After attempt ``state.attempt`` failed at ``now`` (with ``error``, or with a
+        ``result`` flagged as failed): the seconds to wait before the next attempt, or a
+        negative number to stop.
+
+        Stopping has already annotated ``error`` and emitted the events; retrying has taken a
+        retry from the budget and advanced ``state``. Reads the ambient context (marker,
+        idempotency key, deadline) but never sleeps.
+        """
+        attempt = state.attempt
+        classifier = self.classifier
+        if error is not None:
+            kind = classifier.classify(error)
+            if kind is _UNKNOWN and self.retry_on and isinstance(error, self.retry_on):
+                kind = _TRANSIENT
+        else:
+            kind = classifier.classify_result(result)
+        what = _describe(error, result)
+        floor = 0.0
+        if kind is _BUSINESS:
+            return self._stop(state, error, now, "business", f"{what} is a business error")
+        if kind is _UNKNOWN:
+            return self._stop(
+                state, error, now, "not_retryable", f"{what} is not a retryable error"
+            )
+        retry_after = classifier.retry_after(result if error is None else error)
+        if kind is _OVERLOAD and (not self.retry_overload or retry_after is None):
+            why = "retry_overload is off" if not self.retry_overload else "no retry_after given"
+            return self._stop(state, error, now, "overload", f"{what} is an overload signal ({why})")
+        if retry_after is not None:
+            floor = min(retry_after, self.max_retry_after)
+        refusal = self._refusal(state, error)
+        if refusal is not None:
+            return self._stop(state, error, now, *refusal)
+        if state.delays is None:
+            state.delays = self.backoff.delays(self.rng)
+        delay = max(next(state.delays), floor)
+        ambient = _DEADLINE.get()
+        if ambient is not None:
+            left = ambient.remaining()
+            last = now - state.attempt_started
+            if delay + last >= left:
+                return self._stop(
+                    state,
+                    error,
+                    now,
+                    "deadline",
+                    f"a retry after {delay:.3f}s taking as long as the last attempt "
+                    f"({last:.3f}s) would end past the deadline ({left:.3f}s left)",
+                )
+        budget = self.budget
+        if budget is not None and not budget.try_withdraw(now):
+            refused = budget.exhausted(self.name, now)
+            return self._stop(state, error, now, "budget", refused.reason, refused)
+        next(self._retries)
+        state.attempt = attempt + 1
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    "retry_scheduled",
+                    self.kind,
+                    self.name,
+                    now,
+                    f"{what} ({kind.name.lower()}); attempt {attempt + 1} in {delay:.3f}s",
+                    figures={
+                        "attempt": attempt + 1,
+                        "delay": delay,
+                        "error": what,
+                        "error_class": kind.name,
+                        "retry_after": retry_after,
+                    },
+                )
+            )
+        return delay
+
+    def _refusal(self, state: RetryState, error: BaseException | None) -> tuple[Cause, str] | None:
+        """Why this call must not be retried although its failure is retryable, or None."""
+        attempt = state.attempt
+        if attempt >= self.attempts:
+            return "attempts", f"{attempt} attempt(s) made (attempts={self.attempts})"
+        if not self._enabled:
+            return "disabled", f"retries are disabled: {self._disabled_reason}"
+        if self.level is not None and self.level > self.max_level:
+            return "level", (
+                f"dependency level {self.level} > max_level {self.max_level}: never retried"
+            )
+        if self.respect_marker:
+            marker = _RETRY.get()
+            if marker is not None:
+                return "marker", (
+                    f"{marker.origin!r} above is already retrying (its attempt {marker.attempt})"
+                )
+            below = None if error is None else gave_up(error)
+            if below is not None and below.final:
+                return "retried_below", (
+                    f"already handled by {below.policy!r} below ({below.cause}, "
+                    f"{below.attempts} attempt(s))"
+                )
+        if not self.idempotent and _IDEMPOTENCY_KEY.get() is None:
+            return "idempotency", "idempotent=False and the call carries no idempotency key"
+        return None
+
+    def _stop(
+        self,
+        state: RetryState,
+        error: BaseException | None,
+        now: float,
+        cause: Cause,
+        reason: str,
+        refused: RetryBudgetExhausted | None = None,
+    ) -> float:
+        attempts = state.attempt
+        next(self._failed)
+        if refused is not None:
+            next(self._refusals)
+        if error is not None and (attempts > 1 or cause not in _QUIET):
+            error.add_note(
+                f"RetryBudgetExhausted: {refused} (retry {self.name!r} gave up after "
+                f"{attempts} attempt(s))"
+                if refused is not None
+                else f"floodwall: retry {self.name!r} gave up after {attempts} attempt(s): "
+                f"{reason}"
+            )
+            try:
+                setattr(error, _RECORD, GaveUp(self.name, attempts, cause, reason, refused))
+            except AttributeError:  # pragma: no cover - an exception type without __dict__
+                pass
+        if self.listeners:
+            figures: dict[str, Any] = {
+                "attempts": attempts,
+                "cause": cause,
+                "error": _describe(error, None) if error is not None else "failed result",
+                "elapsed": now - state.started,
+            }
+            if refused is not None and self.budget is not None:
+                snap = self.budget.snapshot(now)
+                self.listeners.emit(
+                    Event(
+                        "budget_exhausted",
+                        self.kind,
+                        self.name,
+                        now,
+                        refused.reason,
+                        figures={
+                            "requests": snap.requests,
+                            "retries": snap.retries,
+                            "allowance": snap.allowance,
+                            "ratio": snap.ratio,
+                        },
+                    )
+                )
+            self.listeners.emit(
+                Event("given_up", self.kind, self.name, now, reason, figures=figures)
+            )
+        return _STOP
+
+    # -- entering a call --------------------------------------------------------------------
+
+    def _enter(self, start: float) -> _Scope | None:
+        """Count the request once per logical call and install the policy's own deadline."""
+        scope: _Scope | None = None
+        budget = self.budget
+        if budget is not None:
+            charged = _BUDGETS.get()
+            if budget not in charged:
+                budget.deposit(start)
+                scope = _Scope()
+                scope.budgets = _BUDGETS.set((*charged, budget))
+        if self.deadline is not None:
+            at = start + self.deadline
+            outer = _DEADLINE.get()
+            if outer is not None:
+                at = min(at, self._now() + outer.remaining())
+            scope = scope or _Scope()
+            scope.deadline = _DEADLINE.set(Deadline(at, self.clock))
+        return scope
+
+    def _attempt_event(self, attempt: int, now: float) -> None:
+        self.listeners.emit(
+            Event(
+                "attempt",
+                self.kind,
+                self.name,
+                now,
+                f"attempt {attempt}",
+                figures={"attempt": attempt},
+            )
+        )
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        start = self._now()
+        next(self._calls)
+        budget = self.budget
+        scope = None
+        if self.deadline is not None or (budget is not None and budget._users > 1):
+            scope = self._enter(start)
+        elif budget is not None:
+            budget.deposit(start)
+        if self.listeners:
+            self._attempt_event(1, start)
+        try:
+            result: Any = None
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                error: Exception | None = exc
+            else:
+                predicate = self.retry_on_result
+                if predicate is None or not predicate(result):
+                    return result  # type: ignore[no-any-return]
+                error = None
+            return self._again(fn, args, kwargs, RetryState(start), error, result)
+        finally:
+            if scope is not None:
+                scope.close()
+
+    def _again(
+        self,
+        fn: Callable[..., R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: RetryState,
+        error: BaseException | None,
+        result: Any,
+    ) -> R:
+        predicate = self.retry_on_result
+        while True:
+            delay = self.decide(state, error, result, self._now())
+            if delay < 0:
+                break
+            if delay > 0:
+                self.clock.sleep(delay)
+            state.attempt_started = now = self._now()
+            if self.listeners:
+                self._attempt_event(state.attempt, now)
+            token = _RETRY.set(RetryMarker(state.attempt, self.name))
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                error, result = exc, None
+            else:
+                error = None
+                if predicate is None or not predicate(result):
+                    next(self._recovered)
+                    return result
+            finally:
+                _RETRY.reset(token)
+        if error is None:
+            return result  # type: ignore[no-any-return]
+        try:
+            raise error
+        finally:
+            del error  # no frame -> traceback -> frame cycle
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        start = self._now()
+        next(self._calls)
+        budget = self.budget
+        scope = None
+        if self.deadline is not None or (budget is not None and budget._users > 1):
+            scope = self._enter(start)
+        elif budget is not None:
+            budget.deposit(start)
+        if self.listeners:
+            self._attempt_event(1, start)
+        try:
+            result: Any = None
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception as exc:
+                error: Exception | None = exc
+            else:
+                predicate = self.retry_on_result
+                if predicate is None or not predicate(result):
+                    return result  # type: ignore[no-any-return]
+                error = None
+            return await self._again_async(fn, args, kwargs, RetryState(start), error, result)
+        finally:
+            if scope is not None:
+                scope.close()
+
+    async def _again_async(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: RetryState,
+        error: BaseException | None,
+        result: Any,
+    ) -> R:
+        predicate = self.retry_on_result
+        while True:
+            delay = self.decide(state, error, result, self._now())
+            if delay < 0:
+                break
+            if delay > 0:
+                await self.clock.async_sleep(delay)
+            state.attempt_started = now = self._now()
+            if self.listeners:
+                self._attempt_event(state.attempt, now)
+            token = _RETRY.set(RetryMarker(state.attempt, self.name))
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception as exc:
+                error, result = exc, None
+            else:
+                error = None
+                if predicate is None or not predicate(result):
+                    next(self._recovered)
+                    return result  # type: ignore[no-any-return]
+            finally:
+                _RETRY.reset(token)
+        if error is None:
+            return result  # type: ignore[no-any-return]
+        try:
+            raise error
+        finally:
+            del error
+
+    # -- operators and observers ------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """False while :meth:`disable` is in force: every call then makes one attempt."""
+        return self._enabled
+
+    def disable(self, reason: str = "disabled by operator") -> None:
+        """Stop retrying (one attempt per call) until :meth:`enable`; the switch that
+        dependency-level degradation flips."""
+        self._enabled = False
+        self._disabled_reason = reason
+        if self.listeners:
+            self.listeners.emit(Event("disabled", self.kind, self.name, self._now(), reason))
+
+    def enable(self, reason: str = "enabled by operator") -> None:
+        """Retry again after :meth:`disable`."""
+        self._enabled = True
+        self._disabled_reason = ""
+        if self.listeners:
+            self.listeners.emit(Event("enabled", self.kind, self.name, self._now(), reason))
+
+    @property
+    def calls(self) -> int:
+        """Calls made through this policy (first attempts)."""
+        return _count_value(self._calls)
+
+    @property
+    def retries(self) -> int:
+        """Retries started (attempts after the first)."""
+        return _count_value(self._retries)
+
+    @property
+    def recovered(self) -> int:
+        """Calls that failed at first and succeeded on a retry."""
+        return _count_value(self._recovered)
+
+    @property
+    def failed(self) -> int:
+        """Calls that ended in failure (after whatever retries were allowed)."""
+        return _count_value(self._failed)
+
+    @property
+    def budget_refusals(self) -> int:
+        """Retries the budget refused."""
+        return _count_value(self._refusals)
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Subscribe to this policy's events."""
+        self.listeners.add(listener)
+
+    def describe(self) -> str:
+        parts = [repr(self.name), f"attempts={self.attempts}", f"backoff={self.backoff!r}"]
+        if self.budget is not None:
+            parts.append(f"budget={self.budget.name!r}")
+        if self.deadline is not None:
+            parts.append(f"deadline={self.deadline:g}s")
+        if not self.idempotent:
+            parts.append("idempotent=False")
+        if self.level is not None:
+            parts.append(f"level={self.level}")
+        return f"Retry({', '.join(parts)})"
