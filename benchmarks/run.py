@@ -52,7 +52,21 @@ from _harness import AsyncLoop, Case, SyncLoop, Target  # noqa: E402
 
 T = TypeVar("T")
 
-PACKAGES = ("floodwall", "pybreaker", "circuitbreaker", "aiobreaker", "purgatory", "hyx")
+PACKAGES = (
+    "floodwall",
+    "pybreaker",
+    "circuitbreaker",
+    "aiobreaker",
+    "purgatory",
+    "hyx",
+    "tenacity",
+    "stamina",
+    "backoff",
+    "limits",
+    "pyrate-limiter",
+    "throttled-py",
+    "aiolimiter",
+)
 """Distributions whose versions the report lists."""
 
 FULL_ROUNDS, FULL_SAMPLE_MS = 25, 30.0

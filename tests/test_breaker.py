@@ -523,3 +523,23 @@ def test_many_async_tasks_share_one_breaker(clock: FakeClock) -> None:
     assert sum(isinstance(r, Boom) for r in results) == 250
     snap = b.metrics()
     assert (snap.calls, snap.failures) == (1000, 250)
+
+
+def test_reconfigure_keeps_state_and_counts(clock: FakeClock) -> None:
+    b, _ = make(clock, minimum_calls=10)
+    sync = Shell("sync")
+    for _ in range(4):
+        run(sync, b, fail(clock))
+    b.reconfigure(minimum_calls=5, failure_rate=0.6)
+    assert b.metrics().calls == 4  # same window shape: the counts survive
+    assert b.options()["minimum_calls"] == 5
+    run(sync, b, fail(clock))
+    assert b.state is CircuitState.OPEN  # the new threshold applies at once
+    b.reconfigure(window=20.0, open_duration=30.0)
+    assert b.state is CircuitState.OPEN  # the state survives a reshaped window
+    assert b.metrics().calls == 0
+    with pytest.raises(fw.ConfigError, match="failure_rate must be in"):
+        b.reconfigure(failure_rate=2.0)
+    assert b.failure_rate == 0.6  # a bad change leaves everything as it was
+    with pytest.raises(fw.ConfigError, match="unknown circuit breaker option"):
+        b.reconfigure(threshold=3)

@@ -11,6 +11,7 @@ from floodwall._core.errors import (
     ConfigError,
     FailedResult,
     FloodwallError,
+    OverloadedError,
     RateLimitedError,
     RejectedError,
     TimeoutExceeded,
@@ -20,45 +21,64 @@ from floodwall._core.outcome import Kind, Outcome
 from floodwall._core.policy import Policy
 from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
 from floodwall.breaker import CircuitBreaker, CircuitState
+from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
+from floodwall.classify import Classifier, ErrorClass
 from floodwall.context import (
     CallContext,
     Deadline,
+    RetryMarker,
     call_context,
     current_call,
     current_deadline,
+    current_idempotency_key,
+    current_retry,
     deadline,
+    idempotency_key,
     remaining,
+    retry_marker,
 )
 from floodwall.fallback import Fallback
+from floodwall.hedge import Hedge
 from floodwall.pipeline import Pipeline
+from floodwall.retry import GaveUp, Retry, gave_up
 from floodwall.timeout import Timeout
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SYSTEM_CLOCK",
+    "BudgetSnapshot",
     "BulkheadFullError",
     "CallContext",
     "CircuitBreaker",
     "CircuitOpenError",
     "CircuitState",
+    "Classifier",
     "Clock",
     "ConfigError",
     "CountWindow",
     "Deadline",
+    "ErrorClass",
     "Event",
     "EventListener",
     "FailedResult",
     "FakeClock",
     "Fallback",
     "FloodwallError",
+    "GaveUp",
+    "Hedge",
     "Kind",
     "Listeners",
     "Outcome",
+    "OverloadedError",
     "Pipeline",
     "Policy",
     "RateLimitedError",
     "RejectedError",
+    "Retry",
+    "RetryBudget",
+    "RetryBudgetExhausted",
+    "RetryMarker",
     "SystemClock",
     "TimeWindow",
     "Timeout",
@@ -68,6 +88,11 @@ __all__ = [
     "call_context",
     "current_call",
     "current_deadline",
+    "current_idempotency_key",
+    "current_retry",
     "deadline",
+    "gave_up",
+    "idempotency_key",
     "remaining",
+    "retry_marker",
 ]

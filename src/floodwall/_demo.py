@@ -3,15 +3,17 @@
 A real aiohttp server on a free loopback port plays the dependency through three phases
 (healthy, down: it hangs past the caller's timeout, healthy again). Eight callers call it every
 50 ms through ``Pipeline(Fallback, CircuitBreaker, Timeout)``; every quarter second a line says
-how the calls were answered, and every state change of the breaker is printed with its reason. At the end it reports how long the
-breaker took to notice, how many calls still reached the dying dependency, and how long recovery
-took. Everything stays on 127.0.0.1 and stops by itself.
+how the calls were answered, and every state change of the breaker is printed with its reason.
+At the end it reports how long the breaker took to notice, how many calls still reached the
+dying dependency, and how long recovery took. Everything stays on 127.0.0.1 and stops by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,54 +26,56 @@ INTERVAL = 0.05
 CALLERS = 8
 REPORT_EVERY = 0.25
 
+Say = Callable[[str], object]
+
 
 @dataclass
 class Tally:
-    """What the client saw, phase by phase."""
+    """What the callers saw."""
 
+    outage: tuple[float, float]
     fresh: int = 0
     degraded: int = 0
     reached_while_down: int = 0
     calls_while_down: int = 0
-    outage: tuple[float, float] = (0.0, 0.0)
     events: list[tuple[float, Event]] = field(default_factory=list)
+    tick: dict[str, int] = field(default_factory=dict)
+    """Answers by kind since the last report line."""
 
 
-async def run_demo(
-    say: Any = print,
-    healthy_first: float = HEALTHY_FIRST,
-    down_for: float = DOWN_FOR,
-    healthy_after: float = HEALTHY_AFTER,
-) -> Tally:
-    """Run the scripted outage and return the tally (``say`` prints one line)."""
-    from aiohttp import ClientSession, ClientTimeout, web
+class Dependency:
+    """The price service: a real HTTP server on loopback that can be switched to hang."""
 
-    started = time.monotonic()
-    down = {"now": False}
-    tally = Tally(outage=(healthy_first, healthy_first + down_for))
+    def __init__(self, tally: Tally) -> None:
+        self.down = False
+        self.tally = tally
+        self.url = ""
+        self._runner: Any = None
 
-    async def price(request: web.Request) -> web.Response:
-        if down["now"]:
-            tally.reached_while_down += 1
-            await asyncio.sleep(1.0)  # the dependency hangs: worse than failing fast
-        return web.json_response({"sku": "A-1", "price": 42})
+    async def start(self) -> None:
+        from aiohttp import web
 
-    app = web.Application()
-    app.router.add_get("/price", price)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-    url = f"http://127.0.0.1:{port}/price"
+        async def price(request: web.Request) -> web.Response:
+            if self.down:
+                self.tally.reached_while_down += 1
+                await asyncio.sleep(1.0)  # it hangs: worse than failing fast
+            return web.json_response({"sku": "A-1", "price": 42})
 
-    def on_event(event: Event) -> None:
-        tally.events.append((time.monotonic() - started, event))
-        say(
-            f"[bold magenta]{time.monotonic() - started:5.2f}s  breaker "
-            f"{event.from_state} -> {event.to_state}: {event.reason}[/]"
-        )
+        app = web.Application()
+        app.router.add_get("/price", price)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/price"
 
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+def protection(on_event: Callable[[Event], None]) -> tuple[Pipeline, CircuitBreaker]:
+    """The policies under demonstration (a short window so the story fits in seconds)."""
     breaker = CircuitBreaker(
         "prices",
         minimum_calls=5,
@@ -86,57 +90,92 @@ async def run_demo(
         breaker,
         Timeout(0.2, name="prices-timeout"),
     )
-    say(f"dependency listening on {url}; {CALLERS} callers, one call each per {INTERVAL}s")
-    say(f"protection: {pipeline}")
+    return pipeline, breaker
 
+
+async def caller(
+    pipeline: Pipeline,
+    get_price: Callable[[], Awaitable[dict[str, Any]]],
+    dependency: Dependency,
+    stop_at: float,
+) -> None:
+    """Call the dependency every INTERVAL through the pipeline, tallying each answer."""
+    tally = dependency.tally
+    while time.monotonic() < stop_at:
+        async with call_context() as ctx:
+            await pipeline.call_async(get_price)
+        tally.calls_while_down += dependency.down
+        if ctx.degraded:
+            tally.degraded += 1
+            key = f"fallback:{ctx.degraded_reason}"
+        else:
+            tally.fresh += 1
+            key = "fresh"
+        tally.tick[key] = tally.tick.get(key, 0) + 1
+        await asyncio.sleep(INTERVAL)
+
+
+async def narrate(
+    say: Say, dependency: Dependency, breaker: CircuitBreaker, started: float, stop_at: float
+) -> None:
+    """Flip the dependency's phases on schedule and print a line every REPORT_EVERY."""
+    tally = dependency.tally
+    schedule = [(tally.outage[0], True), (tally.outage[1], False)]
+    reached = 0
+    while time.monotonic() < stop_at:
+        await asyncio.sleep(REPORT_EVERY)
+        elapsed = time.monotonic() - started
+        while schedule and elapsed >= schedule[0][0]:
+            dependency.down = schedule.pop(0)[1]
+            state = "DOWN (hangs)" if dependency.down else "healthy again"
+            say(f"[bold]{elapsed:5.2f}s  -- the dependency is {state} --[/]")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(tally.tick.items())) or "-"
+        hits, reached = tally.reached_while_down - reached, tally.reached_while_down
+        style = "green" if set(tally.tick) <= {"fresh"} else "yellow"
+        extra = f"; reached the dependency: {hits}" if dependency.down else ""
+        say(
+            f"[{style}]{elapsed:5.2f}s  breaker={breaker.state.name:<9} answers: {counts}{extra}[/]"
+        )
+        tally.tick.clear()
+
+
+async def run_demo(
+    say: Say = print,
+    healthy_first: float = HEALTHY_FIRST,
+    down_for: float = DOWN_FOR,
+    healthy_after: float = HEALTHY_AFTER,
+) -> Tally:
+    """Run the scripted outage and return the tally (``say`` prints one line)."""
+    from aiohttp import ClientSession, ClientTimeout
+
+    started = time.monotonic()
+    tally = Tally(outage=(healthy_first, healthy_first + down_for))
+    dependency = Dependency(tally)
+    await dependency.start()
+
+    def on_event(event: Event) -> None:
+        tally.events.append((time.monotonic() - started, event))
+        say(
+            f"[bold magenta]{time.monotonic() - started:5.2f}s  breaker "
+            f"{event.from_state} -> {event.to_state}: {event.reason}[/]"
+        )
+
+    pipeline, breaker = protection(on_event)
+    say(f"dependency listening on {dependency.url}; {CALLERS} callers, each every {INTERVAL}s")
+    say(f"protection: {pipeline}")
+    stop_at = started + healthy_first + down_for + healthy_after
     async with ClientSession(timeout=ClientTimeout(total=5)) as session:
 
         async def get_price() -> dict[str, Any]:
-            async with session.get(url) as response:
+            async with session.get(dependency.url) as response:
                 response.raise_for_status()
                 return dict(await response.json())
 
-        tick: dict[str, int] = {}
-
-        async def caller(stop_at: float) -> None:
-            while time.monotonic() < stop_at:
-                async with call_context() as ctx:
-                    await pipeline.call_async(get_price)
-                if down["now"]:
-                    tally.calls_while_down += 1
-                if ctx.degraded:
-                    tally.degraded += 1
-                    key = f"fallback:{ctx.degraded_reason}"
-                else:
-                    tally.fresh += 1
-                    key = "fresh"
-                tick[key] = tick.get(key, 0) + 1
-                await asyncio.sleep(INTERVAL)
-
-        total = healthy_first + down_for + healthy_after
-        stop_at = started + total
-        callers = [asyncio.create_task(caller(stop_at)) for _ in range(CALLERS)]
-        schedule = [(healthy_first, True), (healthy_first + down_for, False)]
-        reached = 0
-        while time.monotonic() < stop_at:
-            await asyncio.sleep(REPORT_EVERY)
-            elapsed = time.monotonic() - started
-            while schedule and elapsed >= schedule[0][0]:
-                down["now"] = schedule.pop(0)[1]
-                state = "DOWN (hangs)" if down["now"] else "healthy again"
-                say(f"[bold]{elapsed:5.2f}s  -- the dependency is {state} --[/]")
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(tick.items())) or "-"
-            hits = tally.reached_while_down - reached
-            reached = tally.reached_while_down
-            style = "green" if set(tick) <= {"fresh"} else "yellow"
-            say(
-                f"[{style}]{elapsed:5.2f}s  breaker={breaker.state.name:<9} answers: {counts}"
-                + (f"; reached the dependency: {hits}" if down["now"] else "")
-                + "[/]"
-            )
-            tick.clear()
-        await asyncio.gather(*callers)
-    await runner.cleanup()
+        await asyncio.gather(
+            narrate(say, dependency, breaker, started, stop_at),
+            *(caller(pipeline, get_price, dependency, stop_at) for _ in range(CALLERS)),
+        )
+    await dependency.stop()
     return tally
 
 
@@ -157,19 +196,19 @@ def summarize(tally: Tally) -> list[str]:
     return lines
 
 
+def _plain(text: str) -> None:
+    print(re.sub(r"\[/?[a-z ]*\]", "", text))
+
+
 def main() -> None:
     """Entry point of ``floodwall demo``."""
+    say: Say = _plain
     try:
         from rich.console import Console
 
-        console = Console(highlight=False)
-        say = console.print
+        say = Console(highlight=False).print
     except ImportError:  # pragma: no cover - the cli extra brings rich
-        import re
-
-        def say(text: str) -> None:
-            print(re.sub(r"\[/?[a-z ]*\]", "", text))
-
+        pass
     tally = asyncio.run(run_demo(say))
     say("[bold]-- summary --[/]")
     for line in summarize(tally):

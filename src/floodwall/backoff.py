@@ -193,7 +193,7 @@ class Uniform:
         low, span, cap = self.low, self.high - self.low, self.cap
         while True:
             value = low + span * draw()
-            yield value if value < cap else cap
+            yield min(cap, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +299,5 @@ class DecorrelatedJitter:
         while True:
             high = sleep * multiplier
             sleep = base + (high - base) * draw()
-            if sleep > cap:
-                sleep = cap
+            sleep = min(sleep, cap)
             yield sleep

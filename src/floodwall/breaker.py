@@ -73,6 +73,24 @@ _SUCCESS = Kind.SUCCESS
 _FAILURE = Kind.FAILURE
 _INF = float("inf")
 _REJECTED = -1
+_OPTIONS = (
+    "failure_rate",
+    "minimum_calls",
+    "slow_call_rate",
+    "slow_call_duration",
+    "error_count",
+    "window",
+    "buckets",
+    "window_calls",
+    "open_duration",
+    "open_duration_growth",
+    "max_open_duration",
+    "half_open_calls",
+    "probe_timeout",
+    "record",
+    "ignore",
+    "failure_result",
+)
 """``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
 
 
@@ -178,6 +196,7 @@ class CircuitBreaker(Policy):
             if self.window_calls is not None
             else TimeWindow(self.buckets, self.window / self.buckets, slow_call_duration=slow)
         )
+        self._window_shape = (self.window, self.buckets, self.window_calls, slow)
         self._lock = threading.Lock()
         self._now = clock.monotonic
         self._state = _CLOSED
@@ -499,6 +518,30 @@ class CircuitBreaker(Policy):
         with self._lock:
             self._transition(to, self._now(), reason, events)
         self._emit(events)
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options this breaker was built (or last reconfigured) with."""
+        return {name: getattr(self, name) for name in _OPTIONS}
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Change options live (a config reload), keeping the state and the counts.
+
+        The new options are validated first; on a bad value nothing changes and
+        :class:`ConfigError` says why. The window keeps its counts unless its shape (``window``,
+        ``buckets``, ``window_calls``) changes, in which case it starts empty; the state, the
+        open timer and half-open probes are kept either way.
+        """
+        unknown = set(changes) - set(_OPTIONS)
+        if unknown:
+            raise ConfigError(f"unknown circuit breaker option(s) {sorted(unknown)}")
+        merged = {**self.options(), **changes}
+        fresh = CircuitBreaker(self.name, clock=self.clock, **merged)
+        with self._lock:
+            for name in _OPTIONS:
+                setattr(self, name, getattr(fresh, name))
+            if fresh._window_shape != self._window_shape:
+                self._window = fresh._window
+                self._window_shape = fresh._window_shape
 
     def add_listener(self, listener: EventListener) -> None:
         """Subscribe to this breaker's events."""

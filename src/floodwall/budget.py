@@ -17,25 +17,28 @@ policies (one per dependency, or one per process). Nested policies that share a 
 one logical request once, not once per layer.
 
 The counts live in a :class:`~floodwall.TimeWindow`: a request is a lock-free success record
-(two atomic counter bumps), a granted retry a failure record taken under the budget's lock, so
+(one atomic counter bump), a granted retry a failure record taken under the budget's lock, so
 ``requests = calls − failures`` and ``retries = failures``. Thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
+from contextvars import Token
 from dataclasses import dataclass
+from typing import Any
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.outcome import Kind
 from floodwall._core.window import TimeWindow
+from floodwall.context import _BUDGETS
 
 __all__ = ["BudgetSnapshot", "RetryBudget", "RetryBudgetExhausted"]
 
 _SLACK = 1e-9
-"""Absorbs float rounding in ``ratio × requests`` (0.1 × 30 is 3.0000000000000004)."""
+"""Absorbs float rounding in ``ratio × requests`` (0.29 × 100 is 28.999999999999996)."""
 
 
 _INF = float("inf")
@@ -107,6 +110,7 @@ class RetryBudget:
     """
 
     __slots__ = (
+        "_add",
         "_floor",
         "_lock",
         "_users",
@@ -141,6 +145,8 @@ class RetryBudget:
         self.clock = clock
         self._floor = self.min_per_second * self.window
         self._window = TimeWindow(buckets, self.window / buckets, latency=False)
+        self._add = self._window.add_success
+        """The lock-free half of :meth:`deposit`, bound once (policies inline it)."""
         self._lock = threading.Lock()
         self._users = 0
 
@@ -198,6 +204,29 @@ class RetryBudget:
             self._window.reset()
 
     # -- sharing ----------------------------------------------------------------------------
+
+    def enter(self, now: float) -> Token[tuple[Any, ...]] | None:
+        """Count a logical request at ``now`` unless an enclosing policy already counted it in
+        this budget; returns a token for :meth:`leave` when it marked the context.
+
+        Only a shared budget marks the context (one context variable set): a private budget
+        cannot be counted twice, so it just deposits.
+        """
+        if not self._users > 1:
+            self.deposit(now)
+            return None
+        charged = _BUDGETS.get()
+        if self in charged:
+            return None
+        if not self._add(now, 0.0):
+            self.deposit(now)
+        return _BUDGETS.set((*charged, self))
+
+    @staticmethod
+    def leave(token: Token[tuple[Any, ...]] | None) -> None:
+        """Undo :meth:`enter` when the logical request ends."""
+        if token is not None:
+            _BUDGETS.reset(token)
 
     def attach(self) -> None:
         """Called by each policy that uses this budget (a shared budget dedupes nested calls)."""

@@ -24,6 +24,7 @@ floodwall rejection's ``retry_after``, a numeric ``retry_after`` attribute, or a
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import time
@@ -196,14 +197,11 @@ class Classifier:
         transient: _Types = (),
     ) -> Classifier:
         """A copy whose type lists are extended by the given ones."""
-        return Classifier(
+        return dataclasses.replace(
+            self,
             business=self.business + business,
             overload=self.overload + overload,
             transient=self.transient + transient,
-            business_statuses=self.business_statuses,
-            overload_statuses=self.overload_statuses,
-            transient_statuses=self.transient_statuses,
-            wall_clock=self.wall_clock,
         )
 
 

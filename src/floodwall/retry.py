@@ -26,9 +26,10 @@ retry can fix, and keeps the total small:
   default a private one; share one per dependency or per process), which keeps retries under
   ``ratio`` (10 %) of the requests over a rolling window.
 
-When it stops, the caller gets the last error, unchanged but for a note (PEP 678) saying why it
-was not retried when that is not obvious (budget, deadline, marker…), and a :class:`GaveUp`
-record readable with :func:`gave_up`; a result flagged as failed is returned as is.
+When it stops, the caller gets the last error, unchanged but for a note (PEP 678) and a
+:class:`GaveUp` record (:func:`gave_up`) when something non-obvious happened: retries were made,
+or the budget, deadline, idempotency guard, level or switch refused one. A result flagged as
+failed is returned as is.
 
 Events (``Event.kind``): ``attempt`` (every attempt, ``figures["attempt"]``),
 ``retry_scheduled`` (delay and reason), ``budget_exhausted`` and ``given_up`` (attempts, last
@@ -36,7 +37,7 @@ error, cause). Counters: :attr:`Retry.calls`, :attr:`~Retry.retries`, :attr:`~Re
 :attr:`~Retry.failed`, :attr:`~Retry.budget_refusals`.
 
 Cost: the first attempt's success path reads the clock once and counts the request in the budget
-with two atomic counter bumps; nothing is allocated and no context variable is set unless the
+with one atomic counter bump; nothing is allocated and no context variable is set unless the
 budget is shared by several policies (then one, so nested policies count a request once) or the
 policy has its own ``deadline``. The decision core (:meth:`Retry.decide`) exists once; the sync
 and async shells only differ in how they sleep.
@@ -44,6 +45,8 @@ and async shells only differ in how they sleep.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import Token
@@ -88,9 +91,11 @@ Cause = Literal[
 ]
 """Why a :class:`Retry` stopped retrying a call."""
 
-_QUIET: Final = frozenset({"business", "overload", "not_retryable", "marker", "retried_below"})
+_QUIET: Final = frozenset(
+    {"business", "overload", "not_retryable", "attempts", "marker", "retried_below"}
+)
 """Causes that leave a first-attempt error untouched (no note, no record): nothing surprising
-happened, or the decision belongs to another layer."""
+happened (``attempts=1`` asks for no retry), or the decision belongs to another layer."""
 
 _STOP: Final = -1.0
 _TRANSIENT = ErrorClass.TRANSIENT
@@ -140,22 +145,6 @@ class RetryState:
         self.started = started
         self.attempt_started = started
         self.delays: Iterator[float] | None = None
-
-
-class _Scope:
-    """Context variables a call installed on entry, reset on exit."""
-
-    __slots__ = ("budgets", "deadline")
-
-    def __init__(self) -> None:
-        self.budgets: Token[tuple[Any, ...]] | None = None
-        self.deadline: Token[Deadline | None] | None = None
-
-    def close(self) -> None:
-        if self.deadline is not None:
-            _DEADLINE.reset(self.deadline)
-        if self.budgets is not None:
-            _BUDGETS.reset(self.budgets)
 
 
 def _types(name: str, value: object) -> tuple[type[BaseException], ...]:
@@ -269,50 +258,31 @@ class Retry(Policy):
         idempotency key, deadline) but never sleeps.
         """
         attempt = state.attempt
-        classifier = self.classifier
-        if error is not None:
-            kind = classifier.classify(error)
-            if kind is _UNKNOWN and self.retry_on and isinstance(error, self.retry_on):
-                kind = _TRANSIENT
-        else:
-            kind = classifier.classify_result(result)
-        what = _describe(error, result)
-        floor = 0.0
-        if kind is _BUSINESS:
-            return self._stop(state, error, now, "business", f"{what} is a business error")
-        if kind is _UNKNOWN:
-            return self._stop(
-                state, error, now, "not_retryable", f"{what} is not a retryable error"
-            )
-        retry_after = classifier.retry_after(result if error is None else error)
-        if kind is _OVERLOAD and (not self.retry_overload or retry_after is None):
-            why = "retry_overload is off" if not self.retry_overload else "no retry_after given"
-            return self._stop(state, error, now, "overload", f"{what} is an overload signal ({why})")
-        if retry_after is not None:
-            floor = min(retry_after, self.max_retry_after)
-        refusal = self._refusal(state, error)
-        if refusal is not None:
-            return self._stop(state, error, now, *refusal)
+        kind, what, retry_after, why = self._judge(error, result)
+        if why is None:
+            why = self._refusal(state, error)
+        if why is not None:
+            return self._stop(state, error, now, why)
         if state.delays is None:
             state.delays = self.backoff.delays(self.rng)
-        delay = max(next(state.delays), floor)
+        delay = next(state.delays)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_retry_after))
         ambient = _DEADLINE.get()
         if ambient is not None:
             left = ambient.remaining()
             last = now - state.attempt_started
             if delay + last >= left:
-                return self._stop(
-                    state,
-                    error,
-                    now,
+                late: tuple[Cause, str] = (
                     "deadline",
                     f"a retry after {delay:.3f}s taking as long as the last attempt "
                     f"({last:.3f}s) would end past the deadline ({left:.3f}s left)",
                 )
+                return self._stop(state, error, now, late)
         budget = self.budget
         if budget is not None and not budget.try_withdraw(now):
             refused = budget.exhausted(self.name, now)
-            return self._stop(state, error, now, "budget", refused.reason, refused)
+            return self._stop(state, error, now, ("budget", refused.reason), refused=refused)
         next(self._retries)
         state.attempt = attempt + 1
         if self.listeners:
@@ -334,11 +304,34 @@ class Retry(Policy):
             )
         return delay
 
+    def _judge(
+        self, error: BaseException | None, result: Any
+    ) -> tuple[ErrorClass, str, float | None, tuple[Cause, str] | None]:
+        """Classify a failure: ``(class, description, retry_after, why not)``; ``why not`` is
+        None when a retry may help."""
+        classifier = self.classifier
+        if error is not None:
+            kind = classifier.classify(error)
+            if kind is _UNKNOWN and self.retry_on and isinstance(error, self.retry_on):
+                kind = _TRANSIENT
+        else:
+            kind = classifier.classify_result(result)
+        what = _describe(error, result)
+        if kind is _BUSINESS:
+            return kind, what, None, ("business", f"{what} is a business error")
+        if kind is _UNKNOWN:
+            return kind, what, None, ("not_retryable", f"{what} is not a retryable error")
+        retry_after = classifier.retry_after(result if error is None else error)
+        if kind is _OVERLOAD and (not self.retry_overload or retry_after is None):
+            off = "retry_overload is off" if not self.retry_overload else "no retry_after given"
+            return kind, what, retry_after, ("overload", f"{what} is an overload signal ({off})")
+        return kind, what, retry_after, None
+
     def _refusal(self, state: RetryState, error: BaseException | None) -> tuple[Cause, str] | None:
         """Why this call must not be retried although its failure is retryable, or None."""
         attempt = state.attempt
         if attempt >= self.attempts:
-            return "attempts", f"{attempt} attempt(s) made (attempts={self.attempts})"
+            return "attempts", f"no attempts left (attempts={self.attempts})"
         if not self._enabled:
             return "disabled", f"retries are disabled: {self._disabled_reason}"
         if self.level is not None and self.level > self.max_level:
@@ -366,10 +359,11 @@ class Retry(Policy):
         state: RetryState,
         error: BaseException | None,
         now: float,
-        cause: Cause,
-        reason: str,
+        why: tuple[Cause, str],
+        *,
         refused: RetryBudgetExhausted | None = None,
     ) -> float:
+        cause, reason = why
         attempts = state.attempt
         next(self._failed)
         if refused is not None:
@@ -379,13 +373,10 @@ class Retry(Policy):
                 f"RetryBudgetExhausted: {refused} (retry {self.name!r} gave up after "
                 f"{attempts} attempt(s))"
                 if refused is not None
-                else f"floodwall: retry {self.name!r} gave up after {attempts} attempt(s): "
-                f"{reason}"
+                else f"floodwall: retry {self.name!r} gave up after {attempts} attempt(s): {reason}"
             )
-            try:
+            with contextlib.suppress(AttributeError):  # an exception type without __dict__
                 setattr(error, _RECORD, GaveUp(self.name, attempts, cause, reason, refused))
-            except AttributeError:  # pragma: no cover - an exception type without __dict__
-                pass
         if self.listeners:
             figures: dict[str, Any] = {
                 "attempts": attempts,
@@ -417,24 +408,13 @@ class Retry(Policy):
 
     # -- entering a call --------------------------------------------------------------------
 
-    def _enter(self, start: float) -> _Scope | None:
-        """Count the request once per logical call and install the policy's own deadline."""
-        scope: _Scope | None = None
-        budget = self.budget
-        if budget is not None:
-            charged = _BUDGETS.get()
-            if budget not in charged:
-                budget.deposit(start)
-                scope = _Scope()
-                scope.budgets = _BUDGETS.set((*charged, budget))
-        if self.deadline is not None:
-            at = start + self.deadline
-            outer = _DEADLINE.get()
-            if outer is not None:
-                at = min(at, self._now() + outer.remaining())
-            scope = scope or _Scope()
-            scope.deadline = _DEADLINE.set(Deadline(at, self.clock))
-        return scope
+    def _own_deadline(self, start: float, seconds: float) -> Token[Deadline | None]:
+        """Install ``start + seconds`` (or the ambient deadline, if sooner) for the call."""
+        at = start + seconds
+        outer = _DEADLINE.get()
+        if outer is not None:
+            at = min(at, start + outer.remaining())
+        return _DEADLINE.set(Deadline(at, self.clock))
 
     def _attempt_event(self, attempt: int, now: float) -> None:
         self.listeners.emit(
@@ -454,34 +434,38 @@ class Retry(Policy):
         start = self._now()
         next(self._calls)
         budget = self.budget
-        scope = None
-        if self.deadline is not None or (budget is not None and budget._users > 1):
-            scope = self._enter(start)
-        elif budget is not None:
-            budget.deposit(start)
-        if self.listeners:
+        charged = limit = None
+        if budget is not None:
+            if budget._users > 1:
+                charged = budget.enter(start)  # shared: count a nested request once
+            elif not budget._add(start, 0.0):  # private: the lock-free deposit, inlined
+                budget.deposit(start)
+        if self.deadline is not None:
+            limit = self._own_deadline(start, self.deadline)
+        if self.listeners._items:  # (Listeners.__bool__, minus a Python call)
             self._attempt_event(1, start)
         try:
             result: Any = None
             try:
                 result = fn(*args, **kwargs)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
                 error: Exception | None = exc
             else:
                 predicate = self.retry_on_result
                 if predicate is None or not predicate(result):
                     return result  # type: ignore[no-any-return]
                 error = None
-            return self._again(fn, args, kwargs, RetryState(start), error, result)
+            again = functools.partial(fn, *args, **kwargs)
+            return self._again(again, RetryState(start), error, result)
         finally:
-            if scope is not None:
-                scope.close()
+            if limit is not None:
+                _DEADLINE.reset(limit)
+            if charged is not None:
+                _BUDGETS.reset(charged)
 
     def _again(
         self,
-        fn: Callable[..., R],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        attempt: Callable[[], R],
         state: RetryState,
         error: BaseException | None,
         result: Any,
@@ -498,14 +482,14 @@ class Retry(Policy):
                 self._attempt_event(state.attempt, now)
             token = _RETRY.set(RetryMarker(state.attempt, self.name))
             try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
+                result = attempt()
+            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
                 error, result = exc, None
             else:
                 error = None
                 if predicate is None or not predicate(result):
                     next(self._recovered)
-                    return result
+                    return result  # type: ignore[no-any-return]
             finally:
                 _RETRY.reset(token)
         if error is None:
@@ -521,34 +505,38 @@ class Retry(Policy):
         start = self._now()
         next(self._calls)
         budget = self.budget
-        scope = None
-        if self.deadline is not None or (budget is not None and budget._users > 1):
-            scope = self._enter(start)
-        elif budget is not None:
-            budget.deposit(start)
-        if self.listeners:
+        charged = limit = None
+        if budget is not None:
+            if budget._users > 1:
+                charged = budget.enter(start)  # shared: count a nested request once
+            elif not budget._add(start, 0.0):  # private: the lock-free deposit, inlined
+                budget.deposit(start)
+        if self.deadline is not None:
+            limit = self._own_deadline(start, self.deadline)
+        if self.listeners._items:  # (Listeners.__bool__, minus a Python call)
             self._attempt_event(1, start)
         try:
             result: Any = None
             try:
                 result = await fn(*args, **kwargs)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
                 error: Exception | None = exc
             else:
                 predicate = self.retry_on_result
                 if predicate is None or not predicate(result):
                     return result  # type: ignore[no-any-return]
                 error = None
-            return await self._again_async(fn, args, kwargs, RetryState(start), error, result)
+            again = functools.partial(fn, *args, **kwargs)
+            return await self._again_async(again, RetryState(start), error, result)
         finally:
-            if scope is not None:
-                scope.close()
+            if limit is not None:
+                _DEADLINE.reset(limit)
+            if charged is not None:
+                _BUDGETS.reset(charged)
 
     async def _again_async(
         self,
-        fn: Callable[..., Awaitable[R]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        attempt: Callable[[], Awaitable[R]],
         state: RetryState,
         error: BaseException | None,
         result: Any,
@@ -565,8 +553,8 @@ class Retry(Policy):
                 self._attempt_event(state.attempt, now)
             token = _RETRY.set(RetryMarker(state.attempt, self.name))
             try:
-                result = await fn(*args, **kwargs)
-            except Exception as exc:
+                result = await attempt()
+            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
                 error, result = exc, None
             else:
                 error = None

@@ -45,3 +45,118 @@ HEDGE_MIN_SAMPLES = 20
 """Latency samples a percentile hedge delay needs before it replaces the fixed delay."""
 
 # -- bulkheads and rate limits (isolation issue) ---------------------------------------------
+# Bulkheads take Hystrix's semaphore defaults (10 concurrent, no queue, reject at once) and
+# its thread-pool defaults (10 threads, 5 queued: queueSizeRejectionThreshold).
+BULKHEAD_MAX_CONCURRENT = 10
+BULKHEAD_MAX_QUEUE = 0
+BULKHEAD_MAX_WAIT = 0.0
+THREAD_POOL_WORKERS = 10
+THREAD_POOL_QUEUE = 5
+POOL_SIZE_BUFFER = 2
+"""Threads added to ``peak RPS × p99 latency`` by ``floodwall.pool_size`` (the seeds' buffer)."""
+RATE_LIMIT_MAX_WAIT = 0.0
+"""Rate limiters used as policies reject at once unless given a ``max_wait`` to pace within."""
+RATE_LIMIT_MAX_KEYS = 100_000
+"""Keys a keyed limiter tracks at most (about 20 MB of per-key state at the bound)."""
+WARMUP_COLD_FACTOR = 3.0
+"""Sentinel's coldFactor: a cold limiter starts at rate / 3."""
+
+# -- adaptive limits, shedding, simulator (adaptive issue) ----------------------------------
+
+# concurrency-limits (Netflix), builder defaults; times in seconds.
+AIMD_INITIAL_LIMIT = 20
+AIMD_MIN_LIMIT = 20
+AIMD_MAX_LIMIT = 200
+AIMD_BACKOFF_RATIO = 0.9
+AIMD_TIMEOUT = 5.0
+"""Seconds: an RTT above this counts as a drop (``AIMDLimit.Builder.timeout``)."""
+VEGAS_INITIAL_LIMIT = 20
+VEGAS_MAX_CONCURRENCY = 1000
+VEGAS_SMOOTHING = 1.0
+VEGAS_PROBE_MULTIPLIER = 30
+GRADIENT_INITIAL_LIMIT = 50
+GRADIENT_MIN_LIMIT = 1
+GRADIENT_MAX_CONCURRENCY = 1000
+GRADIENT_SMOOTHING = 0.2
+GRADIENT_RTT_TOLERANCE = 2.0
+GRADIENT_PROBE_INTERVAL = 1000
+GRADIENT_BACKOFF_RATIO = 0.9
+GRADIENT2_INITIAL_LIMIT = 20
+GRADIENT2_MIN_LIMIT = 20
+GRADIENT2_MAX_CONCURRENCY = 200
+GRADIENT2_SMOOTHING = 0.2
+GRADIENT2_QUEUE_SIZE = 4
+GRADIENT2_LONG_WINDOW = 600
+GRADIENT2_WARMUP = 10
+WINDOW_MIN_TIME = 1.0
+WINDOW_MAX_TIME = 1.0
+WINDOW_SIZE = 10
+WINDOW_MIN_RTT_THRESHOLD = 100e-6
+"""Seconds: RTT samples below 100 µs are discarded by ``WindowedLimit``."""
+LIFO_BACKLOG_SIZE = 100
+LIFO_BACKLOG_TIMEOUT = 1.0
+
+# Kratos BBR (go-kratos/aegis ratelimit/bbr): CPU EMA every 500 ms with decay 0.95.
+BBR_WINDOW = 10.0
+BBR_BUCKETS = 100
+BBR_CPU_THRESHOLD = 0.8
+BBR_CPU_DECAY = 0.95
+BBR_CPU_INTERVAL = 0.5
+BBR_COOLDOWN = 1.0
+"""Seconds after the last drop during which a drop is still possible below the CPU threshold."""
+BBR_RT_RESOLUTION = 0.001
+"""Seconds: BBR measures RT in whole milliseconds (rounded up), as Kratos does."""
+
+# DAGOR (WeChat, SoCC 2018): queueing time 20 ms, windows of 1 s or 2000 requests.
+DAGOR_QUEUE_THRESHOLD = 0.020
+DAGOR_WINDOW = 1.0
+DAGOR_WINDOW_REQUESTS = 2000
+DAGOR_USER_LEVELS = 128
+DAGOR_BUSINESS_LEVELS = 64
+DAGOR_ALPHA = 0.05
+"""Share of admitted requests removed per overloaded window."""
+DAGOR_BETA = 0.01
+"""Share of admitted requests added back per window without overload."""
+DAGOR_ROTATION = 3600.0
+"""Seconds: user priorities are re-hashed every hour, so nobody is shed for long."""
+
+# Client-side throttling (Google SRE book, "Handling Overload", eq. 21-1).
+THROTTLE_K = 2.0
+THROTTLE_WINDOW = 120.0
+THROTTLE_BUCKETS = 24
+
+SHED_RETRY_AFTER = 1.0
+"""Seconds suggested to a shed caller (HTTP Retry-After)."""
+
+# -- stores and idempotency (distributed issue) ---
+
+STORE_PREFIX = "floodwall:"
+"""Every key a store writes starts with this (then ``{key}``, the Redis Cluster hash tag)."""
+STORE_TIMEOUT = 0.5
+"""Seconds a store waits for its server (connect and each command) before it counts as down:
+short, because a guarded store degrades instead of making every caller wait."""
+STORE_POOL_SIZE = 10
+"""PostgreSQL connections per store (sync), and per event loop (async)."""
+STORE_REDIS_MAX_CONNECTIONS = 50
+"""Redis: connections per async client (per node on a cluster)."""
+STORE_MEMORY_SWEEP_EVERY = 1000
+"""Memory store: every this many ops, drop all expired records (amortised O(1))."""
+STORE_SQL_PURGE_EVERY = 1000
+"""SQL stores: every this many ops, delete up to ``STORE_SQL_PURGE_BATCH`` expired rows."""
+STORE_SQL_PURGE_BATCH = 1000
+STORE_BREAKER_ERRORS = 3
+"""Store guard: this many failures within the window open its breaker (one failure may be a
+blip; three in a row are an outage)."""
+STORE_BREAKER_WINDOW = 10.0
+STORE_BREAKER_OPEN = 1.0
+"""Seconds the guard's breaker stays open before one probe tries the store again."""
+STORE_BREAKER_OPEN_GROWTH = 2.0
+STORE_BREAKER_MAX_OPEN = 10.0
+"""Seconds: the longest an outage can hide a recovered store (open duration doubles per failed
+probe, up to this)."""
+IDEMPOTENCY_TTL = 86400.0
+"""Seconds a finished request's result is kept and replayed: 24 h, as payment APIs do."""
+IDEMPOTENCY_LOCK_TTL = 60.0
+"""Seconds an in-progress record blocks duplicates; a crashed owner's lock lapses after this."""
+IDEMPOTENCY_TOKEN_TTL = 3600.0
+"""Seconds a one-time token stays valid when unused."""

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "FailedResult",
     "FloodwallError",
+    "OverloadedError",
     "RateLimitedError",
     "RejectedError",
     "TimeoutExceeded",
@@ -143,3 +144,10 @@ class BulkheadFullError(RejectedError):
     """A bulkhead had no free slot and no room to wait: ``BulkheadFullError(name, reason)``."""
 
     kind = "bulkhead_full"
+
+
+class OverloadedError(RejectedError):
+    """Load shedding refused the call before the work started (HTTP 503 with Retry-After):
+    ``OverloadedError(name, reason, retry_after)``."""
+
+    kind = "overloaded"

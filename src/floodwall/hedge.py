@@ -1,0 +1,325 @@
+"""Hedging: when the first attempt is slow, start another and take whichever answers first.
+
+For idempotent reads only. ``Hedge(delay, max_hedges=1)`` starts the call; if it has not answered
+after ``delay`` seconds it starts a hedge (a second attempt) beside it, and so on up to
+``max_hedges`` extra attempts, one every ``delay``. The first success wins and every other
+attempt is cancelled. The delay is fixed, or, with ``percentile=0.95``, the 95th percentile of
+recent answer latencies (the tail-at-scale recipe: Dean & Barroso, "The Tail at Scale", CACM
+2013, hedged requests after the p95 cost about 5 % more load), the fixed ``delay`` standing in
+until ``min_samples`` latencies have been seen.
+
+Hedges are extra load, so they count against a :class:`~floodwall.RetryBudget` like retries
+(by default a private one; share the dependency's budget with its :class:`~floodwall.Retry`), and
+each runs under a :class:`~floodwall.RetryMarker` so that the layers below do not retry it. For
+the same reason a call that itself runs under a marker (a retry of some layer above) is not
+hedged (``respect_marker=False`` hedges it anyway).
+
+A hedge answers slowness, not failure: an attempt that fails does not start another one. A
+transient failure (see :mod:`floodwall.classify`) lets the attempts still running carry on; any
+other failure ends the call at once; when every attempt has failed, the last error is raised.
+Put a :class:`~floodwall.Retry` outside the hedge to retry failures.
+
+Async only (``call_async``, or decorating an ``async def``): a sync call cannot be cancelled, so
+a sync hedge would leave its losers running in threads; ``call`` raises :class:`ConfigError`.
+Cancelled losers are not awaited: the winner's answer is returned at once and the losers end in
+the background (their exceptions are retrieved, so nothing is logged).
+
+Latency is kept in a :class:`~floodwall.TimeWindow` of the winners' durations (each from its own
+start); the percentile is recomputed at most once per bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Kind
+from floodwall._core.policy import Policy
+from floodwall._core.window import TimeWindow
+from floodwall._core.window import _value as _count_value
+from floodwall.budget import RetryBudget
+from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
+from floodwall.context import _RETRY, RetryMarker
+
+__all__ = ["Hedge"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_DEFAULT_BUDGET: Any = object()
+
+
+async def _attempt(fn: Callable[..., Awaitable[R]], args: Any, kwargs: Any) -> R:
+    return await fn(*args, **kwargs)
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Retrieve a finished loser's exception so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Hedge(Policy):
+    """Start up to ``max_hedges`` extra attempts of a slow call; the first success wins."""
+
+    kind = "hedge"
+
+    def __init__(
+        self,
+        delay: float,
+        *,
+        max_hedges: int = defaults.HEDGE_MAX_HEDGES,
+        percentile: float | None = None,
+        min_samples: int = defaults.HEDGE_MIN_SAMPLES,
+        budget: RetryBudget | None = _DEFAULT_BUDGET,
+        classifier: Classifier = DEFAULT_CLASSIFIER,
+        respect_marker: bool = True,
+        window: float = defaults.RETRY_BUDGET_WINDOW,
+        buckets: int = defaults.RETRY_BUDGET_BUCKETS,
+        name: str = "hedge",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 < delay < 1e300:
+            raise ConfigError(f"delay must be a finite number > 0 seconds, got {delay!r}")
+        if not isinstance(max_hedges, int) or isinstance(max_hedges, bool) or max_hedges < 1:
+            raise ConfigError(f"max_hedges must be an integer >= 1, got {max_hedges!r}")
+        if percentile is not None and (
+            isinstance(percentile, bool)
+            or not isinstance(percentile, int | float)
+            or not 0 < percentile < 1
+        ):
+            raise ConfigError(f"percentile must be in (0, 1), got {percentile!r}")
+        if not isinstance(min_samples, int) or isinstance(min_samples, bool) or min_samples < 1:
+            raise ConfigError(f"min_samples must be an integer >= 1, got {min_samples!r}")
+        if budget is _DEFAULT_BUDGET:
+            budget = RetryBudget(name=f"{name}.budget", clock=clock)
+        elif budget is not None and not isinstance(budget, RetryBudget):
+            raise ConfigError(f"budget must be a RetryBudget or None, got {budget!r}")
+        self.delay = float(delay)
+        self.max_hedges = max_hedges
+        self.percentile = None if percentile is None else float(percentile)
+        self.min_samples = min_samples
+        self.budget: RetryBudget | None = budget
+        if budget is not None:
+            budget.attach()
+        self.classifier = classifier
+        self.respect_marker = bool(respect_marker)
+        self.name = name
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self._now = clock.monotonic
+        try:
+            self._latency = TimeWindow(buckets, window / buckets)
+        except ValueError as exc:
+            raise ConfigError(f"window/buckets: {exc}") from None
+        self._lock = threading.Lock()
+        self._cached = self.delay
+        self._cached_until = -float("inf")
+        self._background: set[asyncio.Task[Any]] = set()
+        self._calls = itertools.count()
+        self._hedges = itertools.count()
+        self._hedge_wins = itertools.count()
+        self._refusals = itertools.count()
+
+    # -- the pure parts ---------------------------------------------------------------------
+
+    def current_delay(self, now: float) -> float:
+        """Seconds to wait before the next hedge: ``delay``, or the latency percentile once the
+        window holds ``min_samples`` answers (recomputed at most once per bucket)."""
+        q = self.percentile
+        if q is None:
+            return self.delay
+        if now < self._cached_until:
+            return self._cached
+        with self._lock:
+            snap = self._latency.snapshot(now)
+            value = snap.percentile(q) if snap.calls >= self.min_samples else None
+            self._cached = self.delay if value is None or value <= 0 else value
+            self._cached_until = now + self._latency.bucket_seconds
+            return self._cached
+
+    def record(self, now: float, duration: float) -> None:
+        """Count one answer's latency (the winner's, from its own start)."""
+        if not self._latency.add_success(now, duration):
+            with self._lock:
+                self._latency.record(now, Kind.SUCCESS, duration)
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        raise ConfigError(
+            f"Hedge {self.name!r} hedges async calls only (use call_async or decorate an async "
+            "def): a sync attempt cannot be cancelled, its losers would keep running in threads"
+        )
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        start = self._now()
+        next(self._calls)
+        budget = self.budget
+        token = None if budget is None else budget.enter(start)
+        loop = asyncio.get_running_loop()
+        running: dict[asyncio.Task[R], tuple[int, float]] = {
+            loop.create_task(_attempt(fn, args, kwargs)): (1, start)
+        }
+        launched = 1
+        # may still start hedges; not under a retry of a layer above (no extra load from here)
+        more = not (self.respect_marker and _RETRY.get() is not None)
+        timer: asyncio.Task[None] | None = None
+        error: BaseException | None = None
+        try:
+            while True:
+                if timer is None and more:
+                    timer = loop.create_task(
+                        self.clock.async_sleep(self.current_delay(self._now()))
+                    )
+                waiting: set[asyncio.Future[Any]] = set(running)
+                if timer is not None:
+                    waiting.add(timer)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted((t for t in done if t in running), key=lambda t: running[t]):
+                    attempt, began = running.pop(task)
+                    failure = task.exception()
+                    if failure is None:
+                        answer: R = task.result()
+                        return self._won(answer, attempt, began, launched)
+                    error = failure
+                    if self.classifier.classify(failure) is not ErrorClass.TRANSIENT:
+                        raise failure
+                if not running:  # every attempt failed: a hedge answers slowness, not failure
+                    assert error is not None
+                    if launched > 1:
+                        error.add_note(
+                            f"floodwall: hedge {self.name!r}: all {launched} attempts failed "
+                            f"(last: {_describe(error, None)})"
+                        )
+                    raise error
+                if timer is not None and timer.done():
+                    timer = None
+                    more = self._may_hedge(launched)
+                    if more:
+                        launched += 1
+                        task = self._launch(loop, fn, args, kwargs, launched)
+                        running[task] = (launched, self._now())
+                        more = launched <= self.max_hedges
+        finally:
+            error = None
+            self._abandon(running, timer)
+            if budget is not None:
+                budget.leave(token)
+
+    def _may_hedge(self, launched: int) -> bool:
+        budget = self.budget
+        now = self._now()
+        if budget is None or budget.try_withdraw(now):
+            return True
+        next(self._refusals)
+        if self.listeners:
+            refused = budget.exhausted(self.name, now)
+            self.listeners.emit(
+                Event(
+                    "budget_exhausted",
+                    self.kind,
+                    self.name,
+                    now,
+                    refused.reason,
+                    figures={"attempts": launched},
+                )
+            )
+        return False
+
+    def _launch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[..., Awaitable[R]],
+        args: Any,
+        kwargs: Any,
+        attempt: int,
+    ) -> asyncio.Task[R]:
+        next(self._hedges)
+        context = contextvars.copy_context()
+        context.run(_RETRY.set, RetryMarker(attempt, self.name))
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    "hedge_started",
+                    self.kind,
+                    self.name,
+                    self._now(),
+                    f"attempt {attempt} started: no answer yet",
+                    figures={"attempt": attempt},
+                )
+            )
+        return loop.create_task(_attempt(fn, args, kwargs), context=context)
+
+    def _won(self, result: R, attempt: int, began: float, launched: int) -> R:
+        now = self._now()
+        self.record(now, now - began)
+        if attempt > 1:
+            next(self._hedge_wins)
+        if self.listeners and launched > 1:
+            self.listeners.emit(
+                Event(
+                    "hedge_answered",
+                    self.kind,
+                    self.name,
+                    now,
+                    f"attempt {attempt} of {launched} answered first",
+                    figures={"attempt": attempt, "attempts": launched},
+                )
+            )
+        return result
+
+    def _abandon(
+        self, running: dict[asyncio.Task[Any], tuple[int, float]], timer: asyncio.Task[None] | None
+    ) -> None:
+        """Cancel every attempt still running (and the timer) without waiting for them."""
+        if timer is not None:
+            timer.cancel()
+        for task in running:
+            task.cancel()
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_consume)
+
+    # -- observers --------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> int:
+        """Calls made through this policy."""
+        return _count_value(self._calls)
+
+    @property
+    def hedges(self) -> int:
+        """Extra attempts started."""
+        return _count_value(self._hedges)
+
+    @property
+    def hedge_wins(self) -> int:
+        """Calls answered by a hedge rather than by the first attempt."""
+        return _count_value(self._hedge_wins)
+
+    @property
+    def budget_refusals(self) -> int:
+        """Hedges the budget refused."""
+        return _count_value(self._refusals)
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Subscribe to this policy's events."""
+        self.listeners.add(listener)
+
+    def describe(self) -> str:
+        delay = f"{self.delay:g}s"
+        if self.percentile is not None:
+            delay = f"p{self.percentile * 100:g} (else {delay})"
+        return f"Hedge({self.name!r}, delay={delay}, max_hedges={self.max_hedges})"
