@@ -11,6 +11,7 @@ __all__ = [
     "BulkheadFullError",
     "CircuitOpenError",
     "ConfigError",
+    "DegradedError",
     "FailedResult",
     "FloodwallError",
     "OverloadedError",
@@ -151,3 +152,10 @@ class OverloadedError(RejectedError):
     ``OverloadedError(name, reason, retry_after)``."""
 
     kind = "overloaded"
+
+
+class DegradedError(RejectedError):
+    """The dependency was switched off (its level is shed) and no fallback answered:
+    ``DegradedError(name, reason, retry_after)``."""
+
+    kind = "degraded"

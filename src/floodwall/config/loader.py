@@ -1,0 +1,147 @@
+"""Reading a configuration document: parse, inherit, apply level rules, validate.
+
+Order of precedence for every resource, weakest first: the built-in defaults of each policy, the
+document's ``defaults`` section, the rules of the resource's dependency level, and the
+resource's own keys. Sections merge key by key (a resource that sets only ``retry.attempts``
+keeps the inherited backoff); ``false`` or ``null`` switches an inherited policy off.
+
+Every error names the source, the path inside the document and the bad value::
+
+    floodwall.yaml: resources.payments.retry.attempts: Input should be greater than or equal
+    to 1 (got 0)
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from floodwall._core.errors import ConfigError
+from floodwall.config.schema import Document
+
+__all__ = ["LEVEL_RULES", "load", "parse", "resolve"]
+
+LEVEL_RULES: dict[int, dict[str, dict[str, Any]]] = {
+    1: {
+        # Critical: retry within the budget, break only on clear evidence.
+        "circuit_breaker": {"minimum_calls": 40, "failure_rate": 0.6},
+    },
+    2: {},
+    3: {
+        # Optional: never retry, break early, give up fast.
+        "retry": {"attempts": 1},
+        "circuit_breaker": {"minimum_calls": 10, "failure_rate": 0.3},
+    },
+}
+"""What a dependency level changes, applied over ``defaults`` and under the resource's own keys.
+
+A level rule only touches a policy the resource has (inherited or its own)."""
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``; nested mappings merge, anything else replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _with_level(section: dict[str, Any], level: int) -> dict[str, Any]:
+    rules = LEVEL_RULES.get(level, {})
+    out = dict(section)
+    for policy, rule in rules.items():
+        current = out.get(policy)
+        if isinstance(current, Mapping):
+            out[policy] = _merge(current, rule)
+    return out
+
+
+def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply inheritance and level rules to a raw document (before validation)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"the document must be a mapping, got {type(raw).__name__}")
+    inherited = raw.get("defaults") or {}
+    if not isinstance(inherited, Mapping):
+        raise ConfigError(f"defaults: must be a mapping, got {inherited!r}")
+    resources = raw.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise ConfigError(f"resources: must be a mapping, got {resources!r}")
+    resolved: dict[str, Any] = {}
+    for name, given in resources.items():
+        own = given or {}
+        if not isinstance(own, Mapping):
+            raise ConfigError(f"resources.{name}: must be a mapping, got {own!r}")
+        level = own.get("level", inherited.get("level", 2))
+        section = _with_level(_merge({}, inherited), level if isinstance(level, int) else 2)
+        resolved[name] = _merge(section, own)
+    return {**raw, "resources": resolved}
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not item.startswith(("function-", "constrained-")):
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def _explain(error: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for item in error.errors(include_url=False):
+        message = item["msg"].removeprefix("Value error, ")
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) or "got " in message else f" (got {got!r})"
+        lines.append(f"{source}: {_path(item['loc'])}: {message}{shown}")
+    return ConfigError("\n".join(lines))
+
+
+def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
+    """Validate a raw mapping (already loaded from YAML/TOML/JSON) into a :class:`Document`."""
+    try:
+        resolved = resolve(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    try:
+        document = Document.model_validate(resolved)
+    except ValidationError as exc:
+        raise _explain(exc, source) from None
+    return document
+
+
+def load(path: str | Path) -> Document:
+    """Read and validate a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the file: {exc.strerror}") from exc
+    return parse(loads(text, source), source)
+
+
+def loads(text: str, source: str = "<config>") -> dict[str, Any]:
+    """Parse the text of a document by the source's extension (YAML when unknown)."""
+    try:
+        if source.endswith(".toml"):
+            data: Any = tomllib.loads(text)
+        elif source.endswith(".json"):
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{source}: not a valid document: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the document must be a mapping, got {type(data).__name__}")
+    return data

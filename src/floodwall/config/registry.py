@@ -1,0 +1,468 @@
+"""The registry: named resources built from one document, live.
+
+``Registry(document)`` builds one :class:`Resource` per entry of ``resources``. A resource is a
+policy (``call``/``call_async``/decorator) whose pipeline, built in the fixed order
+
+    fallback -> circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout -> call
+
+can be swapped by :meth:`Registry.reload` while callers hold on to it: decorated functions and
+stored handles follow reloads. A reload is validated first; an invalid document raises
+:class:`ConfigError`, emits a ``config_rejected`` event and leaves the running configuration
+untouched. A changed threshold reconfigures the existing breaker, so its state and counts
+survive; a removed resource is drained (handles still work with its last pipeline, it is just
+no longer listed or reachable by name).
+
+Operator overrides (force a breaker open or closed, shed a dependency level) are explicit,
+listed by :meth:`Registry.overrides`, and expire after their TTL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, DegradedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.backoff import (
+    Backoff,
+    DecorrelatedJitter,
+    EqualJitter,
+    Exponential,
+    Fixed,
+    FullJitter,
+    Linear,
+    NoBackoff,
+    Uniform,
+)
+from floodwall.breaker import CircuitBreaker
+from floodwall.budget import RetryBudget
+from floodwall.config.schema import (
+    BackoffConfig,
+    Document,
+    ResourceConfig,
+    RetryConfig,
+)
+from floodwall.fallback import Fallback
+from floodwall.pipeline import Pipeline
+from floodwall.retry import Retry
+from floodwall.timeout import Timeout
+
+__all__ = ["Built", "Override", "Registry", "Resource", "build", "build_backoff"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def build_backoff(config: BackoffConfig) -> Backoff:
+    """The backoff object a ``backoff:`` section describes."""
+    kind, base, cap, mult = config.kind, config.base, config.cap, config.multiplier
+    if kind == "none":
+        return NoBackoff()
+    if kind == "fixed":
+        return Fixed(base, cap=cap)
+    if kind == "linear":
+        return Linear(base, cap=cap)
+    if kind == "random":
+        low = config.low if config.low is not None else 0.0
+        high = config.high if config.high is not None else base
+        return Uniform(low, high, cap=cap)
+    if kind == "decorrelated":
+        return DecorrelatedJitter(base, cap=cap)
+    if config.jitter == "full":
+        return FullJitter(base, multiplier=mult, cap=cap)
+    if config.jitter == "equal":
+        return EqualJitter(base, multiplier=mult, cap=cap)
+    return Exponential(base, multiplier=mult, cap=cap)
+
+
+def _new_budget(
+    name: str, config: RetryConfig, clock: Clock, budgets: dict[str, RetryBudget]
+) -> RetryBudget | None:
+    """The resource's retry budget: shared by name across resources, reused across reloads."""
+    budget = config.budget
+    if budget is None:
+        return None
+    key = budget.shared or f"resource:{name}"
+    existing = budgets.get(key)
+    wanted = (budget.ratio, budget.min_per_second, budget.window)
+    if (
+        existing is not None
+        and (existing.ratio, existing.min_per_second, existing.window) == wanted
+    ):
+        return existing
+    fresh = RetryBudget(
+        budget.ratio,
+        min_per_second=budget.min_per_second,
+        window=budget.window,
+        name=key,
+        clock=clock,
+    )
+    budgets[key] = fresh
+    return fresh
+
+
+@dataclass(frozen=True)
+class Built:
+    """The policies one resource's config describes, in pipeline order."""
+
+    policies: tuple[Policy, ...]
+    fallback: Fallback | None
+    breaker: CircuitBreaker | None
+    retry: Retry | None
+    timeout: Timeout | None
+
+    def replace(self, old: Policy, new: CircuitBreaker) -> Built:
+        policies = tuple(new if p is old else p for p in self.policies)
+        return Built(policies, self.fallback, new, self.retry, self.timeout)
+
+
+def build(
+    name: str,
+    config: ResourceConfig,
+    *,
+    clock: Clock,
+    budget: Callable[[str, RetryConfig], RetryBudget | None],
+    listener: EventListener | None,
+) -> Built:
+    """Build the policies of one resource, in the order
+    fallback -> circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout."""
+    listeners = [listener] if listener is not None else []
+    policies: list[Policy] = []
+    fallback = breaker = retry = timeout = None
+    if config.fallback is not None:
+        fallback = Fallback(
+            value=config.fallback.value,
+            kinds=config.fallback.kinds,
+            name=f"{name}.fallback",
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(fallback)
+    if config.circuit_breaker is not None:
+        options = config.circuit_breaker.model_dump()
+        breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
+        policies.append(breaker)
+    if config.retry is not None:
+        rc = config.retry
+        retry = Retry(
+            name,
+            attempts=rc.attempts,
+            backoff=build_backoff(rc.backoff),
+            budget=budget(name, rc),
+            deadline=rc.deadline,
+            idempotent=rc.idempotent,
+            retry_overload=rc.retry_overload,
+            max_retry_after=rc.max_retry_after,
+            level=config.level,
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(retry)
+    if config.timeout is not None:
+        timeout = Timeout(
+            config.timeout.seconds,
+            name=name,
+            mode=config.timeout.mode,
+            thread_limit=config.timeout.thread_limit,
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(timeout)
+    return Built(tuple(policies), fallback, breaker, retry, timeout)
+
+
+@dataclass(frozen=True)
+class Override:
+    """An operator's manual setting: what, on which resource or level, until when."""
+
+    target: str
+    action: str
+    until: float | None
+    reason: str
+
+
+class Resource(Policy):
+    """One named dependency: its level, its config and its live pipeline.
+
+    Holding a ``Resource`` (or a function it decorates) is safe across reloads: every call
+    reads the current pipeline once.
+    """
+
+    kind = "resource"
+
+    def __init__(self, name: str, config: ResourceConfig, registry: Registry) -> None:
+        self.name = name
+        self.config = config
+        self.level = config.level
+        self._registry = registry
+        self.breaker: CircuitBreaker | None = None
+        self.retry: Retry | None = None
+        self.timeout: Timeout | None = None
+        self.fallback: Fallback | None = None
+        self.policies: tuple[Policy, ...] = ()
+        self.pipeline = Pipeline(name=name)
+        self.removed = False
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._registry.is_shed(self.level):
+            shed: R = self._shed(fn)
+            return shed
+        return self.pipeline.call(fn, *args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        if self._registry.is_shed(self.level):
+            answer: R = self._shed(fn)
+            return answer
+        return await self.pipeline.call_async(fn, *args, **kwargs)
+
+    def _shed(self, fn: Callable[..., Any]) -> Any:
+        error = DegradedError(self.name, f"dependency level {self.level} is shed", None)
+        if self.fallback is not None and self.fallback.handles(error):
+            return self.fallback.call(_raise, error)
+        raise error
+
+    def describe(self) -> str:
+        return f"Resource({self.name!r}, level={self.level}: {self.pipeline})"
+
+
+def _raise(error: BaseException) -> Any:
+    raise error
+
+
+class Registry:
+    """Every resource of a configuration document, built and kept live."""
+
+    def __init__(
+        self,
+        document: Document | Mapping[str, Any] | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        from floodwall.config.loader import parse
+
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self.document = (
+            document if isinstance(document, Document) else parse(document or {}, "<registry>")
+        )
+        self._lock = threading.RLock()
+        self._resources: dict[str, Resource] = {}
+        self._budgets: dict[str, RetryBudget] = {}
+        self._overrides: dict[tuple[str, str], Override] = {}
+        self._shed_levels: frozenset[int] = frozenset()
+        self._next_expiry = float("inf")
+        for name, config in self.document.resources.items():
+            resource = Resource(name, config, self)
+            self._build(resource, config)
+            self._resources[name] = resource
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, name: str) -> Resource:
+        """The resource called ``name`` (a policy: call it, await it, decorate with it)."""
+        try:
+            return self._resources[name]
+        except KeyError:
+            known = ", ".join(sorted(self._resources)) or "none"
+            raise KeyError(f"no resource named {name!r} (known: {known})") from None
+
+    def __call__(self, name: str) -> Resource:
+        """``@registry("payments")`` decorates with that resource's pipeline."""
+        return self.get(name)
+
+    def __iter__(self) -> Any:
+        return iter(dict(self._resources).values())
+
+    def names(self) -> list[str]:
+        return sorted(self._resources)
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _budget(self, name: str, config: RetryConfig) -> RetryBudget | None:
+        return _new_budget(name, config, self.clock, self._budgets)
+
+    def _build(self, resource: Resource, config: ResourceConfig) -> None:
+        """(Re)build ``resource``'s policies from ``config``, keeping the breaker's state."""
+        built = build(
+            resource.name, config, clock=self.clock, budget=self._budget, listener=self._forward
+        )
+        breaker = built.breaker
+        if breaker is not None and resource.breaker is not None:
+            # Keep the live breaker (its state, window, open timer); give it the new options.
+            resource.breaker.reconfigure(**breaker.options())
+            built = built.replace(breaker, resource.breaker)
+        resource.config = config
+        resource.level = config.level
+        resource.fallback = built.fallback
+        resource.breaker = built.breaker
+        resource.retry = built.retry
+        resource.timeout = built.timeout
+        resource.policies = built.policies
+        resource.pipeline = Pipeline(*built.policies, name=resource.name)
+
+    # -- reloading --------------------------------------------------------------------------
+
+    def reload(self, document: Document | Mapping[str, Any], source: str = "<reload>") -> None:
+        """Apply a new document; on any error keep the old one and raise :class:`ConfigError`."""
+        from floodwall.config.loader import parse
+
+        try:
+            fresh = document if isinstance(document, Document) else parse(document, source)
+            self._check_buildable(fresh)
+        except ConfigError as exc:
+            self._emit("config_rejected", f"{source}: {exc}")
+            raise
+        with self._lock:
+            for name, config in fresh.resources.items():
+                resource = self._resources.get(name)
+                if resource is None:
+                    resource = Resource(name, config, self)
+                    self._build(resource, config)
+                    self._resources[name] = resource
+                elif resource.config != config:
+                    self._build(resource, config)
+            for name in set(self._resources) - set(fresh.resources):
+                self._resources.pop(name).removed = True
+            self.document = fresh
+        self._emit("config_applied", f"{source}: {len(fresh.resources)} resource(s)")
+
+    def _check_buildable(self, document: Document) -> None:
+        """Build every resource aside once, so a reload never fails half-applied."""
+        scratch: dict[str, RetryBudget] = {}
+
+        def budget(name: str, config: RetryConfig) -> RetryBudget | None:
+            return _new_budget(name, config, self.clock, scratch)
+
+        for name, config in document.resources.items():
+            try:
+                build(name, config, clock=self.clock, budget=budget, listener=None)
+            except (ConfigError, ValueError, TypeError) as exc:
+                raise ConfigError(f"resources.{name}: {exc}") from exc
+
+    # -- operators --------------------------------------------------------------------------
+
+    def force_open(self, name: str, *, ttl: float | None = None, reason: str = "") -> None:
+        """Force ``name``'s breaker open (until :meth:`clear` or ``ttl`` seconds)."""
+        self._breaker_override(name, "force_open", ttl, reason)
+
+    def force_closed(self, name: str, *, ttl: float | None = None, reason: str = "") -> None:
+        """Force ``name``'s breaker closed (until :meth:`clear` or ``ttl`` seconds)."""
+        self._breaker_override(name, "force_closed", ttl, reason)
+
+    def _breaker_override(self, name: str, action: str, ttl: float | None, reason: str) -> None:
+        breaker = self.get(name).breaker
+        if breaker is None:
+            raise ConfigError(f"resources.{name} has no circuit_breaker to {action}")
+        text = reason or f"{action.replace('_', ' ')} by operator"
+        getattr(breaker, action)(text + (f" for {ttl:g}s" if ttl else ""))
+        self._set_override(Override(name, action, self._until(ttl), text))
+
+    def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
+        """Shed dependency level ``level`` (2 or 3): its calls answer from their fallback."""
+        if level not in (2, 3):
+            raise ConfigError(f"level must be 2 or 3 (level 1 is never shed), got {level!r}")
+        text = reason or f"level {level} shed by operator"
+        with self._lock:
+            self._shed_levels = self._shed_levels | {level}
+        self._set_override(Override(f"level:{level}", "shed", self._until(ttl), text))
+
+    def clear(self, target: str, action: str | None = None) -> None:
+        """End the overrides on ``target`` (a resource name or ``"level:N"``)."""
+        with self._lock:
+            ended = [k for k in self._overrides if k[0] == target and action in (None, k[1])]
+            for key in ended:
+                self._end(self._overrides.pop(key))
+
+    def _until(self, ttl: float | None) -> float | None:
+        if ttl is None:
+            return None
+        if not ttl > 0:
+            raise ConfigError(f"ttl must be > 0 seconds, got {ttl!r}")
+        return self.clock.monotonic() + ttl
+
+    def _set_override(self, override: Override) -> None:
+        with self._lock:
+            self._overrides[(override.target, override.action)] = override
+            if override.until is not None:
+                self._next_expiry = min(self._next_expiry, override.until)
+        self._emit("override", f"{override.target}: {override.action} ({override.reason})")
+
+    def _end(self, override: Override) -> None:
+        if override.action == "shed":
+            level = int(override.target.split(":")[1])
+            self._shed_levels = self._shed_levels - {level}
+        else:
+            resource = self._resources.get(override.target)
+            if resource is not None and resource.breaker is not None:
+                resource.breaker.reset(f"override {override.action} ended")
+        self._emit("override_ended", f"{override.target}: {override.action}")
+
+    def expire(self) -> None:
+        """End every override whose TTL has passed (called on each shed check and by tick)."""
+        now = self.clock.monotonic()
+        if now < self._next_expiry:
+            return
+        with self._lock:
+            due = [k for k, o in self._overrides.items() if o.until is not None and o.until <= now]
+            for key in due:
+                self._end(self._overrides.pop(key))
+            pending = [o.until for o in self._overrides.values() if o.until is not None]
+            self._next_expiry = min(pending, default=float("inf"))
+
+    def is_shed(self, level: int) -> bool:
+        """Whether calls at ``level`` are being shed now (cheap: checked on every call)."""
+        if self.clock.monotonic() >= self._next_expiry:
+            self.expire()
+        return level in self._shed_levels
+
+    def overrides(self) -> list[Override]:
+        """The operator overrides in force."""
+        self.expire()
+        return sorted(self._overrides.values(), key=lambda o: (o.target, o.action))
+
+    # -- observing --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every resource's live state, for dashboards and the admin API."""
+        self.expire()
+        out: dict[str, dict[str, Any]] = {}
+        for name, resource in sorted(self._resources.items()):
+            entry: dict[str, Any] = {
+                "level": resource.level,
+                "shed": resource.level in self._shed_levels,
+                "pipeline": str(resource.pipeline),
+            }
+            if resource.breaker is not None:
+                snap = resource.breaker.metrics()
+                entry["circuit_breaker"] = {
+                    "state": resource.breaker.state.name,
+                    "calls": snap.calls,
+                    "failure_rate": snap.failure_rate,
+                    "slow_call_rate": snap.slow_call_rate,
+                    "rejected": resource.breaker.rejected,
+                }
+            if resource.retry is not None:
+                entry["retry"] = {
+                    "calls": resource.retry.calls,
+                    "retries": resource.retry.retries,
+                    "budget_refusals": resource.retry.budget_refusals,
+                }
+            out[name] = entry
+        return out
+
+    def _forward(self, event: Event) -> None:
+        self.listeners.emit(event)
+
+    def _emit(self, kind: str, reason: str) -> None:
+        if self.listeners:
+            self.listeners.emit(Event(kind, "registry", "registry", self.clock.monotonic(), reason))
+
+    def add_listener(self, listener: EventListener) -> None:
+        self.listeners.add(listener)

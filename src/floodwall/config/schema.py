@@ -1,0 +1,173 @@
+"""The configuration document: one schema for every policy, in YAML or TOML, with human units.
+
+Shape (keys may be added; these keep their names)::
+
+    defaults:            # inherited by every resource, key by key
+      timeout: 2s
+      retry: {attempts: 3, backoff: {kind: exponential, base: 100ms, cap: 2s, jitter: full}}
+      circuit_breaker: {failure_rate: 0.5, minimum_calls: 20, window: 10s, open_duration: 5s}
+    resources:           # one per dependency or endpoint
+      payments:
+        level: 1         # 1 critical, 2 degradable, 3 optional
+        timeout: 5s
+        bulkhead: {max_concurrent: 10, max_queue: 20}
+        retry: {attempts: 1}
+      reviews:
+        level: 3
+        fallback: {value: []}
+    stores:
+      default: memory://
+
+A policy section set to ``false`` (or ``null``) switches that policy off for the resource even
+when ``defaults`` has it. Every model forbids unknown keys, so a typo is an error, not a silently
+ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from floodwall._core import defaults
+from floodwall.config.units import Duration, Rate
+
+__all__ = [
+    "BackoffConfig",
+    "BudgetConfig",
+    "BulkheadConfig",
+    "CircuitBreakerConfig",
+    "Document",
+    "FallbackConfig",
+    "RateLimitConfig",
+    "ResourceConfig",
+    "RetryConfig",
+    "TimeoutConfig",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class CircuitBreakerConfig(_Model):
+    """Options of :class:`floodwall.CircuitBreaker` (see docs/circuit-breaker.md)."""
+
+    failure_rate: float | None = Field(defaults.BREAKER_FAILURE_RATE, gt=0, le=1)
+    minimum_calls: int = Field(defaults.BREAKER_MINIMUM_CALLS, ge=1)
+    slow_call_rate: float | None = Field(None, gt=0, le=1)
+    slow_call_duration: Duration | None = None
+    error_count: int | None = Field(None, ge=1)
+    window: Duration = defaults.BREAKER_WINDOW
+    buckets: int = Field(defaults.BREAKER_BUCKETS, ge=1)
+    window_calls: int | None = Field(None, ge=1)
+    open_duration: Duration = defaults.BREAKER_OPEN_DURATION
+    open_duration_growth: float = Field(defaults.BREAKER_OPEN_DURATION_GROWTH, ge=1)
+    max_open_duration: Duration = defaults.BREAKER_MAX_OPEN_DURATION
+    half_open_calls: int = Field(defaults.BREAKER_HALF_OPEN_CALLS, ge=1)
+    probe_timeout: Duration = defaults.BREAKER_PROBE_TIMEOUT
+
+
+class TimeoutConfig(_Model):
+    """Options of :class:`floodwall.Timeout`; a bare duration (``timeout: 2s``) also works."""
+
+    seconds: Duration = Field(gt=0)
+    mode: Literal["auto", "signal", "thread", "cooperative"] = "auto"
+    thread_limit: int = Field(defaults.TIMEOUT_THREAD_LIMIT, ge=1)
+
+
+class FallbackConfig(_Model):
+    """A static fallback answer, chosen by rejection kind (default: any failure)."""
+
+    value: Any = None
+    kinds: tuple[str, ...] | None = None
+
+
+class BackoffConfig(_Model):
+    """Backoff between retries (``floodwall.backoff``)."""
+
+    kind: Literal["none", "fixed", "linear", "random", "exponential", "decorrelated"] = (
+        "exponential"
+    )
+    base: Duration = defaults.RETRY_BACKOFF_BASE
+    cap: Duration = defaults.RETRY_BACKOFF_CAP
+    multiplier: float = Field(2.0, ge=1)
+    jitter: Literal["none", "full", "equal"] = "full"
+    low: Duration | None = None
+    high: Duration | None = None
+
+
+class BudgetConfig(_Model):
+    """A retry budget: retries / requests over the window stay under ``ratio``."""
+
+    ratio: float = Field(defaults.RETRY_BUDGET_RATIO, ge=0, le=1)
+    min_per_second: float = Field(defaults.RETRY_BUDGET_MIN_PER_SECOND, ge=0)
+    window: Duration = defaults.RETRY_BUDGET_WINDOW
+    shared: str | None = None
+    """Name of a budget shared by every resource that gives the same name."""
+
+
+class RetryConfig(_Model):
+    """Options of :class:`floodwall.Retry`."""
+
+    attempts: int = Field(defaults.RETRY_ATTEMPTS, ge=1)
+    backoff: BackoffConfig = BackoffConfig()
+    budget: BudgetConfig | None = BudgetConfig()
+    deadline: Duration | None = None
+    idempotent: bool = True
+    retry_overload: bool = False
+    max_retry_after: Duration = defaults.RETRY_MAX_RETRY_AFTER
+
+
+class BulkheadConfig(_Model):
+    """Options of :class:`floodwall.Bulkhead`."""
+
+    max_concurrent: int = Field(ge=1)
+    max_queue: int = Field(0, ge=0)
+    max_wait: Duration = 0.0
+
+
+class RateLimitConfig(_Model):
+    """A local or global rate limit."""
+
+    rate: Rate
+    burst: int = Field(0, ge=0)
+    algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
+    key: str | None = None
+    scope: Literal["local", "global"] = "local"
+    store: str = "default"
+
+
+class ResourceConfig(_Model):
+    """One dependency or endpoint: its level and its pipeline's policies."""
+
+    level: Literal[1, 2, 3] = 2
+    timeout: TimeoutConfig | None = None
+    retry: RetryConfig | None = None
+    circuit_breaker: CircuitBreakerConfig | None = None
+    bulkhead: BulkheadConfig | None = None
+    rate_limit: RateLimitConfig | None = None
+    fallback: FallbackConfig | None = None
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _bare_timeout(cls, value: object) -> object:
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return {"seconds": value}
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _false_is_off(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {k: (None if v is False else v) for k, v in data.items()}
+        return data
+
+
+class Document(_Model):
+    """The whole configuration file."""
+
+    version: Literal[1] = 1
+    defaults: ResourceConfig = ResourceConfig()
+    resources: dict[str, ResourceConfig] = Field(default_factory=dict)
+    stores: dict[str, str] = Field(default_factory=lambda: {"default": "memory://"})

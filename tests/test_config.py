@@ -1,0 +1,287 @@
+# mypy: disable-error-code="comparison-overlap,unreachable"
+# (tests read a property before and after acting; mypy assumes it cannot change)
+"""Configuration: units, schema, inheritance, level rules, errors, the live registry."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import floodwall as fw
+from floodwall import CircuitState, FakeClock
+from floodwall.backoff import EqualJitter, Exponential, Fixed, FullJitter, NoBackoff
+from floodwall.config import (
+    Registry,
+    build_backoff,
+    load,
+    loads,
+    parse,
+    parse_duration,
+    parse_rate,
+)
+from floodwall.config.schema import BackoffConfig
+
+DOC = """
+defaults:
+  timeout: 2s
+  retry:
+    attempts: 3
+    backoff: {kind: exponential, base: 100ms, cap: 2s, jitter: full}
+    budget: {ratio: 0.1}
+  circuit_breaker: {failure_rate: 0.5, minimum_calls: 20, window: 10s, open_duration: 5s}
+resources:
+  payments:
+    level: 1
+    timeout: 5s
+    retry: {attempts: 1}
+  reviews:
+    level: 3
+    fallback: {value: []}
+  search:
+    retry: false
+stores:
+  default: memory://
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "floodwall.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("250ms", 0.25), ("5s", 5.0), ("1.5s", 1.5), ("2m", 120.0), ("1h", 3600.0), (3, 3.0)],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"), [("100/s", 100.0), ("10/min", 1 / 6), ("5/h", 5 / 3600), ("1000/15m", 10 / 9)]
+)
+def test_rates(text: str, rate: float) -> None:
+    assert parse_rate(text) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("bad", ["5 parsecs", "fast", -1, True, "1/0s", "0/s"])
+def test_bad_units_echo_the_value(bad: object) -> None:
+    parser = parse_rate if isinstance(bad, str) and "/" in bad else parse_duration
+    with pytest.raises(ValueError, match=re.escape(f"got {bad!r}")):
+        parser(bad)
+
+
+def test_inheritance_and_level_rules(tmp_path: Path) -> None:
+    doc = load(write(tmp_path, DOC))
+    pay, rev, search = (doc.resources[n] for n in ("payments", "reviews", "search"))
+    assert pay.timeout is not None
+    assert pay.timeout.seconds == 5.0  # own key wins
+    assert pay.retry is not None
+    assert pay.retry.attempts == 1
+    assert pay.retry.backoff.cap == 2.0  # the rest of the section is inherited
+    assert pay.circuit_breaker is not None
+    assert pay.circuit_breaker.minimum_calls == 40  # level 1: break only on clear evidence
+    assert rev.retry is not None
+    assert rev.retry.attempts == 1  # level 3 never retries
+    assert rev.circuit_breaker is not None
+    assert rev.circuit_breaker.failure_rate == 0.3  # and breaks earlier
+    assert rev.timeout is not None
+    assert rev.timeout.seconds == 2.0
+    assert search.retry is None  # `false` switches an inherited policy off
+    assert doc.stores == {"default": "memory://"}
+
+
+def test_toml_and_json_documents(tmp_path: Path) -> None:
+    toml = write(
+        tmp_path,
+        """
+        [resources.payments]
+        level = 1
+        timeout = "750ms"
+        [resources.payments.circuit_breaker]
+        window_calls = 50
+        """,
+        "floodwall.toml",
+    )
+    doc = load(toml)
+    assert doc.resources["payments"].timeout is not None
+    assert doc.resources["payments"].timeout.seconds == 0.75
+    as_json = write(tmp_path, '{"resources": {"a": {"timeout": 1}}}', "floodwall.json")
+    assert load(as_json).resources["a"].timeout is not None
+
+
+def test_errors_name_file_path_and_value(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        resources:
+          payments:
+            retry: {attempts: 0, backof: {}}
+            timeout: 5 parsecs
+            circuit_breaker: {failure_rate: 1.5}
+            level: 4
+        """,
+    )
+    with pytest.raises(fw.ConfigError) as info:
+        load(path)
+    text = str(info.value)
+    assert f"{path}: resources.payments.retry.attempts: " in text
+    assert "(got 0)" in text
+    assert "resources.payments.retry.backof: Extra inputs are not permitted" in text
+    assert "got '5 parsecs'" in text
+    assert "resources.payments.circuit_breaker.failure_rate" in text
+    assert "(got 1.5)" in text
+    assert "resources.payments.level" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "the document must be a mapping, got list"),
+        ("resources: [a]", "resources: must be a mapping"),
+        ("resources: {a: 3}", "resources.a: must be a mapping, got 3"),
+        ("a: [", "not a valid document"),
+        ("defaults: {timeout: -1s}", "defaults.timeout"),
+    ],
+)
+def test_document_shape_errors(text: str, message: str) -> None:
+    with pytest.raises(fw.ConfigError, match=message.replace("[", r"\[")):
+        parse(loads(text, "x.yaml"), "x.yaml")
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(fw.ConfigError, match="cannot read the file"):
+        load(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("section", "kind"),
+    [
+        ({"kind": "none"}, NoBackoff),
+        ({"kind": "fixed", "base": "1s"}, Fixed),
+        ({"kind": "exponential", "jitter": "none"}, Exponential),
+        ({"kind": "exponential", "jitter": "full"}, FullJitter),
+        ({"kind": "exponential", "jitter": "equal"}, EqualJitter),
+    ],
+)
+def test_backoff_sections(section: dict[str, Any], kind: type) -> None:
+    assert isinstance(build_backoff(BackoffConfig.model_validate(section)), kind)
+
+
+def test_every_policy_round_trips_through_yaml(tmp_path: Path, clock: FakeClock) -> None:
+    """What a document says is what the built policies do."""
+    registry = Registry(load(write(tmp_path, DOC)), clock=clock)
+    pay = registry.get("payments")
+    assert pay.breaker is not None
+    assert pay.breaker.options()["minimum_calls"] == 40
+    assert pay.breaker.options()["open_duration"] == 5.0
+    assert pay.retry is not None
+    assert pay.retry.attempts == 1
+    assert pay.timeout is not None
+    assert pay.timeout.seconds == 5.0
+    assert [p.kind for p in pay.policies] == ["circuit_breaker", "retry", "timeout"]
+    reviews = registry.get("reviews")
+    assert [p.kind for p in reviews.policies] == ["fallback", "circuit_breaker", "retry", "timeout"]
+    assert reviews.call(lambda: 1 / 0) == []
+    assert registry.names() == ["payments", "reviews", "search"]
+    with pytest.raises(KeyError, match="no resource named 'nope'"):
+        registry.get("nope")
+
+
+def test_registry_decorates_and_follows_reloads(clock: FakeClock) -> None:
+    registry = Registry({"resources": {"a": {"fallback": {"value": "old"}}}}, clock=clock)
+
+    @registry("a")
+    def work() -> str:
+        raise ConnectionError
+
+    assert work() == "old"
+    registry.reload({"resources": {"a": {"fallback": {"value": "new"}}}})
+    assert work() == "new"  # the decorated function follows the reload
+
+
+def test_reload_keeps_breaker_state_and_window(clock: FakeClock) -> None:
+    doc = {"resources": {"a": {"circuit_breaker": {"minimum_calls": 5}}}}
+    registry = Registry(doc, clock=clock)
+    breaker = registry.get("a").breaker
+    assert breaker is not None
+    for _ in range(5):
+        with pytest.raises(ConnectionError):
+            registry.get("a").call(_fail)
+    assert breaker.state is CircuitState.OPEN
+    registry.reload({"resources": {"a": {"circuit_breaker": {"minimum_calls": 7}}}})
+    assert registry.get("a").breaker is breaker  # the same object, reconfigured
+    assert breaker.state is CircuitState.OPEN
+    assert breaker.minimum_calls == 7
+
+
+def test_invalid_reload_keeps_the_last_good_config(clock: FakeClock) -> None:
+    events: list[fw.Event] = []
+    registry = Registry(
+        {"resources": {"a": {"timeout": "1s"}}}, clock=clock, listeners=[events.append]
+    )
+    with pytest.raises(fw.ConfigError, match=r"resources\.a\.timeout"):
+        registry.reload({"resources": {"a": {"timeout": "soon"}}}, source="bad.yaml")
+    resource = registry.get("a")
+    assert resource.timeout is not None
+    assert resource.timeout.seconds == 1.0
+    assert events[-1].kind == "config_rejected"
+    assert "bad.yaml" in events[-1].reason
+
+
+def test_removed_resources_drain(clock: FakeClock) -> None:
+    registry = Registry({"resources": {"a": {}, "b": {}}}, clock=clock)
+    held = registry.get("b")
+    registry.reload({"resources": {"a": {}}})
+    assert registry.names() == ["a"]
+    assert held.removed
+    assert held.call(lambda: "still served") == "still served"
+
+
+def test_operator_overrides_expire(clock: FakeClock) -> None:
+    registry = Registry(
+        {"resources": {"pay": {"circuit_breaker": {}}, "rec": {"level": 3}}}, clock=clock
+    )
+    registry.force_open("pay", ttl=60)
+    breaker = registry.get("pay").breaker
+    assert breaker is not None
+    assert breaker.state is CircuitState.FORCED_OPEN
+    with pytest.raises(fw.CircuitOpenError):
+        registry.get("pay").call(lambda: 1)
+    registry.shed(3, ttl=30)
+    with pytest.raises(fw.DegradedError, match="level 3 is shed"):
+        registry.get("rec").call(lambda: 1)
+    assert [(o.target, o.action) for o in registry.overrides()] == [
+        ("level:3", "shed"),
+        ("pay", "force_open"),
+    ]
+    clock.advance(30)
+    assert registry.get("rec").call(lambda: "back") == "back"
+    assert breaker.state is CircuitState.FORCED_OPEN
+    clock.advance(30)
+    assert registry.overrides() == []
+    assert breaker.state is CircuitState.CLOSED
+    with pytest.raises(fw.ConfigError, match="level 1 is never shed"):
+        registry.shed(1)
+    with pytest.raises(fw.ConfigError, match="has no circuit_breaker"):
+        registry.force_closed("rec")
+
+
+def test_snapshot_shows_live_state(clock: FakeClock) -> None:
+    registry = Registry(
+        {"resources": {"a": {"circuit_breaker": {"minimum_calls": 1}}}}, clock=clock
+    )
+    with pytest.raises(ConnectionError):
+        registry.get("a").call(_fail)
+    snap = registry.snapshot()
+    assert snap["a"]["circuit_breaker"]["state"] == "OPEN"
+    assert snap["a"]["level"] == 2
+
+
+def _fail() -> None:
+    raise ConnectionError
