@@ -285,3 +285,20 @@ def test_snapshot_shows_live_state(clock: FakeClock) -> None:
 
 def _fail() -> None:
     raise ConnectionError
+
+
+def test_check_config_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from floodwall.cli import app
+
+    good = write(tmp_path, DOC)
+    result = CliRunner().invoke(app, ["check-config", str(good)])
+    assert result.exit_code == 0, result.output
+    assert "valid:" in result.output
+    assert "backoff.kind=exponential" in result.output
+    assert "minimum_calls=40" in result.output  # level 1's effective value, not the default
+    bad = write(tmp_path, "resources: {a: {retry: {attempts: 0}}}", "bad.yaml")
+    result = CliRunner().invoke(app, ["check-config", str(bad)])
+    assert result.exit_code == 1
+    assert "resources.a.retry.attempts" in result.output

@@ -309,11 +309,16 @@ class Registry:
 
     # -- reloading --------------------------------------------------------------------------
 
-    def reload(self, document: Document | Mapping[str, Any], source: str = "<reload>") -> None:
-        """Apply a new document; on any error keep the old one and raise :class:`ConfigError`."""
-        from floodwall.config.loader import parse
+    def reload(
+        self, document: Document | Mapping[str, Any] | str, source: str = "<reload>"
+    ) -> None:
+        """Apply a new document (a model, a mapping, or text named by ``source``'s extension);
+        on any error keep the old one, emit ``config_rejected`` and raise :class:`ConfigError`."""
+        from floodwall.config.loader import loads, parse
 
         try:
+            if isinstance(document, str):
+                document = loads(document, source)
             fresh = document if isinstance(document, Document) else parse(document, source)
             self._check_buildable(fresh)
         except ConfigError as exc:
