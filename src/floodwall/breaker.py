@@ -207,6 +207,8 @@ class CircuitBreaker(Policy):
         self._probes = 0
         self._probe_successes = 0
         self._rejections = itertools.count()
+        self.transitions: dict[str, int] = {}
+        """State changes since the breaker was built, by the state entered (for metrics)."""
         self._would_trip = False
 
     # -- the pure core ----------------------------------------------------------------------
@@ -348,6 +350,7 @@ class CircuitBreaker(Policy):
         self._would_trip = False
         if to is _CLOSED or to is _DISABLED or to is _HALF_OPEN:
             self._window.reset()
+        self.transitions[to.name] = self.transitions.get(to.name, 0) + 1
         if events is not None and self.listeners:
             events.append(
                 Event(

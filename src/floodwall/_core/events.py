@@ -8,7 +8,7 @@ the failure source); the error is counted in ``Listeners.errors``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -48,11 +48,23 @@ class Event:
 
 
 class Listeners:
-    """An ordered set of listeners; falsy when empty so emitters can skip building events."""
+    """An ordered set of listeners; falsy when empty so emitters can skip building events.
+
+    ``Listeners(existing)`` with a ``Listeners`` instance returns that same instance: policies
+    built by a registry share the registry's set, so they build no event while nobody listens
+    and start emitting as soon as somebody subscribes.
+    """
 
     __slots__ = ("_items", "errors")
 
+    def __new__(cls, listeners: Iterable[EventListener] = ()) -> Listeners:
+        if isinstance(listeners, Listeners):
+            return listeners
+        return super().__new__(cls)
+
     def __init__(self, listeners: Iterable[EventListener] = ()) -> None:
+        if listeners is self:
+            return  # shared, already initialised
         self._items: tuple[EventListener, ...] = tuple(listeners)
         self.errors = 0
 
@@ -61,6 +73,9 @@ class Listeners:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __iter__(self) -> Iterator[EventListener]:
+        return iter(self._items)
 
     def add(self, listener: EventListener) -> None:
         """Subscribe ``listener`` (copy-on-write, so emitting never takes a lock)."""

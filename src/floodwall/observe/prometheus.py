@@ -1,0 +1,182 @@
+"""Prometheus metrics for a :class:`~floodwall.config.Registry`, read at scrape time.
+
+Nothing is recorded per call on behalf of Prometheus: the collector reads the policies' own
+counters and each resource's :class:`~floodwall.observe.Meter` when Prometheus scrapes, so the
+request path pays nothing extra for it. Names are stable; labels are bounded (``resource``,
+``outcome``, ``state``, ``policy``)::
+
+    floodwall_calls_total{resource, outcome}            counter
+    floodwall_call_duration_seconds{resource}           histogram
+    floodwall_circuit_state{resource}                   gauge: closed 0, open 1, half-open 2,
+                                                        forced open 3, forced closed 4, disabled 5
+    floodwall_circuit_transitions_total{resource,state} counter
+    floodwall_circuit_rejected_total{resource}          counter
+    floodwall_circuit_failure_rate{resource}            gauge (rolling window)
+    floodwall_retry_calls_total{resource}               counter
+    floodwall_retry_retries_total{resource}             counter
+    floodwall_retry_budget_exhausted_total{resource}    counter
+    floodwall_timeouts_total{resource}                  counter
+    floodwall_fallbacks_total{resource}                 counter
+    floodwall_level_shed{level}                         gauge 0/1
+
+The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
+folded into them, so a bucket boundary is exact to within one bin (±12 %).
+
+Usage::
+
+    from floodwall.observe.prometheus import register
+    register(registry)                 # on prometheus_client's default registry
+    prometheus_client.start_http_server(9100)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+from floodwall.config.registry import Registry
+
+__all__ = ["BUCKETS", "FloodwallCollector", "register"]
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds of the published latency buckets, in seconds (plus +Inf)."""
+
+
+class FloodwallCollector(Collector):
+    """A ``prometheus_client`` collector over every resource of a registry."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily; no fixed description needed
+
+    def collect(self) -> Iterator[Metric]:
+        resources = list(self.registry)
+        yield from self._calls(resources)
+        yield from self._breakers(resources)
+        yield from self._retries(resources)
+        yield from self._others(resources)
+
+    def _calls(self, resources: list[Any]) -> Iterator[Metric]:
+        calls = CounterMetricFamily(
+            "floodwall_calls",
+            "Calls through a resource, by outcome.",
+            labels=["resource", "outcome"],
+        )
+        latency = HistogramMetricFamily(
+            "floodwall_call_duration_seconds",
+            "Time from entering a resource's pipeline to its answer or error.",
+            labels=["resource"],
+        )
+        for resource in resources:
+            if resource.meter is None:
+                continue
+            counts, bins, total = resource.meter.read()
+            for outcome, count in sorted(counts.items()):
+                calls.add_metric([resource.name, outcome], count)
+            buckets, seen, index = [], 0, 0
+            for bound in BUCKETS:
+                while index < len(bins) and bins[index][0] <= bound * 1.0000001:
+                    seen += bins[index][1]
+                    index += 1
+                buckets.append((_bound(bound), float(seen)))
+            count = sum(c for _, c in bins)
+            buckets.append(("+Inf", float(count)))
+            latency.add_metric([resource.name], buckets, total)
+        yield calls
+        yield latency
+
+    def _breakers(self, resources: list[Any]) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "floodwall_circuit_state",
+            "Breaker state: closed 0, open 1, half-open 2, forced open 3, forced closed 4, "
+            "disabled 5.",
+            labels=["resource"],
+        )
+        rejected = CounterMetricFamily(
+            "floodwall_circuit_rejected", "Calls a breaker refused.", labels=["resource"]
+        )
+        rate = GaugeMetricFamily(
+            "floodwall_circuit_failure_rate",
+            "Error share over the breaker's rolling window.",
+            labels=["resource"],
+        )
+        transitions = CounterMetricFamily(
+            "floodwall_circuit_transitions",
+            "Breaker state changes, by the state entered.",
+            labels=["resource", "state"],
+        )
+        for resource in resources:
+            breaker = resource.breaker
+            if breaker is None:
+                continue
+            state.add_metric([resource.name], float(int(breaker.state)))
+            rejected.add_metric([resource.name], breaker.rejected)
+            rate.add_metric([resource.name], breaker.metrics().failure_rate)
+            for to_state, count in sorted(breaker.transitions.items()):
+                transitions.add_metric([resource.name, to_state.lower()], count)
+        yield from (state, rejected, rate, transitions)
+
+    def _retries(self, resources: list[Any]) -> Iterator[Metric]:
+        calls = CounterMetricFamily(
+            "floodwall_retry_calls", "Logical calls through a Retry policy.", labels=["resource"]
+        )
+        retries = CounterMetricFamily(
+            "floodwall_retry_retries",
+            "Retry attempts made (beyond the first).",
+            labels=["resource"],
+        )
+        exhausted = CounterMetricFamily(
+            "floodwall_retry_budget_exhausted",
+            "Retries refused because the retry budget was spent.",
+            labels=["resource"],
+        )
+        for resource in resources:
+            retry = resource.retry
+            if retry is None:
+                continue
+            calls.add_metric([resource.name], retry.calls)
+            retries.add_metric([resource.name], retry.retries)
+            exhausted.add_metric([resource.name], retry.budget_refusals)
+        yield from (calls, retries, exhausted)
+
+    def _others(self, resources: list[Any]) -> Iterator[Metric]:
+        timeouts = CounterMetricFamily(
+            "floodwall_timeouts", "Calls that ran out of time.", labels=["resource"]
+        )
+        fallbacks = CounterMetricFamily(
+            "floodwall_fallbacks", "Answers given by a fallback.", labels=["resource"]
+        )
+        shed = GaugeMetricFamily(
+            "floodwall_level_shed",
+            "Whether a dependency level is shed (1) or not (0).",
+            labels=["level"],
+        )
+        for resource in resources:
+            if resource.timeout is not None:
+                timeouts.add_metric([resource.name], resource.timeout.timeouts)
+            if resource.fallback is not None:
+                fallbacks.add_metric([resource.name], resource.fallback.degraded)
+        for level in (2, 3):
+            shed.add_metric([str(level)], float(self.registry.is_shed(level)))
+        yield from (timeouts, fallbacks, shed)
+
+
+def _bound(value: float) -> str:
+    return repr(value) if value != int(value) else f"{value:.1f}"
+
+
+def register(registry: Registry, into: CollectorRegistry = REGISTRY) -> FloodwallCollector:
+    """Publish ``registry``'s metrics on a ``prometheus_client`` registry."""
+    collector = FloodwallCollector(registry)
+    into.register(collector)
+    return collector
