@@ -143,3 +143,33 @@ def test_opentelemetry_metrics_and_span_events(clock: fw.FakeClock) -> None:
     names = [e.name for e in span.events]
     assert "floodwall.state_change" in names
     assert "floodwall.rejected" in names
+
+
+def test_grafana_dashboard_uses_only_published_metrics(clock: fw.FakeClock) -> None:
+    """Every metric the example dashboard queries is one the collector publishes."""
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads(Path(__file__).parent.parent / "examples" / "grafana-dashboard.json".read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"floodwall_[a-z_]+", target["expr"])
+    }
+    registry = Registry(DOC, clock=clock)
+    exercise(registry, clock)
+    prom = CollectorRegistry()
+    register(registry, prom)
+    published = {name for name, _ in samples(generate_latest(prom).decode())}
+    assert queried <= published, queried - published
+
+
+def test_example_configuration_is_valid() -> None:
+    from pathlib import Path
+
+    from floodwall.config import load
+
+    doc = load(Path(__file__).parent.parent / "examples" / "floodwall.yaml")
+    assert doc.resources["ip-location"].level == 3
+    assert Registry(doc).get("posts-write").retry is not None
