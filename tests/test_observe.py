@@ -150,7 +150,8 @@ def test_grafana_dashboard_uses_only_published_metrics(clock: fw.FakeClock) -> N
     import re
     from pathlib import Path
 
-    dashboard = json.loads(Path(__file__).parent.parent / "examples" / "grafana-dashboard.json".read_text())
+    path = Path(__file__).parent.parent / "examples" / "grafana-dashboard.json"
+    dashboard = json.loads(path.read_text())
     queried = {
         name
         for panel in dashboard["panels"]
