@@ -546,10 +546,6 @@ class CircuitBreaker(Policy):
                 self._window = fresh._window
                 self._window_shape = fresh._window_shape
 
-    def add_listener(self, listener: EventListener) -> None:
-        """Subscribe to this breaker's events."""
-        self.listeners.add(listener)
-
     def describe(self) -> str:
         rules = []
         if self.failure_rate is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 
@@ -44,6 +44,51 @@ __all__ = [
     "remaining",
     "retry_marker",
 ]
+
+
+V = TypeVar("V")
+
+
+class _Scope(Generic[V]):
+    """Sets a context variable on entry and restores it on exit, in ``with`` and ``async with``.
+
+    Every ambient value here (deadline, call record, retry marker, idempotency key) is one of
+    these: subclasses only say which variable (``_var``) and which value (:meth:`_value`).
+    """
+
+    __slots__ = ("_token",)
+    _var: ClassVar[contextvars.ContextVar[Any]]
+    _token: contextvars.Token[Any] | None
+
+    def _value(self) -> V:
+        raise NotImplementedError
+
+    def __enter__(self) -> V:
+        value = self._value()
+        self._token = self._var.set(value)
+        return value
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token = getattr(self, "_token", None)
+        if token is not None:
+            self._var.reset(token)
+            self._token = None
+
+    async def __aenter__(self) -> V:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 class Deadline:
@@ -86,52 +131,30 @@ def current_deadline() -> Deadline | None:
     return _DEADLINE.get()
 
 
-class deadline:  # noqa: N801 - used like a function: ``with floodwall.deadline(2.0):``
+class deadline(_Scope[Deadline]):  # noqa: N801 - used like a function, in `with`
     """Context manager (sync and async) that bounds everything inside to ``seconds`` from now.
 
     An enclosing deadline that ends sooner wins: the effective deadline is the earlier of the
     two. ``seconds`` must be finite and >= 0.
     """
 
-    __slots__ = ("_clock", "_seconds", "_token", "deadline")
+    __slots__ = ("_clock", "_seconds", "deadline")
+    _var = _DEADLINE
 
     def __init__(self, seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
         self._seconds = float(seconds)
         self._clock = clock
-        self._token: contextvars.Token[Deadline | None] | None = None
         self.deadline: Deadline | None = None
 
-    def __enter__(self) -> Deadline:
+    def _value(self) -> Deadline:
         seconds = self._seconds
         outer = _DEADLINE.get()
         if outer is not None:
             seconds = min(seconds, outer.remaining())
         self.deadline = Deadline(self._clock.monotonic() + seconds, self._clock)
-        self._token = _DEADLINE.set(self.deadline)
         return self.deadline
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            _DEADLINE.reset(self._token)
-            self._token = None
-
-    async def __aenter__(self) -> Deadline:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 def _set_deadline(value: Deadline) -> contextvars.Token[Deadline | None]:
@@ -169,39 +192,17 @@ def current_call() -> CallContext | None:
     return _CALL.get()
 
 
-class call_context:  # noqa: N801 - used like a function: ``with floodwall.call_context() as c:``
+class call_context(_Scope[CallContext]):  # noqa: N801 - used like a function, in `with`
     """Context manager (sync and async) that opens a fresh :class:`CallContext`."""
 
-    __slots__ = ("_token", "context")
+    __slots__ = ("context",)
+    _var = _CALL
 
     def __init__(self) -> None:
         self.context = CallContext()
-        self._token: contextvars.Token[CallContext | None] | None = None
 
-    def __enter__(self) -> CallContext:
-        self._token = _CALL.set(self.context)
+    def _value(self) -> CallContext:
         return self.context
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            _CALL.reset(self._token)
-            self._token = None
-
-    async def __aenter__(self) -> CallContext:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 # -- retry marker ---------------------------------------------------------------------------
@@ -236,45 +237,23 @@ def current_retry() -> RetryMarker | None:
     return _RETRY.get()
 
 
-class retry_marker:  # noqa: N801 - used like a function: ``with floodwall.retry_marker(2, "x"):``
+class retry_marker(_Scope[RetryMarker]):  # noqa: N801 - used like a function, in `with`
     """Context manager (sync and async) marking everything inside as retry ``attempt``.
 
     :class:`~floodwall.Retry` does this itself; integrations use it to restore a marker that
     arrived in a request header. ``attempt`` must be an integer >= 2 (attempt 1 is no retry).
     """
 
-    __slots__ = ("_token", "marker")
+    __slots__ = ("marker",)
+    _var = _RETRY
 
     def __init__(self, attempt: int, origin: str) -> None:
         if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 2:
             raise ValueError(f"attempt must be an integer >= 2 (a retry), got {attempt!r}")
         self.marker = RetryMarker(attempt, origin)
-        self._token: contextvars.Token[RetryMarker | None] | None = None
 
-    def __enter__(self) -> RetryMarker:
-        self._token = _RETRY.set(self.marker)
+    def _value(self) -> RetryMarker:
         return self.marker
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            _RETRY.reset(self._token)
-            self._token = None
-
-    async def __aenter__(self) -> RetryMarker:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 # -- idempotency key ------------------------------------------------------------------------
@@ -290,7 +269,7 @@ def current_idempotency_key() -> str | None:
     return _IDEMPOTENCY_KEY.get()
 
 
-class idempotency_key:  # noqa: N801 - used like a function: ``with floodwall.idempotency_key(k):``
+class idempotency_key(_Scope[str]):  # noqa: N801 - used like a function, in `with`
     """Context manager (sync and async) naming the logical write everything inside belongs to.
 
     Every attempt of a retried write carries the same key, so the server (or a key store) can
@@ -298,35 +277,13 @@ class idempotency_key:  # noqa: N801 - used like a function: ``with floodwall.id
     a non-empty string; the innermost key wins.
     """
 
-    __slots__ = ("_token", "key")
+    __slots__ = ("key",)
+    _var = _IDEMPOTENCY_KEY
 
     def __init__(self, key: str) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"key must be a non-empty string, got {key!r}")
         self.key = key
-        self._token: contextvars.Token[str | None] | None = None
 
-    def __enter__(self) -> str:
-        self._token = _IDEMPOTENCY_KEY.set(self.key)
+    def _value(self) -> str:
         return self.key
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            _IDEMPOTENCY_KEY.reset(self._token)
-            self._token = None
-
-    async def __aenter__(self) -> str:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)

@@ -314,10 +314,6 @@ class Hedge(Policy):
         """Hedges the budget refused."""
         return _count_value(self._refusals)
 
-    def add_listener(self, listener: EventListener) -> None:
-        """Subscribe to this policy's events."""
-        self.listeners.add(listener)
-
     def describe(self) -> str:
         delay = f"{self.delay:g}s"
         if self.percentile is not None:

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core.errors import ConfigError
+from floodwall._core.events import EventListener
 from floodwall._core.policy import Policy
 
 __all__ = ["Pipeline"]
@@ -52,6 +53,11 @@ class Pipeline(Policy):
         for shell in self._async_shells:
             call = partial(shell, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Subscribe ``listener`` to the events of every policy in the pipeline."""
+        for policy in self.policies:
+            policy.add_listener(listener)
 
     def describe(self) -> str:
         inner = " -> ".join(policy.describe() for policy in self.policies)

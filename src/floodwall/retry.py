@@ -617,10 +617,6 @@ class Retry(Policy):
         """Retries the budget refused."""
         return _count_value(self._refusals)
 
-    def add_listener(self, listener: EventListener) -> None:
-        """Subscribe to this policy's events."""
-        self.listeners.add(listener)
-
     def describe(self) -> str:
         parts = [repr(self.name), f"attempts={self.attempts}", f"backoff={self.backoff!r}"]
         if self.budget is not None:

@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, overload
 
+from floodwall._core.events import EventListener, Listeners
+
 __all__ = ["Policy"]
 
 P = ParamSpec("P")
@@ -30,6 +32,8 @@ class Policy(ABC):
     name: str
     kind: str = "policy"
     """Stable short name of the policy class, used in events and metrics."""
+    listeners: Listeners
+    """Who hears this policy's events (see :class:`~floodwall.Event`)."""
 
     @abstractmethod
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -53,6 +57,10 @@ class Policy(ABC):
         """Decorate ``fn``; coroutine functions go through :meth:`call_async`."""
         shell = self.call_async if inspect.iscoroutinefunction(fn) else self.call
         return functools.update_wrapper(_Decorated(shell, fn), fn)
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Subscribe ``listener`` to this policy's events."""
+        self.listeners.add(listener)
 
     def describe(self) -> str:
         """One line naming the policy and its main settings (pipelines print these in order)."""
