@@ -23,6 +23,7 @@ from floodwall._core.policy import Policy
 from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
 from floodwall.breaker import CircuitBreaker, CircuitState
 from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
+from floodwall.bulkhead import Bulkhead, ThreadPoolBulkhead, pool_size
 from floodwall.classify import Classifier, ErrorClass
 from floodwall.context import (
     CallContext,
@@ -39,9 +40,20 @@ from floodwall.context import (
     retry_marker,
 )
 from floodwall.fallback import Fallback
+from floodwall.frequency import Frequency, FrequencyDecision
 from floodwall.hedge import Hedge
+from floodwall.idempotency import (
+    DuplicateInFlightError,
+    Idempotency,
+    IdempotencyKeyMissingError,
+    IdempotencyKeyReusedError,
+    IdempotencyTokenError,
+    IdempotencyUnavailableError,
+    OneTimeTokens,
+)
 from floodwall.pipeline import Pipeline
 from floodwall.retry import GaveUp, Retry, gave_up
+from floodwall.stores.base import StoreUnavailableError
 from floodwall.timeout import Timeout
 
 __version__ = "0.1.0"
@@ -49,6 +61,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SYSTEM_CLOCK",
     "BudgetSnapshot",
+    "Bulkhead",
     "BulkheadFullError",
     "CallContext",
     "CircuitBreaker",
@@ -57,9 +70,10 @@ __all__ = [
     "Classifier",
     "Clock",
     "ConfigError",
-    "DegradedError",
     "CountWindow",
     "Deadline",
+    "DegradedError",
+    "DuplicateInFlightError",
     "ErrorClass",
     "Event",
     "EventListener",
@@ -67,10 +81,18 @@ __all__ = [
     "FakeClock",
     "Fallback",
     "FloodwallError",
+    "Frequency",
+    "FrequencyDecision",
     "GaveUp",
     "Hedge",
+    "Idempotency",
+    "IdempotencyKeyMissingError",
+    "IdempotencyKeyReusedError",
+    "IdempotencyTokenError",
+    "IdempotencyUnavailableError",
     "Kind",
     "Listeners",
+    "OneTimeTokens",
     "Outcome",
     "OverloadedError",
     "Pipeline",
@@ -81,7 +103,9 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "RetryMarker",
+    "StoreUnavailableError",
     "SystemClock",
+    "ThreadPoolBulkhead",
     "TimeWindow",
     "Timeout",
     "TimeoutExceeded",
@@ -95,6 +119,7 @@ __all__ = [
     "deadline",
     "gave_up",
     "idempotency_key",
+    "pool_size",
     "remaining",
     "retry_marker",
 ]

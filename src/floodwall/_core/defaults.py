@@ -160,3 +160,72 @@ IDEMPOTENCY_LOCK_TTL = 60.0
 """Seconds an in-progress record blocks duplicates; a crashed owner's lock lapses after this."""
 IDEMPOTENCY_TOKEN_TTL = 3600.0
 """Seconds a one-time token stays valid when unused."""
+
+# -- degradation (degradation issue) ---
+# Automatic shedding of dependency levels (the seeds' flash sale: level 3 first, then level 2).
+# Signals are normalised so that 1.0 means "at capacity" (utilisation, queueing time over its
+# threshold, CPU over its threshold).
+SHED_ABOVE = 1.0
+"""A signal at or above this is overload (1.0 = at capacity)."""
+SHED_RESTORE_BELOW = 0.7
+"""A signal below this is calm; between the two the controller holds (hysteresis band)."""
+SHED_AFTER = 2.0
+"""Seconds of sustained overload before the next level is shed (one level per step)."""
+SHED_RESTORE_AFTER = 30.0
+"""Seconds of sustained calm before the most recently shed level is restored."""
+SHED_RESTORE_GROWTH = 2.0
+"""Flap damping: a level shed again within its restore delay doubles that delay..."""
+SHED_MAX_RESTORE_AFTER = 300.0
+"""...up to this many seconds."""
+SHED_INTERVAL = 1.0
+"""Seconds between two readings of the overload signal by ``AutoShedder``."""
+SHED_LEASE = 30.0
+"""Seconds an automatic shed lasts unless renewed: a dead controller cannot pin a level off."""
+PRIORITY_RESERVE_LEVEL2 = 0.1
+"""Share of a capacity that level-2 work may not take (kept for level 1)."""
+PRIORITY_RESERVE_LEVEL3 = 0.3
+"""Share of a capacity that level-3 work may not take (kept for levels 1 and 2)."""
+CACHE_MAX_ENTRIES = 10_000
+"""Entries an in-process cache level keeps (least recently used evicted first)."""
+CACHE_TTL = 60.0
+"""Seconds an entry is fresh: served without calling the dependency."""
+CACHE_STALE_TTL = 3600.0
+"""Seconds an entry is kept to be served stale while the dependency fails (or is switched off)."""
+WRITE_BEHIND_MAX_PENDING = 10_000
+"""Writes a write-behind queue holds before it refuses more (bounded: backpressure, not OOM)."""
+WRITE_BEHIND_BATCH = 100
+"""Messages a write-behind worker takes per read."""
+WRITE_BEHIND_RETRY_BASE = 0.1
+"""Seconds: the first redelivery after a failed write waits up to this (full jitter)..."""
+WRITE_BEHIND_RETRY_CAP = 10.0
+"""...doubling per failure up to this."""
+WRITE_BEHIND_IDLE_WAIT = 0.05
+"""Seconds a worker waits before polling an empty queue again."""
+WRITE_BEHIND_CLAIM_AFTER = 30.0
+"""Seconds a Redis Streams message may stay unacknowledged with another (crashed) consumer
+before this one claims it."""
+COALESCE_WINDOW = 0.1
+"""Seconds writes to one key are gathered before one downstream call."""
+COALESCE_MAX_KEYS = 10_000
+"""Keys with pending writes a coalescer holds before it refuses new keys."""
+CHUNK_SIZE = 100
+"""Items per chunk of a bulk job."""
+
+# -- global limits (distributed issue, part B) ---
+
+GLOBAL_MAX_BATCH = 512
+"""Requests one coalesced round trip of an async global limiter decides at most."""
+LEASE_SHARE = 10
+"""A leased limiter's default lease is ``limit ÷ (LEASE_SHARE × expected_instances)`` permits:
+the fleet's unspent leases, its over-admission bound, stay within 10 % of the limit."""
+LEASE_MAX = 100
+"""Permits per lease at most by default (past this, fewer round trips no longer pay)."""
+LEASE_TTL = 1.0
+"""Seconds leased permits stay usable in the process that took them; unused ones are dropped."""
+TIMESLICE_LENGTH = 10.0
+"""Seconds per slice of a time-slice limiter: instances report and re-read the drop rate once
+per slice (the seeds: 10 s or 30 s; shorter reacts faster, longer costs less)."""
+TIMESLICE_STALE_SLICES = 2
+"""An instance's report counts towards the global QPS for this many slices."""
+TIMESLICE_LEASE_SLICES = 3
+"""Slices the elected instance's lease (and the published drop rate) lasts without renewal."""

@@ -142,9 +142,50 @@ class RateLimitedError(RejectedError):
 
 
 class BulkheadFullError(RejectedError):
-    """A bulkhead had no free slot and no room to wait: ``BulkheadFullError(name, reason)``."""
+    """A bulkhead had no free slot and no room to wait: ``BulkheadFullError(name, reason,
+    retry_after, max_concurrent, max_queue, in_flight, queued)`` (the figures are optional).
+
+    The figures are the bulkhead's at the moment it refused: its limits (``max_concurrent``,
+    ``max_queue``) and how many calls held a slot (``in_flight``) or waited (``queued``).
+    Like every rejection they live in ``args`` (no Python ``__init__``: refusing stays cheap).
+    """
 
     kind = "bulkhead_full"
+    args: tuple[object, ...]  # type: ignore[assignment]
+
+    def _figure(self, index: int) -> int | None:
+        args = self.args
+        value = args[index] if len(args) > index else None
+        return value if isinstance(value, int) else None
+
+    @property
+    def max_concurrent(self) -> int | None:
+        """Calls the bulkhead lets run at once (threads, for a thread pool)."""
+        return self._figure(3)
+
+    @property
+    def max_queue(self) -> int | None:
+        """Callers the bulkhead lets wait."""
+        return self._figure(4)
+
+    @property
+    def in_flight(self) -> int | None:
+        """Calls holding a slot when the call was refused."""
+        return self._figure(5)
+
+    @property
+    def queued(self) -> int | None:
+        """Callers waiting when the call was refused."""
+        return self._figure(6)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(self.args) > 6:
+            text += (
+                f" ({self.in_flight}/{self.max_concurrent} in flight, "
+                f"{self.queued}/{self.max_queue} queued)"
+            )
+        return text
 
 
 class OverloadedError(RejectedError):

@@ -1,0 +1,272 @@
+"""Frequency control on a shared store: "once per N seconds" and "at most M per N seconds".
+
+``Frequency.once(per=60, key=...)`` lets one call per key through every ``per`` seconds: Redis
+``SET key 1 PX N NX`` (the first caller takes the slot, the rest are refused until the key
+expires). ``Frequency(limit=5, per=3600, key=...)`` lets ``limit`` calls per key through per
+window: ``INCRBY`` + ``PEXPIRE`` in one Lua script, so the counter and its expiry are set
+atomically and no crash between the two can leave a counter that never expires. The window
+starts at a key's first counted call (a fixed window per key, not aligned to the clock), and a
+refused call does not count. Every store runs the same ops (``lua/frequency_*.lua`` on Redis, the
+Python ``step`` elsewhere), on the store's clock.
+
+Keys: ``key`` is a string or a callable that receives the protected call's arguments (``key=lambda
+user_id, **_: user_id``); the stored key is ``<prefix>{freq:<name>:<key>}``.
+
+Store outages follow ``on_store_error`` (see :mod:`floodwall.stores.guard`): ``"fail_open"``
+(default) admits, ``"fail_closed"`` refuses with :class:`~floodwall.RateLimitedError`, ``"local"``
+counts in this process at ``max(1, limit // expected_instances)`` per window. Decisions made
+that way carry ``degraded`` = the mode.
+
+Use ``allow(key)`` / ``await allow_async(key)`` for a :class:`FrequencyDecision`, or the policy
+shells (``call``, ``call_async``, decorator), which raise
+:class:`~floodwall.RateLimitedError` (``kind="rate_limited"``, ``retry_after`` = seconds until
+the window resets) when refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.breaker import CircuitBreaker
+from floodwall.stores import resolve
+from floodwall.stores.base import KEEP, Op, Record, Store, Write
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+
+__all__ = ["Frequency", "FrequencyDecision"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+# -- the ops ----------------------------------------------------------------------------------
+
+
+def _ms_left(record: Record, now: float) -> int:
+    if record.expires_at is None:
+        return 0
+    return max(0, round((record.expires_at - now) * 1000))
+
+
+class OnceOp(Op[tuple[bool, int]]):
+    """``SET NX PX``: args ``(ttl_ms,)`` → ``(took_the_slot, ms_until_free)``."""
+
+    script = "frequency_once"
+
+    def step(
+        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
+    ) -> tuple[Sequence[Write], tuple[bool, int]]:
+        ttl_ms = int(args[0])
+        record = records[0]
+        if record is not None:
+            return [KEEP], (False, _ms_left(record, now))
+        return [Record(b"1", now + ttl_ms / 1000)], (True, ttl_ms)
+
+    def parse(self, raw: Any) -> tuple[bool, int]:
+        return bool(raw[0]), int(raw[1])
+
+
+class CountOp(Op[tuple[bool, int, int]]):
+    """``INCRBY`` + ``PEXPIRE``: args ``(limit, ttl_ms, cost)`` → ``(allowed, count, ms_left)``."""
+
+    script = "frequency_count"
+
+    def step(
+        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
+    ) -> tuple[Sequence[Write], tuple[bool, int, int]]:
+        limit, ttl_ms, cost = int(args[0]), int(args[1]), int(args[2])
+        record = records[0]
+        count = 0 if record is None else int(record.value)
+        if count + cost > limit:
+            left = 0 if record is None else _ms_left(record, now)
+            return [KEEP], (False, count, left)
+        expires_at = now + ttl_ms / 1000 if record is None else record.expires_at
+        updated = Record(str(count + cost).encode(), expires_at)
+        left = ttl_ms if record is None else _ms_left(record, now)
+        return [updated], (True, count + cost, left)
+
+    def parse(self, raw: Any) -> tuple[bool, int, int]:
+        return bool(raw[0]), int(raw[1]), int(raw[2])
+
+
+ONCE = OnceOp()
+COUNT = CountOp()
+
+
+# -- the policy -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrequencyDecision:
+    """One decision: ``allowed``; ``count`` calls counted in the key's window (after this one,
+    when allowed); ``limit``; ``reset_after`` seconds until the window ends (``None`` when
+    unknown); ``degraded`` = the ``on_store_error`` mode when the store did not decide."""
+
+    allowed: bool
+    count: int
+    limit: int
+    reset_after: float | None
+    degraded: StoreErrorMode | None = None
+
+    @property
+    def remaining(self) -> int:
+        """Calls still allowed in this window."""
+        return max(0, self.limit - self.count)
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds to wait before trying again when refused; ``None`` when allowed."""
+        return None if self.allowed else self.reset_after
+
+
+class Frequency(Policy):
+    """At most ``limit`` calls per key every ``per`` seconds, across every process sharing the
+    store (see the module docstring). ``limit=1`` is "once per ``per`` seconds"."""
+
+    kind = "frequency"
+
+    def __init__(
+        self,
+        limit: int,
+        per: float,
+        *,
+        key: str | Callable[..., str] | None = None,
+        name: str = "frequency",
+        store: Store | str | None = None,
+        on_store_error: StoreErrorMode = "fail_open",
+        expected_instances: int = 1,
+        breaker: CircuitBreaker | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConfigError(f"limit must be an integer >= 1, got {limit!r}")
+        if not 0.001 <= per < float("inf"):
+            raise ConfigError(f"per must be a finite number of seconds >= 0.001, got {per!r}")
+        if not isinstance(expected_instances, int) or expected_instances < 1:
+            raise ConfigError(
+                f"expected_instances must be an integer >= 1, got {expected_instances!r}"
+            )
+        if key is not None and not (callable(key) or (isinstance(key, str) and key)):
+            raise ConfigError(f"key must be a non-empty string or a callable, got {key!r}")
+        self.limit = limit
+        self.per = float(per)
+        self.key = key
+        self.name = name
+        self.expected_instances = expected_instances
+        self.local_limit = max(1, limit // expected_instances)
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self.store = resolve(store)
+        self.guard = StoreGuard(
+            self.store,
+            on_store_error=check_mode(on_store_error),
+            name=name,
+            breaker=breaker,
+            clock=clock,
+            listeners=self.listeners,
+        )
+        self._ttl_ms = max(1, round(self.per * 1000))
+
+    @classmethod
+    def once(cls, per: float, **options: Any) -> Frequency:
+        """One call per key every ``per`` seconds (``SET NX PX``)."""
+        return cls(1, per, **options)
+
+    # -- the decision core --------------------------------------------------------------------
+
+    def _request(self, key: str | None, cost: int) -> tuple[Op[Any], str, list[int], list[int]]:
+        if not isinstance(cost, int) or not 1 <= cost <= self.limit:
+            raise ConfigError(f"cost must be an integer in [1, limit={self.limit}], got {cost!r}")
+        full = f"freq:{self.name}" if key is None else f"freq:{self.name}:{key}"
+        if self.limit == 1:
+            return ONCE, full, [self._ttl_ms], [self._ttl_ms]
+        return (
+            COUNT,
+            full,
+            [self.limit, self._ttl_ms, cost],
+            [self.local_limit, self._ttl_ms, min(cost, self.local_limit)],
+        )
+
+    def _decide(self, guarded: Guarded[Any]) -> FrequencyDecision:
+        down = guarded.down
+        value = guarded.value
+        if down is not None and down.mode != "local":
+            if down.mode == "fail_open":
+                return FrequencyDecision(True, 0, self.limit, None, down.mode)
+            retry = down.error.retry_after if isinstance(down.error, CircuitOpenError) else None
+            return FrequencyDecision(False, 0, self.limit, retry, down.mode)
+        limit = self.limit if down is None else self.local_limit
+        mode = None if down is None else down.mode
+        assert value is not None
+        if self.limit == 1:
+            took, ms = value
+            return FrequencyDecision(took, 1, 1, ms / 1000, mode)
+        allowed, count, ms = value
+        return FrequencyDecision(allowed, count, limit, ms / 1000, mode)
+
+    def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        key = self.key
+        if key is None or isinstance(key, str):
+            return key
+        return str(key(*args, **kwargs))
+
+    def _rejection(self, key: str | None, decision: FrequencyDecision) -> RateLimitedError:
+        if decision.degraded == "fail_closed":
+            reason = "the store is unavailable and on_store_error='fail_closed'"
+        else:
+            what = "once" if self.limit == 1 else f"{self.limit} calls"
+            reason = f"{what} per {self.per:g}s for key {key!r} already used"
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    kind="rejected",
+                    source=self.kind,
+                    name=self.name,
+                    time=self.clock.monotonic(),
+                    reason=reason,
+                    figures={"count": decision.count, "limit": decision.limit},
+                )
+            )
+        return RateLimitedError(self.name, reason, decision.retry_after)
+
+    # -- the shells ---------------------------------------------------------------------------
+
+    def allow(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
+        """Count one call (``cost`` calls) for ``key`` if the limit allows it; never raises a
+        store error."""
+        op, full, args, local_args = self._request(key, cost)
+        return self._decide(self.guard.apply(op, full, args, local_args))
+
+    async def allow_async(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
+        """:meth:`allow` for async callers."""
+        op, full, args, local_args = self._request(key, cost)
+        return self._decide(await self.guard.apply_async(op, full, args, local_args))
+
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        key = self._key_of(args, kwargs)
+        decision = self.allow(key)
+        if not decision.allowed:
+            raise self._rejection(key, decision)
+        return fn(*args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        key = self._key_of(args, kwargs)
+        decision = await self.allow_async(key)
+        if not decision.allowed:
+            raise self._rejection(key, decision)
+        return await fn(*args, **kwargs)
+
+    def describe(self) -> str:
+        what = "once" if self.limit == 1 else f"{self.limit}"
+        return (
+            f"Frequency({self.name!r}, {what} per {self.per:g}s, store={self.store.url}, "
+            f"on_store_error={self.guard.mode})"
+        )

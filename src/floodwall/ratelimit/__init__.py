@@ -1,0 +1,53 @@
+"""Local rate limiting: the algorithm family behind one interface, keyed or not.
+
+Every limiter answers ``acquire(key=None, cost=1)`` with a :class:`Decision` (``allowed``,
+``remaining``, ``reset_after``, ``retry_after``, ``limit``), ``try_acquire`` with a bool,
+``wait``/``await wait_async`` by pacing instead of refusing, and is a
+:class:`~floodwall.Policy` (``call``, ``call_async``, decorator) that raises
+:class:`~floodwall.RateLimitedError`. Rates are ``"10/s"``, ``"5/h"``, ``"1/30s"`` or permits
+per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time comes from the
+``clock=`` given.
+
+========================  ===================================================================
+:class:`FixedWindow`      ``count`` per window opened by the first request (2× at a boundary)
+:class:`SlidingLog`       exact: never more than ``count`` in any ``period``; O(count) per key
+:class:`SlidingWindowCounter` the weighted two-window estimate; O(1) per key
+:class:`LeakyBucket`      pacing queue: steady output, bounded queue, refuses when full
+:class:`TokenBucket`      rate + burst (+ initial tokens)
+:class:`GCRA`             the token bucket as one integer timestamp, exact integer time
+:class:`WarmUp`           ramps from ``rate / 3`` to ``rate`` over a warm-up period
+:class:`Multi`            several limiters on one key (``10/s`` and ``1000/h``)
+:class:`Keyed`            one state per key, bounded memory, idle keys evicted
+========================  ===================================================================
+
+See ``docs/rate-limiting.md`` for each algorithm's promise, defaults and measured cost.
+"""
+
+from floodwall.ratelimit._base import Decision, Rate, RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit.fixed import FixedWindow
+from floodwall.ratelimit.gcra import GCRA
+from floodwall.ratelimit.headers import rate_limit_headers
+from floodwall.ratelimit.keyed import Keyed
+from floodwall.ratelimit.leaky import LeakyBucket
+from floodwall.ratelimit.multi import Multi
+from floodwall.ratelimit.sliding import SlidingLog, SlidingWindowCounter
+from floodwall.ratelimit.token import TokenBucket
+from floodwall.ratelimit.warmup import WarmUp
+
+__all__ = [
+    "GCRA",
+    "Decision",
+    "FixedWindow",
+    "Keyed",
+    "LeakyBucket",
+    "Multi",
+    "Rate",
+    "RateLike",
+    "RateLimiter",
+    "SlidingLog",
+    "SlidingWindowCounter",
+    "TokenBucket",
+    "WarmUp",
+    "parse_rate",
+    "rate_limit_headers",
+]

@@ -1,0 +1,496 @@
+"""What every rate limiter shares: rates, decisions, and the shells around a pure core.
+
+**Rates** are given per second as numbers (``10``, ``0.5``) or as strings ``"COUNT/PERIOD"``:
+``"10/s"``, ``"5/h"``, ``"1/30s"`` (one per 30 seconds), ``"100/10m"``, ``"5 per hour"``.
+Units: ``ms``, ``s``, ``m``/``min``, ``h``, ``d`` (and their long names). A number becomes the
+smallest whole count over a whole period (``0.5`` → ``1/2s``, ``2.5`` → ``5/2s``).
+
+**Decisions** (:class:`Decision`) carry ``allowed``, ``remaining`` (cost-1 requests that would
+still be admitted right now), ``reset_after`` (seconds until the limiter is back to its fresh
+state for this key), ``retry_after`` (0 when allowed; else seconds until this request's cost
+could be admitted if nothing else arrives, ``inf`` when it never can, i.e. the cost exceeds the
+limit) and ``limit`` (the quota, for ``RateLimit-Limit``).
+
+**The core** of each algorithm is a set of pure methods on a small per-key state object: they
+take ``now`` (seconds on the limiter's clock) and a cost, never read the clock, never sleep,
+never lock. The shells here read the clock *inside* the limiter's lock, so every decision of a
+limiter happens at a distinct, non-decreasing time and the algorithms' promises hold under
+threads exactly as they do on a :class:`~floodwall.FakeClock`:
+
+* ``_new_state(now)``: the state of a key never seen (its *fresh* state);
+* ``_check(st, now, cost)``: could ``cost`` be admitted now (may bring ``st`` forward to
+  ``now``, never consumes);
+* ``_commit(st, now, cost)``: consume ``cost`` (after a successful check);
+* ``_decide(st, now, cost)``: both at once (the hot path);
+* ``_reserve(st, now, cost, max_wait)``: admit now or book a future slot no more than
+  ``max_wait`` seconds away; the delay to wait, or -1 (algorithms that cannot book ahead admit
+  now or return -1, and :meth:`RateLimiter.wait` retries after ``retry_after``);
+* ``_figures(st, now, cost, allowed)``: the :class:`Decision` for a decision just made;
+* ``_idle_at(st)``: when ``st`` will equal a fresh state again (its TTL), so a keyed limiter can
+  forget it without changing any later decision.
+
+Thread-safe (one short lock per limiter, never held while a protected call runs or a waiter
+sleeps) and asyncio-safe (deciding never awaits).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import re
+import threading
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import ClassVar, Generic, NamedTuple, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, RateLimitedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.context import _DEADLINE
+
+__all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "parse_rate"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
+
+INF = math.inf
+_MIN_SLEEP = 1e-6
+"""Shortest retry sleep of :meth:`RateLimiter.wait`: a retry_after rounded to 0 must still let
+time move, or a fake clock at a large reading (where ``now + 1e-12 == now``) would spin."""
+
+_UNITS: dict[str, float] = {
+    "ms": 0.001,
+    "millisecond": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
+_RATE = re.compile(
+    r"^\s*(\d+(?:\.\d*)?)\s*(?:/|per\b)\s*(\d+(?:\.\d*)?)?\s*([a-z]+)\s*$", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``count`` permits per ``period`` seconds (``Rate(10, 1.0)`` is ``"10/s"``)."""
+
+    count: int
+    period: float
+
+    @property
+    def per_second(self) -> float:
+        """Permits per second."""
+        return self.count / self.period
+
+    @property
+    def interval(self) -> float:
+        """Seconds per permit at the steady rate (GCRA's emission interval)."""
+        return self.period / self.count
+
+    def __str__(self) -> str:
+        for unit, seconds in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+            if self.period >= seconds and self.period % seconds == 0:
+                n = self.period / seconds
+                return f"{self.count}/{unit}" if n == 1 else f"{self.count}/{n:g}{unit}"
+        return f"{self.count}/{self.period * 1000:g}ms"
+
+
+RateLike = Rate | str | float | int
+"""What a limiter's ``rate`` accepts: a :class:`Rate`, a string (``"10/s"``) or permits/s."""
+
+
+def parse_rate(value: RateLike, name: str = "rate") -> Rate:
+    """Read ``value`` as a :class:`Rate` (see the module docstring); ``ConfigError`` if bad."""
+    if isinstance(value, Rate):
+        if value.count < 1 or not 0 < value.period < INF:
+            raise ConfigError(f"{name} must have count >= 1 and a finite period > 0, got {value}")
+        return value
+    if isinstance(value, str):
+        match = _RATE.match(value)
+        unit = _UNITS.get(match.group(3).lower()) if match else None
+        if match is None or unit is None:
+            raise ConfigError(
+                f"{name} must look like '10/s', '5/h' or '1/30s' "
+                f"(units ms, s, m, h, d), got {value!r}"
+            )
+        count = Fraction(match.group(1))
+        period = Fraction(match.group(2) or 1) * Fraction(unit)
+        if count <= 0 or period <= 0:
+            raise ConfigError(
+                f"{name} must be a positive count over a positive period, got {value!r}"
+            )
+        # Keep the stated period ("5/h" is 5 per hour, not 1 per 12 minutes: windows differ);
+        # a fractional count scales both ("0.5/s" is 1 per 2 s).
+        scale = count.denominator
+        return Rate(int(count * scale), float(period * scale))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a Rate, a string like '10/s' or a number, got {value!r}")
+    if not 0 < value < INF:
+        raise ConfigError(
+            f"{name} must be a finite number of permits per second > 0, got {value!r}"
+        )
+    per_second = Fraction(value).limit_denominator(1_000_000)
+    if per_second <= 0:
+        raise ConfigError(f"{name} is too small to represent, got {value!r}")
+    return Rate(per_second.numerator, float(per_second.denominator))
+
+
+class Decision(NamedTuple):
+    """The answer to one ``acquire``: truthy when ``allowed``.
+
+    A tuple (built by C code, read by C code: cheap on the hot path); ``retry_after`` is 0 when
+    allowed and ``inf`` when the cost can never be admitted (it exceeds the limit).
+    """
+
+    allowed: bool
+    remaining: int
+    reset_after: float
+    retry_after: float
+    limit: int
+
+    def __bool__(self) -> bool:
+        return self[0]
+
+
+_new: Callable[[type[Decision], tuple[bool, int, float, float, int]], Decision]
+_new = tuple.__new__
+"""``_new(Decision, (allowed, remaining, reset_after, retry_after, limit))``: builds a decision
+in C, skipping the Python-level ``NamedTuple.__new__`` (twice as fast on the hot path)."""
+
+
+def _count(name: str, value: int, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    if not allow_inf and value == INF:
+        raise ConfigError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+class RateLimiter(Policy, Generic[S]):
+    """Base of every limiter: the shells (``acquire``, ``try_acquire``, ``wait``, ``call``…)
+    around the pure core each algorithm implements (see the module docstring).
+
+    A plain limiter has one state and takes ``key=None`` only; wrap it in
+    :class:`~floodwall.ratelimit.Keyed` for one state per key. As a policy, ``call`` admits the
+    call or raises :class:`~floodwall.RateLimitedError` with ``retry_after``; with ``max_wait``
+    > 0 it paces instead, waiting up to ``max_wait`` seconds (and never past the ambient
+    :func:`floodwall.deadline`) for its turn.
+    """
+
+    kind = "rate_limiter"
+    algorithm: ClassVar[str] = "rate_limiter"
+    """Stable short name of the algorithm (``"token_bucket"``, ``"gcra"``, …)."""
+    limit: int
+    """The quota reported as ``RateLimit-Limit``."""
+    window: float | None = None
+    """Seconds the quota refers to (``RateLimit-Policy: limit;w=window``), when there is one."""
+    books_ahead: ClassVar[bool] = False
+    """Whether ``_reserve`` books future slots (then a refused reservation is final for
+    ``wait``: it already looked as far ahead as the wait may go)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clock: Clock = SYSTEM_CLOCK,
+        max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.max_wait = _seconds("max_wait", max_wait)
+        self.listeners = Listeners(listeners)
+        lock = threading.Lock()
+        self._lock = lock
+        self._lock_acquire = lock.acquire
+        self._lock_release = lock.release
+        self._now = clock.monotonic
+        self._rejections = itertools.count()
+        self._reason = f"{self.describe()} exceeded"
+        self._state: S = self._new_state(clock.monotonic())
+
+    # -- the pure core (per algorithm) ------------------------------------------------------
+
+    @abstractmethod
+    def _new_state(self, now: float) -> S:
+        """The state of a key never seen."""
+
+    @abstractmethod
+    def _check(self, st: S, now: float, cost: float) -> bool:
+        """Whether ``cost`` could be admitted at ``now``; may bring ``st`` forward, not consume."""
+
+    @abstractmethod
+    def _commit(self, st: S, now: float, cost: float) -> None:
+        """Consume ``cost`` at ``now`` (``_check`` just said yes)."""
+
+    def _decide(self, st: S, now: float, cost: float) -> bool:
+        """Admit ``cost`` at ``now`` if possible (check and commit in one)."""
+        if self._check(st, now, cost):
+            self._commit(st, now, cost)
+            return True
+        return False
+
+    def _reserve(self, st: S, now: float, cost: float, max_wait: float) -> float:
+        """Admit now (0.0) or book a slot at most ``max_wait`` away (the delay); -1.0 if not."""
+        return 0.0 if self._decide(st, now, cost) else -1.0
+
+    @abstractmethod
+    def _figures(self, st: S, now: float, cost: float, allowed: bool) -> Decision:
+        """The decision just made, with its figures (``st`` is already at ``now``)."""
+
+    @abstractmethod
+    def _idle_at(self, st: S) -> float:
+        """When ``st`` will be equivalent to a fresh state (``-inf`` if it already is)."""
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _state_for(self, key: Hashable, now: float) -> S | None:
+        """The state ``key`` decides on (lock held); ``None`` when there is no room for it."""
+        if key is not None:
+            raise TypeError(
+                f"{type(self).__name__} {self.name!r} has one state and takes key=None only, "
+                f"got key={key!r}; wrap it in floodwall.ratelimit.Keyed(...) for per-key limits"
+            )
+        return self._state
+
+    def _no_room(self, now: float) -> Decision:  # pragma: no cover - plain limiters have room
+        """The decision for a key that cannot be tracked (only keyed limiters have none)."""
+        raise AssertionError("unreachable: a plain limiter always has its state")
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def try_acquire(self, key: Hashable = None, cost: float = 1) -> bool:
+        """Take ``cost`` permits now if possible: True if admitted. The cheapest question."""
+        if key is not None or cost < 0:
+            return self.acquire(key, cost).allowed
+        self._lock_acquire()
+        try:
+            allowed = self._decide(self._state, self._now(), cost)
+        finally:
+            self._lock_release()
+        if allowed:
+            return True
+        self._rejected(key, cost, None)
+        return False
+
+    def acquire(self, key: Hashable = None, cost: float = 1) -> Decision:
+        """Take ``cost`` permits now if possible; the :class:`Decision` with its figures."""
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._state if key is None else self._state_for(key, now)
+            if st is None:
+                result = self._no_room(now)
+            else:
+                result = self._figures(st, now, cost, self._decide(st, now, cost))
+        finally:
+            self._lock_release()
+        if not result[0]:
+            self._rejected(key, cost, result)
+        return result
+
+    def peek(self, key: Hashable = None, cost: float = 1) -> Decision:
+        """Whether ``acquire(key, cost)`` would admit now, with the figures as they stand
+        (``remaining`` before anything is taken); consumes and changes nothing."""
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._peek_state(key, now)
+            if st is None:
+                return self._no_room(now)
+            return self._figures(st, now, cost, self._check(st, now, cost))
+        finally:
+            self._lock_release()
+
+    def _peek_state(self, key: Hashable, now: float) -> S | None:
+        """A copy of ``key``'s state to evaluate without changing anything."""
+        st = self._state_for(key, now)
+        return None if st is None else copy.deepcopy(st)
+
+    def reset(self, key: Hashable = None) -> None:
+        """Forget what ``key`` consumed (operator action): back to a fresh state."""
+        self._lock_acquire()
+        try:
+            self._forget(key, self._now())
+        finally:
+            self._lock_release()
+
+    def _forget(self, key: Hashable, now: float) -> None:
+        self._state_for(key, now)
+        self._state = self._new_state(now)
+
+    def wait(
+        self, key: Hashable = None, cost: float = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """Take ``cost`` permits, sleeping (on the limiter's clock) until they are granted.
+
+        Waits at most ``max_wait`` seconds (default: the limiter's ``max_wait``) and never past
+        the ambient deadline; when the permits cannot be had within that bound it returns the
+        refusal at once, without sleeping in vain. Algorithms that book ahead (token bucket,
+        GCRA, leaky bucket, warm-up) reserve the slot before sleeping, so waiters are served
+        in arrival order; the windows retry after ``retry_after``.
+        """
+        until = self._wait_until(max_wait, cost)
+        while True:
+            result, sleep = self._wait_step(key, cost, until)
+            if sleep > 0:
+                self.clock.sleep(sleep)
+            if result[0] or sleep < 0:
+                return result
+
+    async def wait_async(
+        self, key: Hashable = None, cost: float = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """:meth:`wait` for coroutines: suspends on ``clock.async_sleep`` instead of blocking."""
+        until = self._wait_until(max_wait, cost)
+        while True:
+            result, sleep = self._wait_step(key, cost, until)
+            if sleep > 0:
+                await self.clock.async_sleep(sleep)
+            if result[0] or sleep < 0:
+                return result
+
+    def _wait_until(self, max_wait: float | None, cost: float) -> float:
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        bound = self.max_wait if max_wait is None else _seconds("max_wait", max_wait)
+        outer = _DEADLINE.get()
+        if outer is not None:
+            bound = min(bound, outer.remaining())
+        return self._now() + bound
+
+    def _wait_step(self, key: Hashable, cost: float, until: float) -> tuple[Decision, float]:
+        """One round of ``wait``: ``(decision, sleep)``.
+
+        Allowed: sleep ``sleep`` seconds (a reservation's delay, maybe 0), then go. Refused with
+        ``sleep > 0``: sleep, then ask again. Refused with ``sleep < 0``: give up.
+        """
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._state_for(key, now)
+            if st is None:
+                result = self._no_room(now)
+            else:
+                delay = self._reserve(st, now, cost, max(0.0, until - now))
+                if delay >= 0:
+                    return self._figures(st, now, cost, True), delay
+                result = self._figures(st, now, cost, False)
+        finally:
+            self._lock_release()
+        retry = result[3]
+        if not self.books_ahead and retry < INF and now + retry <= until:
+            return result, max(retry, _MIN_SLEEP)
+        self._rejected(key, cost, result)
+        return result, -1.0
+
+    def _rejected(self, key: Hashable, cost: float, result: Decision | None) -> None:
+        next(self._rejections)
+        if self.listeners:
+            if result is None:
+                result = self.peek(key, cost)
+            self.listeners.emit(
+                Event(
+                    kind="rejected",
+                    source=self.kind,
+                    name=self.name,
+                    time=self._now(),
+                    reason=self._reason,
+                    figures={
+                        "key": key,
+                        "cost": cost,
+                        "limit": result[4],
+                        "remaining": result[1],
+                        "retry_after": result[3],
+                    },
+                )
+            )
+
+    def _error(self, result: Decision) -> RateLimitedError:
+        retry = result[3]
+        return RateLimitedError(self.name, self._reason, None if retry == INF else retry)
+
+    def _admit(self, key: Hashable) -> Decision | None:
+        """The policy's immediate admission of one call: ``None`` if admitted, else the
+        refusal, its figures taken under the same lock as the decision."""
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._state if key is None else self._state_for(key, now)
+            if st is None:
+                result = self._no_room(now)
+            elif self._decide(st, now, 1):
+                return None
+            else:
+                result = self._figures(st, now, 1, False)
+        finally:
+            self._lock_release()
+        self._rejected(key, 1, result)
+        return result
+
+    def _call_key(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Hashable:
+        """The key a protected call is limited under (``None``: the limiter's one state)."""
+        return None
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        key = self._call_key(args, kwargs)
+        if self.max_wait == 0 and _DEADLINE.get() is None:
+            refused = self._admit(key)
+        else:
+            result = self.wait(key)
+            refused = None if result[0] else result
+        if refused is not None:
+            raise self._error(refused)
+        return fn(*args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        key = self._call_key(args, kwargs)
+        if self.max_wait == 0 and _DEADLINE.get() is None:
+            refused = self._admit(key)
+        else:
+            result = await self.wait_async(key)
+            refused = None if result[0] else result
+        if refused is not None:
+            raise self._error(refused)
+        return await fn(*args, **kwargs)
+
+    # -- observers --------------------------------------------------------------------------
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused since the limiter was built."""
+        return int(repr(self._rejections)[6:-1])
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

@@ -1,0 +1,278 @@
+"""Keyed limiters: one state per key (per user, per IP, per API token) in bounded memory.
+
+``Keyed(FixedWindow("5/h"), max_keys=100_000)`` is "at most 5 posts per hour, per user":
+``acquire(key=user_id)``. Any limiter can be keyed, including a :class:`~floodwall.ratelimit.Multi`.
+
+**Memory is bounded** by ``max_keys`` states, and shrinks back as keys go quiet. Each key's
+state carries its own TTL: the moment it will be indistinguishable from a fresh state (for
+``"1/30s"``, 30 s after the last download; for a token bucket, when it has refilled). Past it
+the key is *idle*, and forgetting it changes no later decision, so idle keys are evicted:
+
+* continuously: every new key moves a sweeping hand one step over the oldest entry, evicting it
+  if idle, else sending it to the back of the line (a CLOCK sweep: O(1) per new key);
+* on demand: :meth:`Keyed.sweep` evicts every idle key and gives the table's memory back.
+
+**An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
+tracked, the table is scanned once for an idle key to evict (O(keys); the scan also learns the
+earliest moment any tracked key goes idle, and no scan runs again before it, so a table full of
+active keys refuses new keys in O(1)). If every key is active, ``overflow`` decides:
+
+* ``"reject"`` (default): the new key is refused (``retry_after`` = when the earliest tracked key
+  goes idle); tracked keys are unaffected;
+* ``"shared"``: the new key falls back to one shared state of the same limiter, which all
+  untracked keys share until room frees up: they are still limited, collectively.
+
+A token bucket whose ``initial`` is below its capacity is idle once full: a key evicted then
+and seen again starts from ``initial`` tokens, stricter than the bucket it replaces, never
+looser.
+
+Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its state
+(a few numbers) plus about 90 bytes of table (measured in ``tests/test_ratelimit_keyed.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, Literal, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import EventListener
+from floodwall.ratelimit._base import INF, Decision, RateLimiter, _count, _new
+
+__all__ = ["Keyed"]
+
+S = TypeVar("S")
+
+Overflow = Literal["reject", "shared"]
+
+
+class Keyed(RateLimiter[S], Generic[S]):
+    """``limiter``'s algorithm with one state per key, at most ``max_keys`` of them.
+
+    ``key`` (a function of the protected call's arguments) picks the key when the limiter is
+    used as a policy or decorator; without it every call uses key ``None``.
+    """
+
+    algorithm = "keyed"
+
+    def __init__(
+        self,
+        limiter: RateLimiter[S],
+        *,
+        max_keys: int = defaults.RATE_LIMIT_MAX_KEYS,
+        overflow: Overflow = "reject",
+        key: Callable[..., Hashable] | None = None,
+        name: str | None = None,
+        max_wait: float | None = None,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        if not isinstance(limiter, RateLimiter) or isinstance(limiter, Keyed):
+            raise ConfigError(f"limiter must be a RateLimiter that is not Keyed, got {limiter!r}")
+        if overflow not in ("reject", "shared"):
+            raise ConfigError(f"overflow must be 'reject' or 'shared', got {overflow!r}")
+        self.limiter = limiter
+        self.max_keys = _count("max_keys", max_keys)
+        self.overflow: Overflow = overflow
+        self.key = key
+        self.limit = limiter.limit
+        self.window = limiter.window
+        self.books_ahead = limiter.books_ahead  # type: ignore[misc]
+        self._table: OrderedDict[Hashable, S] = OrderedDict()
+        self._inner_decide = limiter._decide
+        self._inner_figures = limiter._figures
+        self._idle = limiter._idle_at
+        self._fresh = limiter._new_state
+        self._full_until = -INF
+        self._peak = 0
+        self.evicted = 0
+        """Idle keys forgotten since the limiter was built."""
+        super().__init__(
+            name=f"{limiter.name}[key]" if name is None else name,
+            clock=limiter.clock,
+            max_wait=limiter.max_wait if max_wait is None else max_wait,
+            listeners=listeners,
+        )
+
+    # -- the core: the wrapped limiter's ------------------------------------------------------
+
+    def _new_state(self, now: float) -> S:
+        return self.limiter._new_state(now)
+
+    def _check(self, st: S, now: float, cost: float) -> bool:
+        return self.limiter._check(st, now, cost)
+
+    def _commit(self, st: S, now: float, cost: float) -> None:
+        self.limiter._commit(st, now, cost)
+
+    def _decide(self, st: S, now: float, cost: float) -> bool:
+        return self._inner_decide(st, now, cost)
+
+    def _reserve(self, st: S, now: float, cost: float, max_wait: float) -> float:
+        return self.limiter._reserve(st, now, cost, max_wait)
+
+    def _figures(self, st: S, now: float, cost: float, allowed: bool) -> Decision:
+        return self._inner_figures(st, now, cost, allowed)
+
+    def _idle_at(self, st: S) -> float:
+        return self._idle(st)
+
+    # -- the table (lock held) --------------------------------------------------------------
+
+    def _state_for(self, key: Hashable, now: float) -> S | None:
+        st = self._table.get(key)
+        return self._admit_key(key, now) if st is None else st
+
+    def _admit_key(self, key: Hashable, now: float) -> S | None:
+        """Track ``key`` (a miss): make room if needed, or fall back per ``overflow``."""
+        table = self._table
+        if len(table) >= self.max_keys:
+            if not self._make_room(now):
+                return self._state if self.overflow == "shared" else None
+        elif table:
+            self._tidy(now)
+        st = self._fresh(now)
+        table[key] = st
+        self._peak = max(self._peak, len(table))
+        return st
+
+    def _tidy(self, now: float) -> None:
+        """Two steps of the sweeping hand: evict the oldest entry if idle, else rotate it."""
+        table = self._table
+        for _ in range(2):
+            key, st = table.popitem(last=False)
+            if self._idle(st) > now:
+                table[key] = st  # active: back of the line, state untouched
+                return
+            self.evicted += 1
+            if not table:
+                return
+
+    def _make_room(self, now: float) -> bool:
+        """Evict one idle key from a full table; False when every key is active."""
+        if now < self._full_until:
+            return False
+        table = self._table
+        soonest = INF
+        for _ in range(len(table)):
+            key, st = table.popitem(last=False)
+            idle_at = self._idle(st)
+            if idle_at <= now:
+                self.evicted += 1
+                return True
+            table[key] = st  # active: back of the line, state untouched
+            soonest = min(soonest, idle_at)
+        self._full_until = soonest
+        return False
+
+    def _no_room(self, now: float) -> Decision:
+        wait = max(0.0, self._full_until - now)
+        return _new(Decision, (False, 0, wait, wait, self.limit))
+
+    def _peek_state(self, key: Hashable, now: float) -> S | None:
+        st = self._table.get(key)
+        if st is None:
+            return self._fresh(now) if len(self._table) < self.max_keys else None
+        return copy.deepcopy(st)
+
+    def _forget(self, key: Hashable, now: float) -> None:
+        self._table.pop(key, None)
+        self._full_until = -INF
+
+    # -- the shells: every key goes through the table ---------------------------------------
+
+    def try_acquire(self, key: Hashable = None, cost: float = 1) -> bool:
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._table.get(key)
+            if st is None:
+                st = self._admit_key(key, now)
+            allowed = st is not None and self._inner_decide(st, now, cost)
+        finally:
+            self._lock_release()
+        if allowed:
+            return True
+        self._rejected(key, cost, None)
+        return False
+
+    def acquire(self, key: Hashable = None, cost: float = 1) -> Decision:
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._table.get(key)
+            if st is None:
+                st = self._admit_key(key, now)
+            if st is None:
+                result = self._no_room(now)
+            else:
+                result = self._inner_figures(st, now, cost, self._inner_decide(st, now, cost))
+        finally:
+            self._lock_release()
+        if not result[0]:
+            self._rejected(key, cost, result)
+        return result
+
+    def _admit(self, key: Hashable) -> Decision | None:
+        self._lock_acquire()
+        try:
+            now = self._now()
+            st = self._table.get(key)
+            if st is None:
+                st = self._admit_key(key, now)
+            if st is None:
+                result = self._no_room(now)
+            elif self._inner_decide(st, now, 1):
+                return None
+            else:
+                result = self._inner_figures(st, now, 1, False)
+        finally:
+            self._lock_release()
+        self._rejected(key, 1, result)
+        return result
+
+    def _call_key(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Hashable:
+        return None if self.key is None else self.key(*args, **kwargs)
+
+    # -- operators and observers ------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Evict every idle key now and give the table's spare memory back; how many went.
+
+        O(tracked keys). Eviction also happens on its own (see the module docstring); call this
+        to shrink the table at once, e.g. from a periodic housekeeping task.
+        """
+        self._lock_acquire()
+        try:
+            now = self._now()
+            table = self._table
+            idle = self._idle
+            gone = [key for key, st in table.items() if idle(st) <= now]
+            for key in gone:
+                del table[key]
+            self.evicted += len(gone)
+            if len(table) <= self._peak // 4:
+                # dicts never shrink on deletion: rebuild at the current size
+                self._table = OrderedDict(table)
+                self._peak = len(table)
+            self._full_until = -INF
+            return len(gone)
+        finally:
+            self._lock_release()
+
+    def __len__(self) -> int:
+        """Keys tracked now (active ones and idle ones not yet evicted)."""
+        return len(self._table)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._table
+
+    def describe(self) -> str:
+        inner = self.limiter.describe()
+        return f"Keyed({inner}, max_keys={self.max_keys}, overflow={self.overflow!r})"

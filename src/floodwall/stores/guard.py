@@ -1,0 +1,289 @@
+"""What a policy does when its store is down: a breaker, a fallback, and the way back.
+
+:class:`StoreGuard` wraps any :class:`~floodwall.stores.Store` for one policy. Every op goes
+through a :class:`~floodwall.CircuitBreaker` that counts only
+:class:`~floodwall.stores.StoreUnavailableError`. While the store answers, the guard returns its
+result. When it does not, the guard returns a :class:`StoreDown` instead of raising, and the
+policy applies its ``on_store_error`` mode:
+
+* ``"fail_open"``: act as if the store had said yes (a limiter admits, idempotency runs the
+  call unprotected);
+* ``"fail_closed"``: act as if it had said no (a limiter rejects with its typed error,
+  idempotency rejects with ``IdempotencyUnavailableError``);
+* ``"local"``: the guard runs the same op on an in-process :class:`~floodwall.stores.MemoryStore`
+  (with ``local_args``: a limiter passes its limit ÷ expected instances), so each process keeps
+  its share of the limit until the store is back.
+
+Cost of an outage: the failing calls before the breaker opens (``STORE_BREAKER_ERRORS`` = 3
+within ``STORE_BREAKER_WINDOW`` = 10 s) each wait at most the store's ``timeout``; once open,
+calls do not touch the network at all (``short_circuits``). After ``STORE_BREAKER_OPEN`` = 1 s
+one probe tries the store; success closes the breaker and the guard is back, with no operator
+action; failure doubles the open time, up to ``STORE_BREAKER_MAX_OPEN`` = 10 s, which bounds how
+long a recovered store can go unnoticed.
+
+Events (``source="store_guard"``) and counters each way: ``"store_down"`` on the first failure
+after a healthy period (``outages`` += 1) and ``"store_up"`` on the first success after it
+(``recoveries`` += 1, ``figures["down_for"]`` in seconds). ``failures``, ``short_circuits`` and
+``degraded`` count calls. An exception that is not a store error (a bug in an op) propagates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, get_args
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Kind
+from floodwall.breaker import CircuitBreaker
+from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+from floodwall.stores.memory import MemoryStore
+
+__all__ = ["StoreDown", "StoreErrorMode", "StoreGuard", "check_mode"]
+
+StoreErrorMode = Literal["fail_open", "fail_closed", "local"]
+_MODES: tuple[str, ...] = get_args(StoreErrorMode)
+
+
+def check_mode(mode: str) -> StoreErrorMode:
+    """Validate an ``on_store_error`` value."""
+    if mode not in _MODES:
+        raise ConfigError(f"on_store_error must be one of {', '.join(_MODES)}, got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDown:
+    """The store did not answer: the guard's ``mode`` and the ``error`` (a
+    :class:`StoreUnavailableError`, or the breaker's ``CircuitOpenError`` when the call was
+    short-circuited)."""
+
+    mode: StoreErrorMode
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Guarded(Generic[R]):
+    """What :meth:`StoreGuard.apply` returns: the op's ``value`` (from the store, or from the
+    local store in ``"local"`` mode; ``None`` when the store was down in the other modes) and
+    ``down`` (``None`` while the store answers)."""
+
+    value: R | None
+    down: StoreDown | None
+
+
+def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
+    """The breaker a guard uses unless given one (figures in the module docstring)."""
+    return CircuitBreaker(
+        name,
+        failure_rate=None,
+        error_count=defaults.STORE_BREAKER_ERRORS,
+        minimum_calls=defaults.STORE_BREAKER_ERRORS,
+        window=defaults.STORE_BREAKER_WINDOW,
+        open_duration=defaults.STORE_BREAKER_OPEN,
+        open_duration_growth=defaults.STORE_BREAKER_OPEN_GROWTH,
+        max_open_duration=defaults.STORE_BREAKER_MAX_OPEN,
+        record=StoreUnavailableError,
+        clock=clock,
+    )
+
+
+class StoreGuard:
+    """A store behind a breaker, with ``on_store_error`` semantics (see the module docstring).
+
+    The decision logic (:meth:`_admit`, :meth:`_succeeded`, :meth:`_failed`, :meth:`_fallback`)
+    is shared by the sync :meth:`apply` and async :meth:`apply_async` shells.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        on_store_error: StoreErrorMode = "fail_open",
+        name: str = "store",
+        breaker: CircuitBreaker | None = None,
+        local: Store | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Listeners | Iterable[EventListener] = (),
+    ) -> None:
+        self.store = store
+        self.mode = check_mode(on_store_error)
+        self.name = name
+        self.clock = clock
+        self.breaker = breaker if breaker is not None else default_breaker(f"{name}.store", clock)
+        self.local: Store = (
+            local if local is not None else MemoryStore(prefix=store.prefix, clock=clock)
+        )
+        self.listeners = listeners if isinstance(listeners, Listeners) else Listeners(listeners)
+        """Shared with the policy when it passes its own :class:`Listeners`."""
+        self.failures = 0
+        self.short_circuits = 0
+        self.degraded = 0
+        self.outages = 0
+        self.recoveries = 0
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._degraded_at_down = 0
+
+    @property
+    def state(self) -> Literal["up", "down"]:
+        """``"down"`` from the first failure until the first success after it."""
+        return "up" if self._down_since is None else "down"
+
+    # -- the decision core --------------------------------------------------------------------
+
+    def _admit(self) -> int | StoreDown:
+        now = self.clock.monotonic()
+        permit = self.breaker.acquire(now)
+        if permit < 0:
+            self.short_circuits += 1
+            return StoreDown(self.mode, self.breaker.rejection(now))
+        return permit
+
+    def _succeeded(self, permit: int, start: float) -> None:
+        end = self.clock.monotonic()
+        self.breaker.on_outcome(permit, end, Kind.SUCCESS, end - start)
+        if self._down_since is not None:
+            self._mark_up(end)
+
+    def _failed(self, permit: int, start: float, exc: StoreUnavailableError) -> StoreDown:
+        end = self.clock.monotonic()
+        self.breaker.on_outcome(permit, end, Kind.FAILURE, end - start)
+        self.failures += 1
+        if self._down_since is None:
+            self._mark_down(end, exc)
+        return StoreDown(self.mode, exc)
+
+    def _abandoned(self, permit: int, start: float) -> None:
+        end = self.clock.monotonic()
+        self.breaker.on_outcome(permit, end, Kind.IGNORED, end - start)
+
+    def _fallback(self) -> bool:
+        """Count a degraded call; True when the local store should answer it."""
+        self.degraded += 1
+        return self.mode == "local"
+
+    def _mark_down(self, now: float, exc: StoreUnavailableError) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = now
+            self._degraded_at_down = self.degraded
+            self.outages += 1
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    kind="store_down",
+                    source="store_guard",
+                    name=self.name,
+                    time=now,
+                    reason=str(exc),
+                    figures={"store": self.store.url, "mode": self.mode, "op": exc.op},
+                )
+            )
+
+    def _mark_up(self, now: float) -> None:
+        with self._lock:
+            since = self._down_since
+            if since is None:
+                return
+            self._down_since = None
+            self.recoveries += 1
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    kind="store_up",
+                    source="store_guard",
+                    name=self.name,
+                    time=now,
+                    reason=f"store answered again after {now - since:.3f}s",
+                    figures={
+                        "store": self.store.url,
+                        "mode": self.mode,
+                        "down_for": now - since,
+                        "degraded": self.degraded - self._degraded_at_down,
+                    },
+                )
+            )
+
+    # -- the shells ---------------------------------------------------------------------------
+
+    def apply(
+        self,
+        op: Op[R],
+        key: str,
+        args: Sequence[Arg] = (),
+        local_args: Sequence[Arg] | None = None,
+    ) -> Guarded[R]:
+        """Run ``op`` on the store; when it is down, degrade (never raises a store error)."""
+        admitted = self._admit()
+        if isinstance(admitted, StoreDown):
+            down = admitted
+        else:
+            start = self.clock.monotonic()
+            try:
+                value = self.store.apply(op, key, args)
+            except StoreUnavailableError as exc:
+                down = self._failed(admitted, start, exc)
+            except BaseException:
+                self._abandoned(admitted, start)
+                raise
+            else:
+                self._succeeded(admitted, start)
+                return Guarded(value, None)
+        if self._fallback():
+            local = self.local.apply(op, key, args if local_args is None else local_args)
+            return Guarded(local, down)
+        return Guarded(None, down)
+
+    async def apply_async(
+        self,
+        op: Op[R],
+        key: str,
+        args: Sequence[Arg] = (),
+        local_args: Sequence[Arg] | None = None,
+    ) -> Guarded[R]:
+        """:meth:`apply` for async callers."""
+        admitted = self._admit()
+        if isinstance(admitted, StoreDown):
+            down = admitted
+        else:
+            start = self.clock.monotonic()
+            try:
+                value = await self.store.apply_async(op, key, args)
+            except StoreUnavailableError as exc:
+                down = self._failed(admitted, start, exc)
+            except BaseException:
+                self._abandoned(admitted, start)
+                raise
+            else:
+                self._succeeded(admitted, start)
+                return Guarded(value, None)
+        if self._fallback():
+            local = await self.local.apply_async(
+                op, key, args if local_args is None else local_args
+            )
+            return Guarded(local, down)
+        return Guarded(None, down)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The guard's counters and state, for metrics."""
+        return {
+            "state": self.state,
+            "breaker": self.breaker.state.name,
+            "failures": self.failures,
+            "short_circuits": self.short_circuits,
+            "degraded": self.degraded,
+            "outages": self.outages,
+            "recoveries": self.recoveries,
+        }
+
+    def add_listener(self, listener: EventListener) -> None:
+        self.listeners.add(listener)
+
+    def __repr__(self) -> str:
+        return f"StoreGuard({self.name!r}, {self.store!r}, on_store_error={self.mode!r})"

@@ -1,0 +1,283 @@
+"""``redis://``, ``rediss://``, ``redis+cluster://``: records in Redis, Valkey or Redis Cluster.
+
+Each :class:`~floodwall.stores.Op` is its Lua script ``lua/<op.script>.lua``, read from the
+package once per process (``importlib.resources``) and called by SHA: ``EVALSHA``, and on
+``NOSCRIPT`` (a restarted server, a new cluster node, ``SCRIPT FLUSH``) one ``EVAL`` with the
+source, which runs the op and caches the script on that node. One round trip per decision.
+
+Keys: ``<prefix>{<key>}<suffix>``; the ``{key}`` hash tag puts every record of one op in one
+cluster slot. Time inside scripts comes only from the server (``TIME``, ``PX``/``PTTL``).
+
+URLs:
+
+* ``redis://[[user]:password@]host[:port][/db]`` and ``rediss://…`` (TLS), with redis-py's
+  query options (``?ssl_cert_reqs=none``…), and ``unix:///path/redis.sock``;
+* ``redis+cluster://[[user]:password@]host:port[,host:port…]`` and ``rediss+cluster://…``: any
+  reachable node(s) of the cluster; the client discovers the rest.
+
+Clients: one sync client (thread-safe, pooled), and one async client per running event loop
+(made on first use; close it with ``await store.aclose()`` in that loop). An async client opens
+at most ``max_connections`` (default 50) connections and queues further commands for a free
+one; on a cluster the bound is per node and the client refuses (``MaxConnectionsError``, a store
+error) beyond it, so bound the concurrency of async callers to it. ``timeout`` (default
+``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command; a failed command is retried once
+on a fresh connection (a restarted server leaves dead pooled sockets), then the store raises
+:class:`~floodwall.stores.StoreUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.cluster
+import redis.retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from floodwall._core import defaults
+from floodwall._core.errors import ConfigError
+from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+
+__all__ = ["RedisStore", "Script", "load_script"]
+
+_BACKEND_ERRORS = (RedisError, RedisClusterException, OSError)
+_SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script of the package: its ``name``, ``source`` and SHA1 (what ``EVALSHA`` takes)."""
+
+    name: str
+    source: str
+    sha: str
+
+
+@cache
+def load_script(name: str) -> Script:
+    """``floodwall/stores/lua/<name>.lua``, read once per process."""
+    try:
+        source = resources.files("floodwall.stores").joinpath("lua", f"{name}.lua").read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"no Lua script {name!r} in floodwall/stores/lua/") from None
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324 - Redis's id
+
+
+def _argv(args: Sequence[Arg]) -> list[bytes | str]:
+    return [arg if isinstance(arg, bytes) else str(arg) for arg in args]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What the URL says to connect to."""
+
+    cluster: bool
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def _parse_cluster(url: str) -> _Target:
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"redis+cluster URL needs host:port[,host:port...], got {url!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return _Target(
+        cluster=True,
+        nodes=tuple(nodes),
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        ssl=parts.scheme == "rediss+cluster",
+    )
+
+
+class RedisStore(Store):
+    """A store on one Redis server or a Redis Cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = defaults.STORE_PREFIX,
+        timeout: float = defaults.STORE_TIMEOUT,
+        max_connections: int = defaults.STORE_REDIS_MAX_CONNECTIONS,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(url, prefix=prefix)
+        scheme = urlsplit(url).scheme
+        if scheme not in _SCHEMES:
+            raise ConfigError(f"url scheme must be one of {sorted(_SCHEMES)}, got {url!r}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.max_connections = max_connections
+        self.cluster = scheme.endswith("+cluster")
+        self._url = url
+        self._target = _parse_cluster(url) if self.cluster else None
+        self._options = client_options
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._aready: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- clients ------------------------------------------------------------------------
+
+    def _common(self) -> dict[str, Any]:
+        return {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            **self._options,
+        }
+
+    def _make_client(self) -> Any:
+        retry = redis.retry.Retry(NoBackoff(), 1)
+        if self._target is None:
+            return redis.Redis.from_url(self._url, retry=retry, **self._common())
+        target = self._target
+        return redis.cluster.RedisCluster(
+            startup_nodes=[
+                redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in target.nodes
+            ],
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+            retry=retry,
+            **self._common(),
+        )
+
+    def _make_async_client(self) -> Any:
+        retry = redis.asyncio.retry.Retry(NoBackoff(), 1)
+        if self._target is None:
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self._url,
+                max_connections=self.max_connections,
+                timeout=None,  # wait for a free connection: a busy pool is load, not an outage
+                retry=retry,
+                **self._common(),
+            )
+            return redis.asyncio.Redis.from_pool(pool)
+        target = self._target
+        nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.nodes]
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=nodes,
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+            retry=retry,
+            max_connections=self.max_connections,
+            **self._common(),
+        )
+
+    def client(self) -> Any:
+        """The sync redis-py client (made on first use)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    try:
+                        self._client = self._make_client()
+                    except _BACKEND_ERRORS as exc:
+                        raise StoreUnavailableError(self.url, "connect") from exc
+                client = self._client
+        return client
+
+    async def async_client(self) -> Any:
+        """The running event loop's async redis-py client (made on first use).
+
+        A cluster client learns the topology before its first command: commands racing a
+        client's lazy discovery can find their connection closed under them (and redis-py then
+        retries them, which would run a script twice).
+        """
+        loop = asyncio.get_running_loop()
+        ready = self._aready.get(loop)
+        if ready is None:
+            client = self._aclients[loop] = self._make_async_client()
+            ready = self._aready[loop] = loop.create_task(self._initialize(client))
+        await asyncio.shield(ready)
+        return self._aclients[loop]
+
+    async def _initialize(self, client: Any) -> None:
+        if self.cluster:
+            await client.initialize()
+
+    # -- the interface ------------------------------------------------------------------
+
+    def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        script = load_script(op.script)
+        keys = self.keys(op, key)
+        argv = _argv(args)
+        try:
+            client = self.client()
+            try:
+                raw = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+            except NoScriptError:
+                raw = client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+        except _BACKEND_ERRORS as exc:
+            raise StoreUnavailableError(self.url, op.script) from exc
+        return op.parse(raw)
+
+    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        script = load_script(op.script)
+        keys = self.keys(op, key)
+        argv = _argv(args)
+        try:
+            client = await self.async_client()
+            try:
+                raw = await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+            except NoScriptError:
+                raw = await client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+        except _BACKEND_ERRORS as exc:
+            raise StoreUnavailableError(self.url, op.script) from exc
+        return op.parse(raw)
+
+    def ping(self) -> None:
+        try:
+            self.client().ping()
+        except _BACKEND_ERRORS as exc:
+            raise StoreUnavailableError(self.url, "ping") from exc
+
+    async def ping_async(self) -> None:
+        try:
+            await (await self.async_client()).ping()
+        except _BACKEND_ERRORS as exc:
+            raise StoreUnavailableError(self.url, "ping") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        loop = asyncio.get_running_loop()
+        client = self._aclients.pop(loop, None)
+        ready = self._aready.pop(loop, None)
+        if ready is not None and not ready.done():
+            ready.cancel()
+        if client is not None:
+            await client.aclose()

@@ -1,0 +1,202 @@
+"""Stop a real Redis under load, then start it again on the same port.
+
+Callers must get their configured behaviour (``fail_open``, ``fail_closed``, ``local``) from the
+first failed call on, never an exception from the store; the breaker must keep the outage to a
+few failed store calls; and when Redis is back the policies must return to it by themselves.
+Figures go to stdout (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import floodwall
+from floodwall import CircuitBreaker, CircuitOpenError, Event
+from floodwall.frequency import Frequency, FrequencyDecision
+from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
+from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
+from servers import HOST, free_port, redis_command, require_binary, terminate, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODES: tuple[StoreErrorMode, ...] = ("fail_open", "fail_closed", "local")
+OPEN = 0.25
+"""Seconds the guards' breakers stay open (short, to keep the test short)."""
+
+
+class RestartableRedis:
+    """A redis-server that can be stopped and started again on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="floodwall-redis-fault-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def _answers(self) -> bool:
+        try:
+            return redis_command(self.port, "PING", timeout=0.2) == "PONG"
+        except (OSError, RuntimeError):
+            return False
+
+    def start(self) -> None:
+        cmd = [require_binary("redis-server"), "--port", str(self.port), "--bind", HOST]
+        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        with (self.dir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        assert wait_until(self._answers, 10), "redis-server did not come back on its port"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate([self.proc])
+            self.proc = None
+
+
+@pytest.fixture
+def server() -> Iterator[RestartableRedis]:
+    redis = RestartableRedis()
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+        shutil.rmtree(redis.dir, ignore_errors=True)
+
+
+def _breaker(name: str) -> CircuitBreaker:
+    return CircuitBreaker(
+        name,
+        failure_rate=None,
+        error_count=3,
+        minimum_calls=3,
+        open_duration=OPEN,
+        record=StoreUnavailableError,
+    )
+
+
+async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) -> None:
+    store = connect(server.url)
+    events: list[tuple[float, Event]] = []
+
+    def listen(event: Event) -> None:
+        events.append((time.monotonic(), event))
+
+    limiters = {
+        mode: Frequency(
+            1_000_000,
+            60,
+            store=store,
+            name=f"load-{mode}",
+            on_store_error=mode,
+            expected_instances=4,
+            breaker=_breaker(mode),
+            listeners=[listen],
+        )
+        for mode in MODES
+    }
+    decisions: list[tuple[float, str, FrequencyDecision, float]] = []
+    escaped: list[BaseException] = []
+    stop_load = asyncio.Event()
+
+    async def worker(n: int) -> None:
+        while not stop_load.is_set():
+            for mode, limiter in limiters.items():
+                start = time.monotonic()
+                try:
+                    decision = await limiter.allow_async(f"user-{n}")
+                except BaseException as exc:
+                    escaped.append(exc)
+                    raise
+                decisions.append((start, mode, decision, time.monotonic() - start))
+            await asyncio.sleep(0.002)
+
+    workers = [asyncio.create_task(worker(n)) for n in range(4)]
+    try:
+        await asyncio.sleep(0.3)
+        stopped_at = time.monotonic()
+        await asyncio.to_thread(server.stop)
+        down_at = time.monotonic()
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(server.start)
+        restarted_at = time.monotonic()
+        await asyncio.sleep(1.0)
+    finally:
+        stop_load.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await store.aclose()
+
+    assert escaped == []
+    before = [d for t, _, d, _ in decisions if t < stopped_at]
+    assert before and all(d.degraded is None and d.allowed for d in before)
+    during = [(mode, d, took) for t, mode, d, took in decisions if down_at < t < restarted_at]
+    for mode, decision, _ in during:
+        assert decision.degraded == mode, (mode, decision)
+        assert decision.allowed is (mode != "fail_closed")
+    after = [(t, mode, d) for t, mode, d, _ in decisions if t > restarted_at + 2 * OPEN + 0.2]
+    assert after and all(d.degraded is None and d.allowed for _, _, d in after)
+
+    for mode, limiter in limiters.items():
+        guard = limiter.guard
+        assert guard.state == "up" and guard.outages == 1 and guard.recoveries == 1, mode
+        probes = round(1.5 / OPEN) + 2
+        assert guard.failures <= 3 + probes, (mode, guard.snapshot())
+    downs = {e.name: t for t, e in events if e.kind == "store_down"}
+    ups = {e.name: t for t, e in events if e.kind == "store_up"}
+    first_degraded = min(t for t, _, d, _ in decisions if d.degraded is not None)
+    slowest = max(took for _, _, took in during)
+    print(
+        f"\noutage: first degraded decision {1000 * (first_degraded - stopped_at):.0f} ms after "
+        f"SIGTERM; slowest decision while down {1000 * slowest:.1f} ms; "
+        f"{len(during)} decisions while down; store calls that failed per guard: "
+        f"{ {m: lim.guard.failures for m, lim in limiters.items()} }; short-circuited: "
+        f"{ {m: lim.guard.short_circuits for m, lim in limiters.items()} }; back "
+        f"{ {n: round(1000 * (t - restarted_at)) for n, t in ups.items()} } ms after restart"
+    )
+    assert set(downs) == set(ups) == {f"load-{m}" for m in limiters}
+    assert all(ups[name] - restarted_at < OPEN + 0.5 for name in ups)
+
+
+def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
+    server: RestartableRedis,
+) -> None:
+    store = connect(server.url)
+    idem = Idempotency(store, breaker=_breaker("idem"))
+    runs: list[int] = []
+
+    def write(n: int) -> str:
+        runs.append(n)
+        return "ok"
+
+    try:
+        with floodwall.idempotency_key("k1"):
+            assert idem.call(write, 1) == "ok"
+        server.stop()
+        for attempt in range(6):
+            with (
+                floodwall.idempotency_key(f"down-{attempt}"),
+                pytest.raises(IdempotencyUnavailableError) as caught,
+            ):
+                idem.call(write, 2)
+            assert isinstance(caught.value.__cause__, StoreUnavailableError | CircuitOpenError)
+        assert runs == [1] and idem.guard.failures == 3
+        server.start()
+        time.sleep(OPEN + 0.05)
+        with floodwall.idempotency_key("k2"):
+            assert idem.call(lambda: "back") == "back"
+        assert idem.guard.state == "up"
+    finally:
+        store.close()
+        with contextlib.suppress(Exception):
+            server.stop()

@@ -1,0 +1,281 @@
+"""Keyed limiters: per-key state, bounded memory, idle eviction, no reset of active keys."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import floodwall as fw
+from floodwall.ratelimit import (
+    GCRA,
+    FixedWindow,
+    Keyed,
+    Multi,
+    RateLimiter,
+    SlidingLog,
+    SlidingWindowCounter,
+    TokenBucket,
+    WarmUp,
+)
+
+
+def test_keys_are_independent() -> None:
+    clock = fw.FakeClock()
+    posts = Keyed(FixedWindow("5/h", clock=clock))
+    assert [posts.try_acquire("alice") for _ in range(6)] == [True] * 5 + [False]
+    assert posts.try_acquire("bob")
+    assert posts.acquire("alice").retry_after == 3600.0
+    assert posts.acquire("bob").remaining == 3
+    assert len(posts) == 2
+    assert "alice" in posts
+    assert posts.try_acquire(None)  # None is a key like any other
+
+
+def test_idle_keys_are_evicted_and_nothing_changes_for_them() -> None:
+    clock = fw.FakeClock()
+    downloads = Keyed(FixedWindow("1/30s", clock=clock), max_keys=3)
+    for user in ("a", "b", "c"):
+        assert downloads.try_acquire(user)
+    clock.advance(30.0)  # every window has closed: all three keys are idle
+    assert downloads.try_acquire("d")  # room made by evicting an idle key ("a")
+    assert downloads.try_acquire("e")  # and another ("b")
+    assert len(downloads) == 3
+    assert "a" not in downloads
+    # evicted or not, an idle key decides exactly as before: one download, then no
+    assert downloads.try_acquire("c")
+    assert not downloads.try_acquire("c")
+    assert not downloads.try_acquire("a")  # no room: d, e and c are active
+
+
+def test_a_full_table_of_active_keys_refuses_new_keys_and_keeps_the_active() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(TokenBucket("1/10s", clock=clock), max_keys=2)
+    assert limiter.try_acquire("a")
+    clock.advance(1.0)
+    assert limiter.try_acquire("b")
+    refused = limiter.acquire("c")
+    assert not refused
+    assert refused.retry_after == pytest.approx(9.0)  # "a" refills at 10 s
+    # the active keys were not reset to make room
+    assert not limiter.try_acquire("a")
+    assert not limiter.try_acquire("b")
+    with pytest.raises(fw.RateLimitedError, match="exceeded"):
+        limiter.call(lambda: None)
+    clock.advance(9.0)  # "a" is idle now
+    assert limiter.try_acquire("c")
+    assert "a" not in limiter
+    assert not limiter.try_acquire("b")  # still active, still counted
+
+
+def test_overflow_shared_limits_untracked_keys_collectively() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("2/m", clock=clock), max_keys=1, overflow="shared")
+    assert limiter.try_acquire("tracked")
+    assert limiter.try_acquire("x")  # shares one state with every untracked key
+    assert limiter.try_acquire("y")
+    assert not limiter.try_acquire("z")
+    assert len(limiter) == 1
+
+
+def test_the_full_table_scan_runs_once_until_a_key_can_be_idle() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/h", clock=clock), max_keys=100)
+    for i in range(100):
+        assert limiter.try_acquire(i)
+    looked_at: list[object] = []
+    idle_at = limiter._idle
+
+    def counting(st: Any) -> float:
+        looked_at.append(st)
+        return idle_at(st)
+
+    limiter._idle = counting
+    for i in range(100, 200):
+        assert not limiter.try_acquire(i)
+    assert len(looked_at) == 100  # one full scan; the 99 refusals after it cost O(1)
+    assert limiter.acquire("late").retry_after == 3600.0  # when the first key goes idle
+    clock.advance(3600.0)
+    assert limiter.try_acquire("new")
+    assert len(looked_at) == 101  # the oldest key was idle: evicted at the first look
+
+
+def test_sweep_forgets_idle_keys_and_keeps_active_ones() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(GCRA("1/s", burst=0, clock=clock))
+    for i in range(10):
+        limiter.try_acquire(i)
+    clock.advance(0.5)
+    assert limiter.sweep() == 0
+    clock.advance(0.5)
+    limiter.try_acquire(3)
+    assert limiter.sweep() == 9
+    assert list(limiter._table) == [3]
+    assert limiter.evicted == 9
+
+
+def test_peek_and_reset_per_key() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/m", clock=clock))
+    assert limiter.peek("new").allowed
+    assert "new" not in limiter  # peeking tracks nothing
+    assert limiter.try_acquire("k")
+    assert not limiter.peek("k").allowed
+    limiter.reset("k")
+    assert limiter.try_acquire("k")
+
+
+def test_keyed_as_a_policy_takes_its_key_from_the_arguments() -> None:
+    clock = fw.FakeClock()
+    per_user = Keyed(FixedWindow("1/m", clock=clock), key=lambda user, *_: user)
+
+    @per_user
+    def download(user: str, item: str) -> str:
+        return f"{user}:{item}"
+
+    assert download("ann", "a") == "ann:a"
+    assert download("bob", "a") == "bob:a"
+    with pytest.raises(fw.RateLimitedError) as caught:
+        download("ann", "b")
+    assert caught.value.retry_after == 60.0
+
+
+async def test_keyed_async_and_wait() -> None:
+    clock = fw.FakeClock()
+    per_user = Keyed(TokenBucket("1/s", burst=0, clock=clock), max_wait=5.0, key=str)
+
+    async def work(user: str) -> str:
+        return user
+
+    assert await per_user.call_async(work, "a") == "a"
+    assert await per_user.wait_async("b")
+    pending = asyncio.create_task(per_user.call_async(work, "a"))
+    await asyncio.sleep(0)
+    assert not pending.done()  # paced: waits for its token
+    clock.advance(1.0)
+    assert await pending == "a"
+    assert clock.sleeps == [1.0]
+
+
+def test_multi_can_be_keyed() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(Multi.of("2/s", "3/m", algorithm=FixedWindow, clock=clock))
+    assert [limiter.try_acquire("u") for _ in range(3)] == [True, True, False]
+    clock.advance(1.0)
+    assert [limiter.try_acquire("u") for _ in range(2)] == [True, False]
+    assert limiter.try_acquire("v")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 7), st.sampled_from([0, 0, 0, 1, 30, 200])), max_size=120
+    ),
+    max_keys=st.integers(1, 5),
+)
+def test_keyed_decides_like_unbounded_per_key_limiters(
+    ops: list[tuple[int, int]], max_keys: int
+) -> None:
+    """Eviction is invisible: every admitted or refused decision of a tracked key is what an
+    unbounded dict of limiters would decide; untracked keys are only ever refused."""
+    clock = fw.FakeClock()
+    keyed = Keyed(TokenBucket("1/s", burst=1, clock=clock), max_keys=max_keys)
+    reference: dict[int, TokenBucket] = {}
+    for key, dt in ops:
+        clock.advance(dt / 16)
+        model = reference.setdefault(key, TokenBucket("1/s", burst=1, clock=clock))
+        decision = keyed.acquire(key)
+        if key in keyed:
+            assert decision.allowed == model.try_acquire()
+        else:
+            assert not decision.allowed  # refused for room: like the model, nothing charged
+        assert len(keyed) <= max_keys
+
+
+def test_keyed_is_thread_safe() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("100/h", clock=clock), max_keys=1000)
+    counts = [0] * 8
+
+    def worker(index: int) -> None:
+        for i in range(2000):
+            if limiter.try_acquire(i % 16):
+                counts[index] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(counts) == 16 * 100  # exactly the limit per key, never more
+
+
+MakeLimiter = Callable[[fw.FakeClock], RateLimiter[Any]]
+KEYS = 100_000
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda c: TokenBucket("5/h", clock=c), id="token_bucket"),
+        pytest.param(lambda c: GCRA("5/h", clock=c), id="gcra"),
+        pytest.param(lambda c: FixedWindow("5/h", clock=c), id="fixed_window"),
+        pytest.param(lambda c: SlidingWindowCounter("5/h", clock=c), id="sliding_counter"),
+    ],
+)
+def test_memory_per_key_with_tracemalloc(make: MakeLimiter) -> None:
+    """100 000 active keys cost at most 256 bytes each (key strings aside); once idle and
+    swept they cost nothing."""
+    clock = fw.FakeClock(1000.0)
+    limiter = Keyed(make(clock), max_keys=KEYS)
+    keys = [f"user-{i}" for i in range(KEYS)]  # the key strings are the caller's
+    acquire = limiter.try_acquire
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for key in keys:
+            acquire(key)
+        active = tracemalloc.get_traced_memory()[0] - base
+        clock.advance(7200.0)
+        assert limiter.sweep() == KEYS
+        gc.collect()
+        idle = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    name = limiter.limiter.algorithm
+    print(f"{name}: {active / KEYS:.1f} B per active key, {idle / KEYS:.3f} B per idle key")
+    assert active / KEYS <= 256
+    assert idle / KEYS < 0.1  # a few hundred bytes in all: the empty table itself
+
+
+def test_memory_of_the_exact_log_grows_with_its_limit() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(SlidingLog("5/h", clock=clock), max_keys=1000)
+    keys = [f"k{i}" for i in range(1000)]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for key in keys:
+            limiter.try_acquire(key, cost=5)
+        per_key = (tracemalloc.get_traced_memory()[0] - base) / 1000
+    finally:
+        tracemalloc.stop()
+    assert per_key <= 256 + 5 * 16  # 8 bytes per remembered grant, the array over-allocates
+
+
+def test_warm_up_keys_start_cold_and_idle_keys_are_cold_again() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(WarmUp("10/s", warmup=1.0, clock=clock))
+    assert limiter.try_acquire("a")
+    clock.advance(0.05)
+    assert not limiter.try_acquire("a")  # cold: 0.3 s between requests
+    clock.advance(5.0)
+    assert limiter.sweep() == 1

@@ -1,0 +1,134 @@
+"""The store guard: breaker timing on a fake clock, the three modes, events and counters.
+
+The failing store here is a real :class:`Store` (memory underneath) whose backend can be
+switched off: it raises :class:`StoreUnavailableError` from a real ``ConnectionRefusedError``,
+as the Redis and SQL stores do. Fault tests against a real Redis are in
+``tests/integration/test_store_faults.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
+from floodwall.frequency import COUNT, ONCE, Frequency
+from floodwall.stores import Arg, MemoryStore, Op, R, Store, StoreGuard, StoreUnavailableError
+
+
+class SwitchableStore(Store):
+    """A memory store whose "server" can be taken down and brought back."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__("switch://test", prefix="s:")
+        self.inner = MemoryStore(prefix="s:", clock=clock)
+        self.down = False
+        self.calls = 0
+
+    def _check(self, op: Op[Any]) -> None:
+        self.calls += 1
+        if self.down:
+            try:
+                raise ConnectionRefusedError(111, "Connection refused")
+            except ConnectionRefusedError as exc:
+                raise StoreUnavailableError(self.url, op.script) from exc
+
+    def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        self._check(op)
+        return self.inner.apply(op, key, args)
+
+    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        self._check(op)
+        return self.inner.apply(op, key, args)
+
+
+@pytest.fixture
+def switch(clock: FakeClock) -> SwitchableStore:
+    return SwitchableStore(clock)
+
+
+def test_an_outage_costs_three_calls_then_none_until_the_probe(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    events: list[Event] = []
+    guard = StoreGuard(switch, on_store_error="fail_open", clock=clock, listeners=[events.append])
+    assert guard.apply(ONCE, "k", [1000]).down is None
+    switch.down = True
+    results = [guard.apply(ONCE, "k", [1000]) for _ in range(10)]
+    assert all(r.down is not None and r.value is None for r in results)
+    assert switch.calls == 1 + 3, "three failures open the breaker; the rest never reach it"
+    assert guard.failures == 3 and guard.short_circuits == 7 and guard.degraded == 10
+    assert isinstance(results[-1].down.error, CircuitOpenError)  # type: ignore[union-attr]
+    assert guard.state == "down" and [e.kind for e in events] == ["store_down"]
+
+    clock.advance(1.0)  # the open duration: one probe, which fails; open time doubles
+    assert guard.apply(ONCE, "k", [1000]).down is not None
+    assert switch.calls == 5
+    clock.advance(1.0)
+    guard.apply(ONCE, "k", [1000])
+    assert switch.calls == 5, "still open (2 s now)"
+
+    switch.down = False
+    clock.advance(1.0)
+    assert guard.apply(ONCE, "x", [1000]).down is None, "the probe succeeds: back by itself"
+    assert guard.snapshot()["state"] == "up" and guard.outages == 1 and guard.recoveries == 1
+    assert [e.kind for e in events] == ["store_down", "store_up"]
+    assert events[1].figures["down_for"] == pytest.approx(3.0)
+    assert events[0].figures["store"] == "switch://test" and "refused" in events[0].reason
+
+
+async def test_async_shell_follows_the_same_rules(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    guard = StoreGuard(switch, on_store_error="fail_closed", clock=clock)
+    switch.down = True
+    results = [await guard.apply_async(ONCE, "k", [1000]) for _ in range(5)]
+    assert all(r.down is not None and r.down.mode == "fail_closed" for r in results)
+    assert switch.calls == 3
+    switch.down = False
+    clock.advance(1.0)
+    assert (await guard.apply_async(ONCE, "k", [1000])).value == (True, 1000)
+    assert guard.snapshot()["state"] == "up"
+
+
+def test_local_mode_answers_from_memory_with_the_local_args(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    guard = StoreGuard(switch, on_store_error="local", clock=clock)
+    switch.down = True
+    answers = [guard.apply(COUNT, "c", [100, 60_000, 1], [2, 60_000, 1]) for _ in range(3)]
+    assert [a.value[0] for a in answers if a.value] == [True, True, False]
+    assert all(a.down is not None for a in answers)
+
+
+def test_a_bug_in_an_op_propagates_and_does_not_count(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    guard = StoreGuard(switch, clock=clock)
+    with pytest.raises(ValueError, match="invalid literal"):
+        guard.apply(ONCE, "k", ["not-a-number"])
+    assert guard.failures == 0 and guard.state == "up"
+
+
+def test_bad_mode_is_a_config_error(switch: SwitchableStore) -> None:
+    with pytest.raises(ConfigError, match="on_store_error must be one of"):
+        StoreGuard(switch, on_store_error="retry")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("mode", "allowed", "error"),
+    [("fail_open", True, None), ("fail_closed", False, "fail_closed"), ("local", True, None)],
+)
+def test_frequency_never_raises_a_store_error(
+    clock: FakeClock, switch: SwitchableStore, mode: str, allowed: bool, error: str | None
+) -> None:
+    limiter = Frequency(10, 60, store=switch, on_store_error=mode, clock=clock)  # type: ignore[arg-type]
+    switch.down = True
+    decisions = [limiter.allow("user") for _ in range(5)]
+    assert all(d.allowed is allowed and d.degraded == mode for d in decisions)
+    if error:
+        with pytest.raises(Exception, match="fail_closed") as caught:
+            limiter.call(lambda: None)
+        assert caught.value.kind == "rate_limited"  # type: ignore[attr-defined]
