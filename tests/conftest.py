@@ -199,14 +199,3 @@ async def async_store_case(
         yield case
     finally:
         await case.store.aclose()
-
-
-# --------------------------------------------------------------------------------------------
-# Integrations (httpx, aiohttp, requests, ASGI, WSGI, gRPC): floodwall's pytest plugin
-#
-# `fake_clock` and `no_backoff` come from floodwall.testing, which is registered through the
-# `pytest11` entry point once the package metadata declares it; imported here so the suite has
-# them either way (a conftest fixture simply shadows the plugin's). Servers: tests/webservers.py.
-# --------------------------------------------------------------------------------------------
-
-from floodwall.testing import fake_clock, no_backoff  # noqa: E402, F401
