@@ -142,6 +142,9 @@ class RedisStore(Store):
         self._aready: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary()
         )
+        self._aslots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- clients ------------------------------------------------------------------------
 
@@ -246,13 +249,30 @@ class RedisStore(Store):
         argv = _argv(args)
         try:
             client = await self.async_client()
-            try:
-                raw = await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
-            except NoScriptError:
-                raw = await client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+            if self.cluster:
+                # redis-py's async cluster client fails a command (MaxConnectionsError) instead of
+                # waiting when a node's pool is busy: queue here, as the single-node pool does.
+                async with self._cluster_slots():
+                    raw = await self._evalsha(client, script, keys, argv)
+            else:
+                raw = await self._evalsha(client, script, keys, argv)
         except _BACKEND_ERRORS as exc:
             raise StoreUnavailableError(self.url, op.script) from exc
         return op.parse(raw)
+
+    @staticmethod
+    async def _evalsha(client: Any, script: Any, keys: list[str], argv: list[Any]) -> Any:
+        try:
+            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+        except NoScriptError:
+            return await client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+
+    def _cluster_slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        slots = self._aslots.get(loop)
+        if slots is None:
+            slots = self._aslots[loop] = asyncio.Semaphore(self.max_connections)
+        return slots
 
     def ping(self) -> None:
         try:
