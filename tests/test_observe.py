@@ -29,6 +29,7 @@ DOC = {
             "timeout": "1s",
         },
         "reviews": {"level": 3, "fallback": {"value": []}},
+        "search": {"bulkhead": {"max_concurrent": 2}, "rate_limit": {"rate": "2/s", "burst": 0}},
     }
 }
 
@@ -47,6 +48,10 @@ def exercise(registry: Registry, clock: fw.FakeClock) -> None:
     with pytest.raises(fw.CircuitOpenError):
         pay.call(int)
     registry.get("reviews").call(fail)
+    search = registry.get("search")
+    search.call(int)
+    with pytest.raises(fw.RateLimitedError):
+        search.call(int)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,6 +79,11 @@ def test_prometheus_exposition_parses_back(clock: fw.FakeClock) -> None:
     assert got[("floodwall_fallbacks_total", (("resource", "reviews"),))] == 1
     assert got[("floodwall_retry_calls_total", pay)] == 5
     assert got[("floodwall_level_shed", (("level", "3"),))] == 0
+    search = (("resource", "search"),)
+    assert got[("floodwall_bulkhead_in_flight", search)] == 0
+    assert got[("floodwall_bulkhead_rejected_total", search)] == 0
+    assert got[("floodwall_rate_limit_decisions_total", (("decision", "admitted"), *search))] == 1
+    assert got[("floodwall_rate_limit_decisions_total", (("decision", "rejected"), *search))] == 1
     histogram = "floodwall_call_duration_seconds"
     assert got[(f"{histogram}_bucket", (("le", "0.005"), *pay))] >= 1  # the 3 ms call
     assert got[(f"{histogram}_bucket", (("le", "0.025"), *pay))] >= 2
@@ -111,7 +121,11 @@ def test_json_logs_one_line_per_event(
     change = next(line for line in lines if line["event"] == "state_change")
     assert (change["from"], change["to"]) == ("CLOSED", "OPEN")
     assert change["reason"] == "failure rate 0.40 >= 0.40 over 5 calls in 10s"
-    rejected = [line for line in lines if line["event"] == "rejected"]
+    rejected = [
+        line
+        for line in lines
+        if line["event"] == "rejected" and line["figures"]["outcome"] == "circuit_open"
+    ]
     assert len(rejected) == 2
     assert rejected[1]["figures"] == {"outcome": "circuit_open", "suppressed_since_last": 5}
     assert all(r.levelname == "WARNING" for r in caplog.records if "rejected" in r.getMessage())

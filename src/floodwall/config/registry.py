@@ -18,6 +18,7 @@ listed by :meth:`Registry.overrides`, and expire after their TTL.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -41,15 +42,26 @@ from floodwall.backoff import (
 )
 from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
+from floodwall.bulkhead import Bulkhead
 from floodwall.config.schema import (
     BackoffConfig,
     Document,
+    RateLimitConfig,
     ResourceConfig,
     RetryConfig,
 )
 from floodwall.fallback import Fallback
 from floodwall.observe.meter import Meter
 from floodwall.pipeline import Pipeline
+from floodwall.ratelimit import (
+    GCRA,
+    FixedWindow,
+    LeakyBucket,
+    RateLimiter,
+    SlidingLog,
+    SlidingWindowCounter,
+    TokenBucket,
+)
 from floodwall.retry import Retry
 from floodwall.timeout import Timeout
 
@@ -107,6 +119,32 @@ def _new_budget(
     return fresh
 
 
+def build_limiter(
+    name: str, config: RateLimitConfig, clock: Clock, listeners: Listeners
+) -> RateLimiter[Any]:
+    """The local limiter a ``rate_limit:`` section describes (``scope: local``)."""
+    if config.scope != "local":
+        raise ConfigError(
+            f"rate_limit.scope {config.scope!r} needs a shared store: not available for "
+            "resources built here yet (use scope: local)"
+        )
+    kind = config.algorithm
+    common: dict[str, Any] = {"name": f"{name}.rate_limit", "clock": clock, "listeners": listeners}
+    if kind in ("token_bucket", "gcra"):
+        cls: Any = TokenBucket if kind == "token_bucket" else GCRA
+        limiter: RateLimiter[Any] = cls(config.rate, burst=config.burst, **common)
+    elif kind == "leaky":
+        limiter = LeakyBucket(config.rate, **common)
+    else:
+        windows: dict[str, Any] = {
+            "fixed": FixedWindow,
+            "sliding_log": SlidingLog,
+            "sliding": SlidingWindowCounter,
+        }
+        limiter = windows[kind](config.rate, **common)
+    return limiter
+
+
 @dataclass(frozen=True)
 class Built:
     """The policies one resource's config describes, in pipeline order."""
@@ -116,10 +154,12 @@ class Built:
     breaker: CircuitBreaker | None
     retry: Retry | None
     timeout: Timeout | None
+    bulkhead: Bulkhead | None = None
+    limiter: RateLimiter[Any] | None = None
 
     def replace(self, old: Policy, new: CircuitBreaker) -> Built:
         policies = tuple(new if p is old else p for p in self.policies)
-        return Built(policies, self.fallback, new, self.retry, self.timeout)
+        return dataclasses.replace(self, policies=policies, breaker=new)
 
 
 def build(
@@ -133,7 +173,7 @@ def build(
     """Build the policies of one resource, in the order
     fallback -> circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout."""
     policies: list[Policy] = []
-    fallback = breaker = retry = timeout = None
+    fallback = breaker = retry = timeout = bulkhead = limiter = None
     if config.fallback is not None:
         fallback = Fallback(
             value=config.fallback.value,
@@ -147,6 +187,19 @@ def build(
         options = config.circuit_breaker.model_dump()
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
         policies.append(breaker)
+    if config.bulkhead is not None:
+        bulkhead = Bulkhead(
+            name,
+            max_concurrent=config.bulkhead.max_concurrent,
+            max_queue=config.bulkhead.max_queue,
+            max_wait=config.bulkhead.max_wait,
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(bulkhead)
+    if config.rate_limit is not None:
+        limiter = build_limiter(name, config.rate_limit, clock, listeners)
+        policies.append(limiter)
     if config.retry is not None:
         rc = config.retry
         retry = Retry(
@@ -173,7 +226,7 @@ def build(
             listeners=listeners,
         )
         policies.append(timeout)
-    return Built(tuple(policies), fallback, breaker, retry, timeout)
+    return Built(tuple(policies), fallback, breaker, retry, timeout, bulkhead, limiter)
 
 
 @dataclass(frozen=True)
@@ -204,6 +257,8 @@ class Resource(Policy):
         self.retry: Retry | None = None
         self.timeout: Timeout | None = None
         self.fallback: Fallback | None = None
+        self.bulkhead: Bulkhead | None = None
+        self.limiter: RateLimiter[Any] | None = None
         self.policies: tuple[Policy, ...] = ()
         self.pipeline = Pipeline(name=name)
         self.meter: Meter | None = Meter() if registry.metrics else None
@@ -354,6 +409,8 @@ class Registry:
         resource.breaker = built.breaker
         resource.retry = built.retry
         resource.timeout = built.timeout
+        resource.bulkhead = built.bulkhead
+        resource.limiter = built.limiter
         resource.policies = built.policies
         resource.pipeline = Pipeline(*built.policies, name=resource.name)
 
@@ -509,6 +566,14 @@ class Registry:
                     "slow_call_rate": snap.slow_call_rate,
                     "rejected": resource.breaker.rejected,
                 }
+            if resource.bulkhead is not None:
+                entry["bulkhead"] = {
+                    "in_flight": resource.bulkhead.in_flight,
+                    "queued": resource.bulkhead.queued,
+                    "max_concurrent": resource.bulkhead.max_concurrent,
+                }
+            if resource.limiter is not None:
+                entry["rate_limit"] = {"rejected": resource.limiter.rejected}
             if resource.retry is not None:
                 entry["retry"] = {
                     "calls": resource.retry.calls,

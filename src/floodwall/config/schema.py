@@ -25,12 +25,19 @@ ignored setting.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from floodwall._core import defaults
-from floodwall.config.units import Duration, Rate
+from floodwall.config.units import Duration
 
 __all__ = [
     "BackoffConfig",
@@ -127,11 +134,26 @@ class BulkheadConfig(_Model):
     max_wait: Duration = 0.0
 
 
+def _rate_spec(value: object) -> str | float:
+    """Keep the rate as written (``"5/h"`` keeps its one-hour window), checked by the limiters'
+    own parser so the error says the same thing everywhere."""
+    from floodwall.ratelimit import parse_rate
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
+    parse_rate(value)
+    return value if isinstance(value, str) else float(value)
+
+
+RateSpec = Annotated[str | float, BeforeValidator(_rate_spec)]
+
+
 class RateLimitConfig(_Model):
     """A local or global rate limit."""
 
-    rate: Rate
-    burst: int = Field(0, ge=0)
+    rate: RateSpec
+    burst: int | None = Field(None, ge=0)
+    """Permits beyond the steady rate (default: one period's worth, ``count - 1``)."""
     algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
     key: str | None = None
     scope: Literal["local", "global"] = "local"

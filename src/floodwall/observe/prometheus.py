@@ -17,6 +17,10 @@ request path pays nothing extra for it. Names are stable; labels are bounded (``
     floodwall_retry_budget_exhausted_total{resource}    counter
     floodwall_timeouts_total{resource}                  counter
     floodwall_fallbacks_total{resource}                 counter
+    floodwall_bulkhead_in_flight{resource}              gauge
+    floodwall_bulkhead_queued{resource}                 gauge
+    floodwall_bulkhead_rejected_total{resource}         counter
+    floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected)
     floodwall_level_shed{level}                         gauge 0/1
 
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
@@ -64,6 +68,7 @@ class FloodwallCollector(Collector):
         yield from self._calls(resources)
         yield from self._breakers(resources)
         yield from self._retries(resources)
+        yield from self._isolation(resources)
         yield from self._others(resources)
 
     def _calls(self, resources: list[Any]) -> Iterator[Metric]:
@@ -148,6 +153,40 @@ class FloodwallCollector(Collector):
             retries.add_metric([resource.name], retry.retries)
             exhausted.add_metric([resource.name], retry.budget_refusals)
         yield from (calls, retries, exhausted)
+
+    def _isolation(self, resources: list[Any]) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "floodwall_bulkhead_in_flight", "Calls holding a bulkhead slot.", labels=["resource"]
+        )
+        queued = GaugeMetricFamily(
+            "floodwall_bulkhead_queued", "Calls waiting for a bulkhead slot.", labels=["resource"]
+        )
+        full = CounterMetricFamily(
+            "floodwall_bulkhead_rejected", "Calls a full bulkhead refused.", labels=["resource"]
+        )
+        decisions = CounterMetricFamily(
+            "floodwall_rate_limit_decisions",
+            "Rate-limit decisions on calls through a resource.",
+            labels=["resource", "decision"],
+        )
+        for resource in resources:
+            bulkhead = resource.bulkhead
+            if bulkhead is not None:
+                in_flight.add_metric([resource.name], bulkhead.in_flight)
+                queued.add_metric([resource.name], bulkhead.queued)
+                full.add_metric([resource.name], bulkhead.rejected)
+            if resource.limiter is not None and resource.meter is not None:
+                counts, _, _ = resource.meter.read()
+                rejected = counts.get("rate_limited", 0)
+                # The pipeline order is fixed (breaker, bulkhead, limiter, …): every call not
+                # refused before or by the limiter was admitted by it.
+                before = sum(
+                    counts.get(k, 0) for k in ("circuit_open", "bulkhead_full", "degraded")
+                )
+                admitted = sum(counts.values()) - before - rejected
+                decisions.add_metric([resource.name, "admitted"], admitted)
+                decisions.add_metric([resource.name, "rejected"], rejected)
+        yield from (in_flight, queued, full, decisions)
 
     def _others(self, resources: list[Any]) -> Iterator[Metric]:
         timeouts = CounterMetricFamily(
