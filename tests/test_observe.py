@@ -124,7 +124,7 @@ def test_json_logs_one_line_per_event(
     rejected = [
         line
         for line in lines
-        if line["event"] == "rejected" and line["figures"]["outcome"] == "circuit_open"
+        if line["event"] == "rejected" and line.get("figures", {}).get("outcome") == "circuit_open"
     ]
     assert len(rejected) == 2
     assert rejected[1]["figures"] == {"outcome": "circuit_open", "suppressed_since_last": 5}

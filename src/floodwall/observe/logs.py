@@ -23,17 +23,30 @@ class JsonLogListener:
     """Writes each event as one JSON object on ``logger`` (default ``"floodwall"``).
 
     ``skip`` names event kinds not worth a line each; by default ``attempt`` (one per call
-    through a Retry: the counters already say it).
+    through a Retry: the counters already say it). Rejections are logged from the registry's
+    sampled ``rejected`` events only; a limiter's or bulkhead's own per-call ``rejected`` events
+    are left to the counters (``unsampled_rejections=True`` logs them too).
     """
 
     def __init__(
-        self, logger: logging.Logger | None = None, *, skip: frozenset[str] = frozenset({"attempt"})
+        self,
+        logger: logging.Logger | None = None,
+        *,
+        skip: frozenset[str] = frozenset({"attempt"}),
+        unsampled_rejections: bool = False,
     ) -> None:
         self.logger = logger or logging.getLogger("floodwall")
         self.skip = skip
+        self.unsampled_rejections = unsampled_rejections
 
     def __call__(self, event: Event) -> None:
         if event.kind in self.skip:
+            return
+        if (
+            event.kind == "rejected"
+            and event.source != "resource"
+            and not self.unsampled_rejections
+        ):
             return
         record: dict[str, Any] = {
             "event": event.kind,
