@@ -21,6 +21,13 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind, Outcome
 from floodwall._core.policy import Policy
 from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
+from floodwall.adaptive import (
+    AdaptiveLimiter,
+    BBRLimiter,
+    ClientThrottle,
+    LoadShedder,
+    QueueingTimeAdmission,
+)
 from floodwall.breaker import CircuitBreaker, CircuitState
 from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
 from floodwall.bulkhead import Bulkhead, ThreadPoolBulkhead, pool_size
@@ -60,6 +67,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SYSTEM_CLOCK",
+    "AdaptiveLimiter",
+    "BBRLimiter",
     "BudgetSnapshot",
     "Bulkhead",
     "BulkheadFullError",
@@ -68,6 +77,7 @@ __all__ = [
     "CircuitOpenError",
     "CircuitState",
     "Classifier",
+    "ClientThrottle",
     "Clock",
     "ConfigError",
     "CountWindow",
@@ -92,11 +102,13 @@ __all__ = [
     "IdempotencyUnavailableError",
     "Kind",
     "Listeners",
+    "LoadShedder",
     "OneTimeTokens",
     "Outcome",
     "OverloadedError",
     "Pipeline",
     "Policy",
+    "QueueingTimeAdmission",
     "RateLimitedError",
     "RejectedError",
     "Retry",

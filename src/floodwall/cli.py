@@ -53,6 +53,19 @@ def check_config(
 
 
 @app.command()
+def simulate(path: str = typer.Argument(..., help="scenario file (YAML or JSON)")) -> None:
+    """Simulate a scenario: goodput, success, shed and latency per phase."""
+    from floodwall._core.errors import ConfigError
+    from floodwall.sim.cli import simulate as run
+
+    try:
+        run(path)
+    except ConfigError as exc:
+        typer.echo(f"invalid: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+
+
+@app.command()
 def version() -> None:
     """Print the installed version."""
     from floodwall import __version__

@@ -1,0 +1,86 @@
+"""Adaptive overload protection: limits nobody has to hand-tune.
+
+Pure limit algorithms (clock-free, fed ``on_sample(start, rtt, inflight, dropped)``):
+:class:`AIMDLimit`, :class:`VegasLimit`, :class:`GradientLimit`, :class:`Gradient2Limit`,
+:class:`FixedLimit`, and :class:`WindowedLimit` to aggregate samples per window.
+
+Shells that hand out tokens or verdicts on an injected clock: :class:`AdaptiveLimiter`
+(partitions, LIFO backlog), :class:`BBRLimiter` (Kratos BBR: CPU + in-flight),
+:class:`QueueingTimeAdmission` (WeChat DAGOR: queueing time + compound priority),
+:class:`ClientThrottle` (Google SRE client-side throttling) and :class:`LoadShedder`, the
+server-side guard that rejects with :class:`~floodwall.OverloadedError` before work starts.
+See ``docs/overload.md``.
+"""
+
+from floodwall.adaptive._base import (
+    ExpAvgMeasurement,
+    FixedLimit,
+    Limit,
+    MinimumMeasurement,
+    log10_root,
+    square_root,
+)
+from floodwall.adaptive.aimd import AIMDLimit
+from floodwall.adaptive.bbr import BBR, BBRLimiter, BBRStats, BBRToken
+from floodwall.adaptive.cpu import (
+    CgroupCPU,
+    CPUSource,
+    ProcessCPU,
+    SmoothedCPU,
+    SystemCPU,
+    default_cpu_source,
+)
+from floodwall.adaptive.dagor import (
+    AdmissionLevel,
+    DagorPermit,
+    QueueingTimeAdmission,
+    UpstreamLevels,
+    UserPriority,
+    user_priority,
+)
+from floodwall.adaptive.gradient import GradientLimit
+from floodwall.adaptive.gradient2 import Gradient2Limit
+from floodwall.adaptive.limiter import AdaptiveLimiter, PartitionStats, Token
+from floodwall.adaptive.shedding import LoadShedder, Permit, ShedderStats, Ticket
+from floodwall.adaptive.throttle import ClientThrottle, reject_probability
+from floodwall.adaptive.vegas import VegasLimit
+from floodwall.adaptive.windowed import WindowedLimit
+
+__all__ = [
+    "BBR",
+    "AIMDLimit",
+    "AdaptiveLimiter",
+    "AdmissionLevel",
+    "BBRLimiter",
+    "BBRStats",
+    "BBRToken",
+    "CPUSource",
+    "CgroupCPU",
+    "ClientThrottle",
+    "DagorPermit",
+    "ExpAvgMeasurement",
+    "FixedLimit",
+    "Gradient2Limit",
+    "GradientLimit",
+    "Limit",
+    "LoadShedder",
+    "MinimumMeasurement",
+    "PartitionStats",
+    "Permit",
+    "ProcessCPU",
+    "QueueingTimeAdmission",
+    "ShedderStats",
+    "SmoothedCPU",
+    "SystemCPU",
+    "Ticket",
+    "Token",
+    "UpstreamLevels",
+    "UserPriority",
+    "VegasLimit",
+    "WindowedLimit",
+    "default_cpu_source",
+    "log10_root",
+    "reject_probability",
+    "square_root",
+    "user_priority",
+]

@@ -1,0 +1,350 @@
+"""BBR: shed when the CPU is hot and more is in flight than the service has shown it can pass.
+
+Kratos' BBR limiter (``go-kratos/kratos pkg/ratelimit/bbr``, now ``go-kratos/aegis
+ratelimit/bbr``), after TCP BBR and Alibaba Sentinel's system rule. Over a rolling window of
+``window`` seconds in ``buckets`` buckets (10 s × 100 by default) it tracks, per bucket, the
+requests that completed (*passes*) and their average RT. From the *completed* buckets (the one
+being filled is left out, as in aegis) it estimates what the service sustains:
+
+    max_pass   = the most passes in one bucket (at least 1)
+    min_rt     = the lowest bucket-average RT, rounded up to ``rt_resolution`` (1 ms)
+    max_inflight = round(max_pass × min_rt × buckets_per_second)
+
+and a request is dropped when ``inflight > 1`` and ``inflight > max_inflight`` while
+
+* the CPU usage is at or above ``cpu_threshold`` (80 %), or
+* the CPU has cooled down but the last drop was at most ``cooldown`` (1 s) ago, so the limiter
+  does not flap on and off with every CPU reading.
+
+Golden traces (``bbr_test.go``): a 1 s window of 10 buckets with passes 100·(i+2) and RTs
+``10i+1 … 10i+10`` ms gives ``max_inflight`` 60; with passes 100·(i+1) it gives 54, drops at 80
+in flight but not at 50 when the CPU is 80 %, keeps dropping at 70 % within the cool-down and
+stops once it is over.
+
+:class:`BBR` is the pure core (``now``, in-flight and CPU passed in); :class:`BBRLimiter` is the
+thread-safe shell with a clock and a CPU source (see :mod:`floodwall.adaptive.cpu`).
+Per-request cost is O(1): the bucket scan runs once per bucket duration and is cached.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.adaptive._base import check_int, check_positive
+from floodwall.adaptive.cpu import CPUSource, SmoothedCPU, default_cpu_source
+
+__all__ = ["BBR", "BBRLimiter", "BBRStats", "BBRToken"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_floor = math.floor
+
+
+@dataclass(frozen=True, slots=True)
+class BBRStats:
+    """A snapshot of the figures behind BBR's decision (``BBR.Stat()`` in Kratos)."""
+
+    cpu: float
+    inflight: int
+    max_inflight: int
+    min_rt: float
+    max_pass: int
+
+
+class BBR:
+    """The pure BBR decision (see the module docstring). Not thread-safe: shells lock."""
+
+    __slots__ = (
+        "_cache_epoch",
+        "_cached",
+        "_counts",
+        "_epochs",
+        "_passes",
+        "_per_second",
+        "_sums",
+        "bucket_seconds",
+        "buckets",
+        "cooldown",
+        "cpu_threshold",
+        "last_drop",
+        "rt_resolution",
+    )
+
+    def __init__(
+        self,
+        *,
+        window: float = defaults.BBR_WINDOW,
+        buckets: int = defaults.BBR_BUCKETS,
+        cpu_threshold: float = defaults.BBR_CPU_THRESHOLD,
+        cooldown: float = defaults.BBR_COOLDOWN,
+        rt_resolution: float = defaults.BBR_RT_RESOLUTION,
+    ) -> None:
+        window = check_positive("window", window)
+        self.buckets = check_int("buckets", buckets, 2)
+        if not 0 < cpu_threshold <= 1:
+            raise ConfigError(f"cpu_threshold must be in (0, 1], got {cpu_threshold!r}")
+        self.cpu_threshold = float(cpu_threshold)
+        if not cooldown >= 0:
+            raise ConfigError(f"cooldown must be >= 0 seconds, got {cooldown!r}")
+        self.cooldown = float(cooldown)
+        if not rt_resolution >= 0:
+            raise ConfigError(f"rt_resolution must be >= 0 seconds, got {rt_resolution!r}")
+        self.rt_resolution = float(rt_resolution)
+        self.bucket_seconds = window / self.buckets
+        self._per_second = 1.0 / self.bucket_seconds
+        n = self.buckets
+        self._epochs = [-1] * n
+        self._passes = [0] * n
+        self._sums = [0.0] * n
+        self._counts = [0] * n
+        self._cache_epoch = -1
+        self._cached = (1, 0.0, 0)
+        self.last_drop: float | None = None
+        """Clock reading of the last drop while hot (``None``: not dropping)."""
+
+    def _bucket(self, now: float) -> int:
+        epoch = math.floor(now * self._per_second)
+        slot = epoch % self.buckets
+        if self._epochs[slot] != epoch:
+            self._epochs[slot] = epoch
+            self._passes[slot] = 0
+            self._sums[slot] = 0.0
+            self._counts[slot] = 0
+        return slot
+
+    def add_pass(self, now: float, count: int = 1) -> None:
+        """Count ``count`` requests that completed at ``now``."""
+        self._passes[self._bucket(now)] += count
+
+    def add_rt(self, now: float, rt: float) -> None:
+        """Count one response time (seconds) measured at ``now``."""
+        slot = self._bucket(now)
+        self._sums[slot] += rt
+        self._counts[slot] += 1
+
+    def record(self, now: float, rt: float, passed: bool = True) -> None:
+        """One request ended at ``now`` after ``rt`` seconds; ``passed`` counts it as a pass."""
+        epoch = _floor(now * self._per_second)
+        slot = epoch % self.buckets
+        if self._epochs[slot] != epoch:
+            self._bucket(now)
+        if passed:
+            self._passes[slot] += 1
+        self._sums[slot] += rt
+        self._counts[slot] += 1
+
+    def _estimate(self, now: float) -> tuple[int, float, int]:
+        """``(max_pass, min_rt, max_inflight)`` over the completed buckets, cached per bucket."""
+        epoch = _floor(now * self._per_second)
+        if epoch == self._cache_epoch:
+            return self._cached
+        oldest = epoch - self.buckets + 1
+        max_pass, min_avg = 1, math.inf
+        for slot, bucket_epoch in enumerate(self._epochs):
+            if oldest <= bucket_epoch < epoch:
+                max_pass = max(max_pass, self._passes[slot])
+                if self._counts[slot]:
+                    min_avg = min(min_avg, self._sums[slot] / self._counts[slot])
+        resolution = self.rt_resolution
+        if math.isinf(min_avg):
+            min_rt = resolution or 0.0
+        elif resolution:
+            min_rt = max(1, math.ceil(min_avg / resolution - 1e-9)) * resolution
+        else:
+            min_rt = min_avg
+        max_inflight = math.floor(max_pass * min_rt * self._per_second + 0.5)
+        self._cache_epoch = epoch
+        self._cached = (max_pass, min_rt, max_inflight)
+        return self._cached
+
+    def max_pass(self, now: float) -> int:
+        return self._estimate(now)[0]
+
+    def min_rt(self, now: float) -> float:
+        return self._estimate(now)[1]
+
+    def max_inflight(self, now: float) -> int:
+        return self._estimate(now)[2]
+
+    def should_drop(self, now: float, inflight: int, cpu: float) -> bool:
+        """Decide for a request arriving at ``now`` with ``inflight`` already running."""
+        if cpu < self.cpu_threshold:
+            last = self.last_drop
+            if last is None:
+                return False
+            if now - last <= self.cooldown:
+                return inflight > 1 and inflight > self._estimate(now)[2]
+            self.last_drop = None
+            return False
+        if inflight <= 1:
+            return False
+        cached = (
+            self._cached
+            if _floor(now * self._per_second) == self._cache_epoch
+            else self._estimate(now)
+        )
+        if inflight > cached[2]:
+            self.last_drop = now
+            return True
+        return False
+
+
+class BBRToken:
+    """One admitted request; close it once with success, dropped or ignore (or use ``with``)."""
+
+    __slots__ = ("_limiter", "_open", "start")
+
+    def __init__(self, limiter: BBRLimiter, start: float) -> None:
+        self._limiter = limiter
+        self.start = start
+        self._open = True
+
+    def success(self) -> bool:
+        """Completed: a pass and an RT sample."""
+        return self._limiter._release(self, True)
+
+    def ignore(self) -> bool:
+        """Completed with an error that says nothing about capacity: counted like a success."""
+        return self._limiter._release(self, True)
+
+    def dropped(self) -> bool:
+        """Timed out or shed downstream: an RT sample, no pass."""
+        return self._limiter._release(self, False)
+
+    def __enter__(self) -> BBRToken:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, TimeoutError | RejectedError):
+            self.dropped()
+        else:
+            self.success()
+
+
+class BBRLimiter(Policy):
+    """Thread-safe BBR shell: a clock, a CPU reading, the in-flight count and tokens.
+
+    ``cpu`` is a callable returning the (already smoothed) CPU usage in [0, 1]; by default the
+    :func:`~floodwall.adaptive.cpu.default_cpu_source` smoothed by
+    :class:`~floodwall.adaptive.cpu.SmoothedCPU` (0.95 every 500 ms). Tests inject a lambda.
+    """
+
+    kind = "bbr"
+
+    def __init__(
+        self,
+        *,
+        name: str = "bbr",
+        window: float = defaults.BBR_WINDOW,
+        buckets: int = defaults.BBR_BUCKETS,
+        cpu_threshold: float = defaults.BBR_CPU_THRESHOLD,
+        cooldown: float = defaults.BBR_COOLDOWN,
+        rt_resolution: float = defaults.BBR_RT_RESOLUTION,
+        cpu: CPUSource | None = None,
+        retry_after: float | None = defaults.SHED_RETRY_AFTER,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.name = name
+        self.core = BBR(
+            window=window,
+            buckets=buckets,
+            cpu_threshold=cpu_threshold,
+            cooldown=cooldown,
+            rt_resolution=rt_resolution,
+        )
+        self.cpu: Callable[[], float] = cpu or SmoothedCPU(default_cpu_source(clock), clock=clock)
+        self.retry_after = retry_after
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self._now = clock.monotonic
+        self._should_drop = self.core.should_drop
+        self._record = self.core.record
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._dropped = 0
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def dropped(self) -> int:
+        """Requests refused since the limiter was built."""
+        return self._dropped
+
+    def acquire(self) -> BBRToken | None:
+        """A token for one request, or ``None`` when BBR sheds it."""
+        now = self._now()
+        cpu = self.cpu()
+        with self._lock:
+            inflight = self._inflight
+            if not self._should_drop(now, inflight, cpu):
+                self._inflight = inflight + 1
+                return BBRToken(self, now)
+            self._dropped += 1
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    "rejected",
+                    self.kind,
+                    self.name,
+                    now,
+                    f"cpu {cpu:.0%} and {inflight} in flight > "
+                    f"{self.core.max_inflight(now)} sustainable",
+                    figures={"cpu": cpu, "inflight": inflight},
+                )
+            )
+        return None
+
+    def _release(self, token: BBRToken, passed: bool) -> bool:
+        now = self._now()
+        with self._lock:
+            if not token._open:
+                return False
+            token._open = False
+            self._inflight -= 1
+            self._record(now, now - token.start, passed)
+        return True
+
+    def stats(self) -> BBRStats:
+        now = self._now()
+        cpu = self.cpu()
+        with self._lock:
+            max_pass, min_rt, max_inflight = self.core._estimate(now)
+            return BBRStats(cpu, self._inflight, max_inflight, min_rt, max_pass)
+
+    def _rejection(self) -> OverloadedError:
+        return OverloadedError(self.name, "BBR: CPU overloaded", self.retry_after)
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        token = self.acquire()
+        if token is None:
+            raise self._rejection()
+        with token:
+            return fn(*args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        token = self.acquire()
+        if token is None:
+            raise self._rejection()
+        with token:
+            return await fn(*args, **kwargs)
+
+    def describe(self) -> str:
+        return f"BBRLimiter(cpu_threshold={self.core.cpu_threshold:.0%})"

@@ -1,0 +1,90 @@
+"""Gradient2: compare the current RTT with a long exponential average of it.
+
+concurrency-limits' ``Gradient2Limit``, the library's recommended default. The short RTT is the
+sample itself; the long RTT is an exponential average over ``long_window`` samples (after a
+10-sample plain-average warm-up), decayed by 10 % whenever it is more than twice the short RTT so
+the limit recovers quickly after a long overload:
+
+    inflight < limit / 2  → unchanged ("app-limited": nothing learned about capacity)
+    gradient = clamp(long_rtt / short_rtt, 0.5, 1.0)
+    new = limit × gradient + queue_size
+    new = limit × (1 − smoothing) + new × smoothing
+    limit = clamp(new, min_limit, max_concurrency)
+
+Drops are ignored: the RTT already carries the signal. Defaults: ``initial_limit=20``,
+``min_limit=20``, ``max_concurrency=200``, ``smoothing=0.2``, ``queue_size=4`` (a constant, or a
+function of the limit), ``long_window=600``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from floodwall._core import defaults
+from floodwall._core.errors import ConfigError
+from floodwall.adaptive._base import ExpAvgMeasurement, Limit, check_float, check_int
+
+__all__ = ["Gradient2Limit"]
+
+
+class Gradient2Limit(Limit):
+    """Gradient of a long-term average RTT over the current RTT (see the module docstring)."""
+
+    __slots__ = (
+        "_long_rtt",
+        "_queue_size",
+        "estimated_limit",
+        "last_rtt",
+        "max_concurrency",
+        "min_limit",
+        "smoothing",
+    )
+
+    def __init__(
+        self,
+        *,
+        initial_limit: int = defaults.GRADIENT2_INITIAL_LIMIT,
+        min_limit: int = defaults.GRADIENT2_MIN_LIMIT,
+        max_concurrency: int = defaults.GRADIENT2_MAX_CONCURRENCY,
+        smoothing: float = defaults.GRADIENT2_SMOOTHING,
+        queue_size: int | Callable[[int], int] = defaults.GRADIENT2_QUEUE_SIZE,
+        long_window: int = defaults.GRADIENT2_LONG_WINDOW,
+    ) -> None:
+        super().__init__(initial_limit)
+        self.min_limit = check_int("min_limit", min_limit)
+        self.max_concurrency = check_int("max_concurrency", max_concurrency)
+        if self.max_concurrency < self.min_limit:
+            raise ConfigError(
+                f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
+            )
+        self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
+        if isinstance(queue_size, int):
+            fixed = check_int("queue_size", queue_size, 0)
+            self._queue_size: Callable[[int], int] = lambda _limit: fixed
+        else:
+            self._queue_size = queue_size
+        self._long_rtt = ExpAvgMeasurement(
+            check_int("long_window", long_window), defaults.GRADIENT2_WARMUP
+        )
+        self.estimated_limit = float(initial_limit)
+        self.last_rtt = 0.0
+
+    @property
+    def long_rtt(self) -> float:
+        """The long-term average RTT, seconds."""
+        return self._long_rtt.value
+
+    def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
+        estimated = self.estimated_limit
+        queue = self._queue_size(int(estimated))
+        self.last_rtt = short = rtt
+        long = self._long_rtt.add(rtt)
+        if short > 0 and long / short > 2:
+            self._long_rtt.update(lambda value: value * 0.9)
+        if inflight < estimated / 2:
+            return int(estimated)
+        gradient = max(0.5, min(1.0, long / short)) if short > 0 else 1.0
+        new = estimated * gradient + queue
+        new = estimated * (1 - self.smoothing) + new * self.smoothing
+        self.estimated_limit = max(float(self.min_limit), min(float(self.max_concurrency), new))
+        return max(1, int(self.estimated_limit))
