@@ -1,0 +1,109 @@
+"""Degradation: keep the core alive by giving up what is optional (see ``docs/degradation.md``).
+
+* **Dependency levels and switches**: :class:`Levels` and :class:`LevelGate` (or a config
+  :class:`~floodwall.config.Registry`'s ``shed``), switched automatically from an overload
+  signal by :class:`AutoShedder` (level 3 first, then 2, restored with hysteresis; signals in
+  :mod:`floodwall.degrade.signals`); priority admission that gives level 1 the capacity first:
+  :class:`LevelReserve`, :class:`PriorityGate`, :class:`LevelLimiter`, :func:`admit_level`.
+* **Read degradation**: :class:`Cache` (TTL + LRU, optional shared second level,
+  stale-while-error with the value's age, read only from cache) and :class:`FallbackSource`
+  (a backup data source behind its own pipeline).
+* **Write degradation**: :class:`WriteBehind` (bounded queued writes, memory or Redis Streams,
+  at least once with idempotency keys), :class:`Coalesce` (one downstream call per key and
+  window), :class:`SampledDrop` (drop a live-tunable share of low-priority writes).
+* **Bulk work**: :func:`chunked` (per-chunk results and failures, not all-or-nothing).
+"""
+
+from floodwall.degrade._common import BacklogFullError
+from floodwall.degrade.cache import Cache, Cached, LruTtl
+from floodwall.degrade.chunked import BatchResult, Chunk, Chunked, chunked
+from floodwall.degrade.coalesce import Batch, Coalesce, CoalesceCore, Flushed, last_wins
+from floodwall.degrade.levels import (
+    SHED_ORDER,
+    AutoShedder,
+    LevelGate,
+    LevelOverride,
+    Levels,
+    LevelSwitch,
+    ShedController,
+    ShedOptions,
+    ShedState,
+    ShedStep,
+)
+from floodwall.degrade.priority import (
+    LevelLimiter,
+    LevelReserve,
+    PriorityGate,
+    admit_level,
+    dagor_business,
+    level_partition,
+    level_partitions,
+)
+from floodwall.degrade.sampled import SampledDrop, key_fraction
+from floodwall.degrade.signals import (
+    Signal,
+    cpu_signal,
+    limiter_signal,
+    max_signal,
+    queueing_signal,
+    shed_rate_signal,
+)
+from floodwall.degrade.source import FallbackSource
+from floodwall.degrade.write_behind import (
+    Deferred,
+    DeliveryCore,
+    MemoryQueue,
+    Message,
+    StreamQueue,
+    WriteBehind,
+    WriteQueue,
+)
+
+__all__ = [
+    "SHED_ORDER",
+    "AutoShedder",
+    "BacklogFullError",
+    "Batch",
+    "BatchResult",
+    "Cache",
+    "Cached",
+    "Chunk",
+    "Chunked",
+    "Coalesce",
+    "CoalesceCore",
+    "Deferred",
+    "DeliveryCore",
+    "FallbackSource",
+    "Flushed",
+    "LevelGate",
+    "LevelLimiter",
+    "LevelOverride",
+    "LevelReserve",
+    "LevelSwitch",
+    "Levels",
+    "LruTtl",
+    "MemoryQueue",
+    "Message",
+    "PriorityGate",
+    "SampledDrop",
+    "ShedController",
+    "ShedOptions",
+    "ShedState",
+    "ShedStep",
+    "Signal",
+    "StreamQueue",
+    "WriteBehind",
+    "WriteQueue",
+    "admit_level",
+    "chunked",
+    "cpu_signal",
+    "dagor_business",
+    "key_fraction",
+    "last_wins",
+    "level_partition",
+    "level_partitions",
+    "limiter_signal",
+    "max_signal",
+    "queueing_signal",
+    "shed_rate_signal",
+]

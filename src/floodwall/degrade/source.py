@@ -1,0 +1,146 @@
+"""FallbackSource: when the dependency fails, ask a backup data source instead.
+
+The seeds' recommendation feed: the ranking service is compute-heavy and sometimes slow or
+down, so a backup service keeps a list of popular items computed offline every night; when the
+ranking call fails, the feed asks the backup. The backup is a dependency too, so it runs under
+its own ``pipeline`` (a timeout and a breaker of its own, say), never the primary's.
+
+``FallbackSource(backup, pipeline=Pipeline(CircuitBreaker("backup"), Timeout(0.2)))`` is a
+policy: it runs the call, and when the call fails in a way it handles (``on=`` / ``kinds=``, as
+:class:`~floodwall.Fallback`; default any ``Exception``) it calls ``backup`` with the **same
+arguments**, through ``pipeline``. A backup answer is marked degraded (``degraded`` counter, a
+``fallback_source`` event, the open :func:`floodwall.call_context`). If the backup fails too,
+the **primary's** exception propagates (the caller's dependency failed; the backup was the
+attempt to degrade), with a note naming the backup's failure; ``backup_failures`` counts them.
+
+For static data (the live-stream gift list served by the gateway when the gift service is
+down) a plain :class:`~floodwall.Fallback` with ``value=`` is enough; for the last value the
+dependency gave, :class:`~floodwall.degrade.Cache` with stale-while-error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, ParamSpec, TypeVar, cast
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.degrade._common import Matcher, mark_degraded, reason_of
+
+__all__ = ["FallbackSource"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class FallbackSource(Policy):
+    """Answer from ``backup(*args, **kwargs)`` when the call fails (see the module docstring).
+
+    ``backup`` may be an ``async def`` for :meth:`call_async`; :meth:`call` refuses one with a
+    :class:`~floodwall.ConfigError`.
+    """
+
+    kind = "fallback_source"
+
+    def __init__(
+        self,
+        backup: Callable[..., Any],
+        *,
+        pipeline: Policy | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        kinds: Collection[str] | None = None,
+        name: str = "fallback_source",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        if not callable(backup):
+            raise ConfigError(f"backup must be callable, got {backup!r}")
+        if pipeline is not None and not isinstance(pipeline, Policy):
+            raise ConfigError(f"pipeline must be a floodwall Policy, got {pipeline!r}")
+        self.backup = backup
+        self.pipeline = pipeline
+        self.handles = Matcher.of(on, kinds)
+        self.name = name
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self.degraded = 0
+        """Answers the backup gave instead of the dependency."""
+        self.backup_failures = 0
+        """Times the backup failed too (the primary's failure then propagated)."""
+
+    def _answered(self, primary: BaseException) -> None:
+        self.degraded += 1
+        reason = reason_of(primary)
+        mark_degraded(self.name, reason)
+        self._emit("fallback_source", reason, {"primary": repr(primary)})
+
+    def _failed(self, primary: BaseException, backup: BaseException) -> BaseException:
+        self.backup_failures += 1
+        primary.add_note(f"fallback source {self.name!r} failed too: {backup!r}")
+        self._emit("fallback_source_failed", reason_of(backup), {"primary": repr(primary)})
+        return primary
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as primary:
+            if not self.handles(primary):
+                raise
+            if inspect.iscoroutinefunction(self.backup):
+                raise ConfigError(
+                    f"fallback source {self.name!r} has an async backup; use call_async()"
+                ) from primary
+            failed: Exception | None = None
+            try:
+                if self.pipeline is None:
+                    answer = self.backup(*args, **kwargs)
+                else:
+                    answer = self.pipeline.call(self.backup, *args, **kwargs)
+            except Exception as backup:  # noqa: BLE001 - the primary's error propagates
+                failed = backup
+            if failed is not None:
+                raise self._failed(primary, failed)  # noqa: B904 - the primary, unchanged
+            self._answered(primary)
+            return cast(R, answer)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except BaseException as primary:
+            if not self.handles(primary):
+                raise
+            failed: Exception | None = None
+            try:
+                answer = await self._backup_async(*args, **kwargs)
+            except Exception as backup:  # noqa: BLE001 - the primary's error propagates
+                failed = backup
+            if failed is not None:
+                raise self._failed(primary, failed)  # noqa: B904 - the primary, unchanged
+            self._answered(primary)
+            return cast(R, answer)
+
+    async def _backup_async(self, *args: Any, **kwargs: Any) -> Any:
+        backup = self.backup
+        if not inspect.iscoroutinefunction(backup):
+
+            async def backup_coroutine(*a: Any, **k: Any) -> Any:
+                return self.backup(*a, **k)
+
+            backup = backup_coroutine
+        if self.pipeline is None:
+            return await backup(*args, **kwargs)
+        return await self.pipeline.call_async(backup, *args, **kwargs)
+
+    def _emit(self, kind: str, reason: str, figures: dict[str, Any]) -> None:
+        if self.listeners:
+            now = self.clock.monotonic()
+            self.listeners.emit(Event(kind, self.kind, self.name, now, reason, figures=figures))
+
+    def describe(self) -> str:
+        inner = f", pipeline={self.pipeline.describe()}" if self.pipeline is not None else ""
+        return f"FallbackSource({self.name!r}{inner})"
