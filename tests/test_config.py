@@ -302,3 +302,54 @@ def test_check_config_command(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["check-config", str(bad)])
     assert result.exit_code == 1
     assert "resources.a.retry.attempts" in result.output
+
+
+def test_cache_sampled_drop_and_shed_answers_from_cache(clock: FakeClock) -> None:
+    doc = {
+        "resources": {
+            "recs": {
+                "level": 3,
+                "sampled_drop": {"ratio": 0.0},
+                "cache": {"ttl": "10s", "stale_ttl": "1h"},
+            }
+        }
+    }
+    registry = Registry(doc, clock=clock)
+    recs = registry.get("recs")
+    assert [p.kind for p in recs.policies][:2] == ["sampled_drop", "cache"]
+    assert recs.call(lambda user: [f"for {user}"], "ann") == ["for ann"]  # cached
+    registry.shed(3)
+    # Shed: the dependency is skipped, the cache answers with the last good value.
+    assert recs.call(lambda user: ["fresh"], "ann") == ["for ann"]
+    with pytest.raises(fw.DegradedError):
+        recs.call(lambda user: ["fresh"], "bob")  # nothing cached for bob
+    registry.clear("level:3")
+    sampled = recs.sampled
+    assert sampled is not None
+    registry.reload(
+        {"resources": {"recs": {**doc["resources"]["recs"], "sampled_drop": {"ratio": 1}}}}
+    )
+    assert registry.get("recs").sampled is sampled  # tuned live, same policy
+    assert sampled.ratio == 1.0
+
+
+async def test_shed_async_path_answers_from_fallback(clock: FakeClock) -> None:
+    registry = Registry(
+        {"resources": {"gifts": {"level": 3, "fallback": {"value": ["rose"]}}}}, clock=clock
+    )
+    registry.shed(3)
+
+    async def fetch() -> list[str]:
+        raise AssertionError("a shed dependency is never called")
+
+    assert await registry.get("gifts").call_async(fetch) == ["rose"]
+
+
+def test_cache_store_must_be_named(clock: FakeClock) -> None:
+    with pytest.raises(fw.ConfigError, match="no store named 'shared'"):
+        Registry({"resources": {"a": {"cache": {"store": "shared"}}}}, clock=clock)
+    registry = Registry(
+        {"resources": {"a": {"cache": {"store": "shared"}}}, "stores": {"shared": "memory://"}},
+        clock=clock,
+    )
+    assert registry.get("a").cache is not None

@@ -8,6 +8,7 @@ message built lazily in ``__str__``.
 from __future__ import annotations
 
 __all__ = [
+    "BacklogFullError",
     "BulkheadFullError",
     "CircuitOpenError",
     "ConfigError",
@@ -200,3 +201,10 @@ class DegradedError(RejectedError):
     ``DegradedError(name, reason, retry_after)``."""
 
     kind = "degraded"
+
+
+class BacklogFullError(RejectedError):
+    """A write-behind queue or a coalescer is full and refused the write:
+    ``BacklogFullError(name, reason, retry_after)`` (HTTP 503)."""
+
+    kind = "backlog_full"

@@ -50,6 +50,8 @@ from floodwall.config.schema import (
     ResourceConfig,
     RetryConfig,
 )
+from floodwall.degrade.cache import Cache
+from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
 from floodwall.observe.meter import Meter
 from floodwall.pipeline import Pipeline
@@ -63,6 +65,7 @@ from floodwall.ratelimit import (
     TokenBucket,
 )
 from floodwall.retry import Retry
+from floodwall.stores import Store, connect
 from floodwall.timeout import Timeout
 
 __all__ = ["Built", "Override", "Registry", "Resource", "build", "build_backoff"]
@@ -156,10 +159,18 @@ class Built:
     timeout: Timeout | None
     bulkhead: Bulkhead | None = None
     limiter: RateLimiter[Any] | None = None
+    sampled: SampledDrop | None = None
+    cache: Cache | None = None
 
-    def replace(self, old: Policy, new: CircuitBreaker) -> Built:
+    def replace(self, old: Policy, new: Policy, field: str) -> Built:
+        """The same policies with ``old`` swapped for the live ``new`` (kept across reloads)."""
         policies = tuple(new if p is old else p for p in self.policies)
-        return dataclasses.replace(self, policies=policies, breaker=new)
+        changes: dict[str, Any] = {"policies": policies, field: new}
+        return dataclasses.replace(self, **changes)
+
+
+def _no_store(name: str) -> Store:
+    raise ConfigError(f"no store named {name!r} (stores: are resolved by a Registry)")
 
 
 def build(
@@ -169,11 +180,20 @@ def build(
     clock: Clock,
     budget: Callable[[str, RetryConfig], RetryBudget | None],
     listeners: Listeners,
+    store: Callable[[str], Store] = _no_store,
 ) -> Built:
     """Build the policies of one resource, in the order
     fallback -> circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout."""
     policies: list[Policy] = []
-    fallback = breaker = retry = timeout = bulkhead = limiter = None
+    fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = None
+    if config.sampled_drop is not None:
+        sampled = SampledDrop(
+            config.sampled_drop.ratio,
+            name=f"{name}.sampled_drop",
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(sampled)
     if config.fallback is not None:
         fallback = Fallback(
             value=config.fallback.value,
@@ -183,6 +203,20 @@ def build(
             listeners=listeners,
         )
         policies.append(fallback)
+    if config.cache is not None:
+        cc = config.cache
+        cache = Cache(
+            ttl=cc.ttl,
+            stale_ttl=cc.stale_ttl,
+            max_entries=cc.max_entries,
+            kinds=cc.kinds,
+            read_only=cc.read_only,
+            store=None if cc.store is None else store(cc.store),
+            name=f"{name}.cache",
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(cache)
     if config.circuit_breaker is not None:
         options = config.circuit_breaker.model_dump()
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
@@ -226,7 +260,9 @@ def build(
             listeners=listeners,
         )
         policies.append(timeout)
-    return Built(tuple(policies), fallback, breaker, retry, timeout, bulkhead, limiter)
+    return Built(
+        tuple(policies), fallback, breaker, retry, timeout, bulkhead, limiter, sampled, cache
+    )
 
 
 @dataclass(frozen=True)
@@ -259,6 +295,8 @@ class Resource(Policy):
         self.fallback: Fallback | None = None
         self.bulkhead: Bulkhead | None = None
         self.limiter: RateLimiter[Any] | None = None
+        self.sampled: SampledDrop | None = None
+        self.cache: Cache | None = None
         self.policies: tuple[Policy, ...] = ()
         self.pipeline = Pipeline(name=name)
         self.meter: Meter | None = Meter() if registry.metrics else None
@@ -271,7 +309,7 @@ class Resource(Policy):
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         registry = self._registry
         if registry._attention and registry.is_shed(self.level):
-            shed: R = self._shed(fn)
+            shed: R = self._shed(args, kwargs)
             return shed
         call: Callable[..., Any] = fn
         for shell in self.pipeline._shells:
@@ -294,7 +332,7 @@ class Resource(Policy):
     ) -> R:
         registry = self._registry
         if registry._attention and registry.is_shed(self.level):
-            answer: R = self._shed(fn)
+            answer: R = await self._shed_async(args, kwargs)
             return answer
         call: Callable[..., Any] = fn
         for shell in self.pipeline._async_shells:
@@ -318,11 +356,37 @@ class Resource(Policy):
         if outcome not in ("error", "cancelled"):
             self._registry._rejected(self, outcome, exc)
 
-    def _shed(self, fn: Callable[..., Any]) -> Any:
-        error = DegradedError(self.name, f"dependency level {self.level} is shed", None)
-        if self.fallback is not None and self.fallback.handles(error):
-            return self.fallback.call(_raise, error)
-        raise error
+    _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+
+    def _shed_error(self) -> DegradedError:
+        return DegradedError(self.name, f"dependency level {self.level} is shed", None)
+
+    def _answering(self) -> Pipeline | None:
+        """The policies that can answer without the dependency (fallback, cache, backup)."""
+        policies = [p for p in self.policies if p.kind in self._ANSWERING]
+        return Pipeline(*policies, name=f"{self.name}.shed") if policies else None
+
+    def _shed(self, args: Any, kwargs: Any) -> Any:
+        error = self._shed_error()
+        answering = self._answering()
+        if answering is None:
+            raise error
+
+        def dependency_off(*_: Any, **__: Any) -> Any:
+            raise error
+
+        return answering.call(dependency_off, *args, **kwargs)
+
+    async def _shed_async(self, args: Any, kwargs: Any) -> Any:
+        error = self._shed_error()
+        answering = self._answering()
+        if answering is None:
+            raise error
+
+        async def dependency_off(*_: Any, **__: Any) -> Any:
+            raise error
+
+        return await answering.call_async(dependency_off, *args, **kwargs)
 
     def describe(self) -> str:
         return f"Resource({self.name!r}, level={self.level}: {self.pipeline})"
@@ -356,6 +420,7 @@ class Registry:
         self._lock = threading.RLock()
         self._resources: dict[str, Resource] = {}
         self._budgets: dict[str, RetryBudget] = {}
+        self._stores: dict[str, Store] = {}
         self._overrides: dict[tuple[str, str], Override] = {}
         self._shed_levels: frozenset[int] = frozenset()
         self._next_expiry = float("inf")
@@ -393,16 +458,41 @@ class Registry:
     def _budget(self, name: str, config: RetryConfig) -> RetryBudget | None:
         return _new_budget(name, config, self.clock, self._budgets)
 
+    def _store(self, name: str) -> Store:
+        """The store a ``stores:`` entry names, connected once and shared."""
+        store = self._stores.get(name)
+        if store is None:
+            url = self.document.stores.get(name)
+            if url is None:
+                known = ", ".join(sorted(self.document.stores)) or "none"
+                raise ConfigError(f"no store named {name!r} (stores: {known})")
+            store = self._stores[name] = connect(url)
+        return store
+
     def _build(self, resource: Resource, config: ResourceConfig) -> None:
         """(Re)build ``resource``'s policies from ``config``, keeping the breaker's state."""
         built = build(
-            resource.name, config, clock=self.clock, budget=self._budget, listeners=self.listeners
+            resource.name,
+            config,
+            clock=self.clock,
+            budget=self._budget,
+            listeners=self.listeners,
+            store=self._store,
         )
-        breaker = built.breaker
-        if breaker is not None and resource.breaker is not None:
+        if built.breaker is not None and resource.breaker is not None:
             # Keep the live breaker (its state, window, open timer); give it the new options.
-            resource.breaker.reconfigure(**breaker.options())
-            built = built.replace(breaker, resource.breaker)
+            resource.breaker.reconfigure(**built.breaker.options())
+            built = built.replace(built.breaker, resource.breaker, "breaker")
+        if built.sampled is not None and resource.sampled is not None and config.sampled_drop:
+            # A live-tuned ratio (the config centre's knob) keeps the policy and its counters.
+            resource.sampled.set_ratio(config.sampled_drop.ratio)
+            built = built.replace(built.sampled, resource.sampled, "sampled")
+        if (
+            built.cache is not None
+            and resource.cache is not None
+            and (resource.config.cache == config.cache)
+        ):
+            built = built.replace(built.cache, resource.cache, "cache")  # keep its entries
         resource.config = config
         resource.level = config.level
         resource.fallback = built.fallback
@@ -411,6 +501,8 @@ class Registry:
         resource.timeout = built.timeout
         resource.bulkhead = built.bulkhead
         resource.limiter = built.limiter
+        resource.sampled = built.sampled
+        resource.cache = built.cache
         resource.policies = built.policies
         resource.pipeline = Pipeline(*built.policies, name=resource.name)
 
@@ -452,9 +544,22 @@ class Registry:
         def budget(name: str, config: RetryConfig) -> RetryBudget | None:
             return _new_budget(name, config, self.clock, scratch)
 
+        def store(name: str) -> Store:
+            if name not in document.stores:
+                known = ", ".join(sorted(document.stores)) or "none"
+                raise ConfigError(f"no store named {name!r} (stores: {known})")
+            return connect("memory://")  # names checked; connections made on apply
+
         for name, config in document.resources.items():
             try:
-                build(name, config, clock=self.clock, budget=budget, listeners=Listeners())
+                build(
+                    name,
+                    config,
+                    clock=self.clock,
+                    budget=budget,
+                    listeners=Listeners(),
+                    store=store,
+                )
             except (ConfigError, ValueError, TypeError) as exc:
                 raise ConfigError(f"resources.{name}: {exc}") from exc
 

@@ -43,12 +43,14 @@ __all__ = [
     "BackoffConfig",
     "BudgetConfig",
     "BulkheadConfig",
+    "CacheConfig",
     "CircuitBreakerConfig",
     "Document",
     "FallbackConfig",
     "RateLimitConfig",
     "ResourceConfig",
     "RetryConfig",
+    "SampledDropConfig",
     "TimeoutConfig",
 ]
 
@@ -160,10 +162,30 @@ class RateLimitConfig(_Model):
     store: str = "default"
 
 
+class CacheConfig(_Model):
+    """A read cache in front of the call, serving the last good value when it fails."""
+
+    ttl: Duration = defaults.CACHE_TTL
+    stale_ttl: Duration = defaults.CACHE_STALE_TTL
+    max_entries: int = Field(defaults.CACHE_MAX_ENTRIES, ge=1)
+    kinds: tuple[str, ...] | None = None
+    read_only: bool = False
+    store: str | None = None
+    """Name of a ``stores`` entry for a shared level (``None``: in-process only)."""
+
+
+class SampledDropConfig(_Model):
+    """Drop this share of the calls (low-priority writes); tunable live by reloading."""
+
+    ratio: float = Field(ge=0, le=1)
+
+
 class ResourceConfig(_Model):
     """One dependency or endpoint: its level and its pipeline's policies."""
 
     level: Literal[1, 2, 3] = 2
+    sampled_drop: SampledDropConfig | None = None
+    cache: CacheConfig | None = None
     timeout: TimeoutConfig | None = None
     retry: RetryConfig | None = None
     circuit_breaker: CircuitBreakerConfig | None = None

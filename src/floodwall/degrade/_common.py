@@ -6,17 +6,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from floodwall._core.errors import ConfigError, RejectedError
+from floodwall._core.errors import BacklogFullError, ConfigError, RejectedError
 from floodwall.context import _CALL
 
 __all__ = ["BacklogFullError", "Matcher", "mark_degraded", "reason_of"]
-
-
-class BacklogFullError(RejectedError):
-    """A write-behind queue or a coalescer is full and refused the write:
-    ``BacklogFullError(name, reason, retry_after)`` (HTTP 503)."""
-
-    kind = "backlog_full"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ OUTCOMES = (
     "bulkhead_full",
     "overloaded",
     "degraded",
+    "backlog_full",
+    "duplicate_in_flight",
     "rejected",
 )
 """Every outcome label a meter can report (bounded on purpose)."""
