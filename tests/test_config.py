@@ -353,3 +353,61 @@ def test_cache_store_must_be_named(clock: FakeClock) -> None:
         clock=clock,
     )
     assert registry.get("a").cache is not None
+
+
+def test_set_limit_override_expires_and_survives_reload(clock: FakeClock) -> None:
+    doc = {"resources": {"api": {"rate_limit": {"rate": "2/s", "burst": 0}}}}
+    registry = Registry(doc, clock=clock)
+    api = registry.get("api")
+    api.call(int)
+    with pytest.raises(fw.RateLimitedError):
+        api.call(int)
+    registry.set_limit("api", "100/s", ttl=60, reason="partner raised our quota")
+    for _ in range(50):
+        api.call(int)
+    registry.reload(doc)  # a reload keeps the operator's limit
+    for _ in range(20):
+        api.call(int)
+    assert [(o.action, o.reason) for o in registry.overrides()] == [
+        ("set_limit", "partner raised our quota")
+    ]
+    clock.advance(60)
+    assert registry.overrides() == []
+    api.call(int)
+    with pytest.raises(fw.RateLimitedError):
+        api.call(int)  # back to 2/s
+    with pytest.raises(fw.ConfigError, match="no rate_limit"):
+        Registry({"resources": {"x": {}}}, clock=clock).set_limit("x", "1/s")
+
+
+def test_adaptive_and_idempotency_sections(clock: FakeClock) -> None:
+    doc = {
+        "resources": {
+            "search": {
+                "adaptive": {"algorithm": "aimd", "options": {"initial_limit": 5, "min_limit": 1}}
+            },
+            "pay": {"idempotency": {"ttl": "1h"}, "retry": {"attempts": 3, "idempotent": False}},
+        }
+    }
+    registry = Registry(doc, clock=clock)
+    search = registry.get("search")
+    assert search.adaptive is not None
+    assert search.adaptive.limit == 5
+    assert search.call(lambda: "ok") == "ok"
+    assert registry.snapshot()["search"]["adaptive"]["inflight"] == 0
+    pay = registry.get("pay")
+    assert [p.kind for p in pay.policies] == ["idempotency", "retry"]
+    runs: list[int] = []
+
+    def charge() -> int:
+        runs.append(1)
+        return len(runs)
+
+    with fw.idempotency_key("order-1"):
+        assert pay.call(charge) == 1
+        assert pay.call(charge) == 1  # answered from the record, not run again
+    assert runs == [1]
+    with pytest.raises(fw.ConfigError, match=r"resources\.search: adaptive\.options for aimd"):
+        registry.reload(
+            {"resources": {"search": {"adaptive": {"algorithm": "aimd", "options": {"nope": 1}}}}}
+        )

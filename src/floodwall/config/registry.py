@@ -26,10 +26,21 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
+from pydantic import ValidationError
+
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall.adaptive import (
+    AdaptiveLimiter,
+    AIMDLimit,
+    Gradient2Limit,
+    GradientLimit,
+    Limit,
+    VegasLimit,
+)
+from floodwall.adaptive.windowed import WindowedLimit
 from floodwall.backoff import (
     Backoff,
     DecorrelatedJitter,
@@ -45,6 +56,7 @@ from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
 from floodwall.bulkhead import Bulkhead
 from floodwall.config.schema import (
+    AdaptiveConfig,
     BackoffConfig,
     Document,
     RateLimitConfig,
@@ -54,6 +66,7 @@ from floodwall.config.schema import (
 from floodwall.degrade.cache import Cache
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
+from floodwall.idempotency import Idempotency
 from floodwall.observe.meter import Meter
 from floodwall.pipeline import Pipeline
 from floodwall.ratelimit import (
@@ -162,12 +175,42 @@ class Built:
     limiter: RateLimiter[Any] | None = None
     sampled: SampledDrop | None = None
     cache: Cache | None = None
+    adaptive: AdaptiveLimiter | None = None
 
     def replace(self, old: Policy, new: Policy, field: str) -> Built:
         """The same policies with ``old`` swapped for the live ``new`` (kept across reloads)."""
         policies = tuple(new if p is old else p for p in self.policies)
         changes: dict[str, Any] = {"policies": policies, field: new}
         return dataclasses.replace(self, **changes)
+
+
+_ALGORITHMS: dict[str, Callable[..., Limit]] = {
+    "aimd": AIMDLimit,
+    "vegas": VegasLimit,
+    "gradient": GradientLimit,
+    "gradient2": Gradient2Limit,
+}
+
+
+def build_adaptive(
+    name: str, config: AdaptiveConfig, clock: Clock, listeners: Listeners
+) -> AdaptiveLimiter:
+    """The adaptive concurrency limiter an ``adaptive:`` section describes."""
+    try:
+        algorithm: Limit = _ALGORITHMS[config.algorithm](**config.options)
+    except TypeError as exc:
+        raise ConfigError(f"adaptive.options for {config.algorithm}: {exc}") from None
+    if config.windowed:
+        algorithm = WindowedLimit(algorithm)
+    return AdaptiveLimiter(
+        algorithm,
+        name=f"{name}.adaptive",
+        partitions=config.partitions,
+        backlog_size=config.backlog_size,
+        backlog_timeout=config.backlog_timeout,
+        clock=clock,
+        listeners=listeners,
+    )
 
 
 def _no_store(name: str) -> Store:
@@ -186,7 +229,7 @@ def build(
     """Build the policies of one resource, in the order sampled_drop -> fallback -> cache ->
     circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout."""
     policies: list[Policy] = []
-    fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = None
+    fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
     if config.sampled_drop is not None:
         sampled = SampledDrop(
             config.sampled_drop.ratio,
@@ -235,6 +278,23 @@ def build(
     if config.rate_limit is not None:
         limiter = build_limiter(name, config.rate_limit, clock, listeners)
         policies.append(limiter)
+    if config.adaptive is not None:
+        adaptive = build_adaptive(name, config.adaptive, clock, listeners)
+        policies.append(adaptive)
+    if config.idempotency is not None:
+        ic = config.idempotency
+        policies.append(
+            Idempotency(
+                store(ic.store),
+                ttl=ic.ttl,
+                lock_ttl=ic.lock_ttl,
+                required=ic.required,
+                on_store_error=ic.on_store_error,
+                name=f"{name}.idempotency",
+                clock=clock,
+                listeners=listeners,
+            )
+        )
     if config.retry is not None:
         rc = config.retry
         retry = Retry(
@@ -262,7 +322,16 @@ def build(
         )
         policies.append(timeout)
     return Built(
-        tuple(policies), fallback, breaker, retry, timeout, bulkhead, limiter, sampled, cache
+        tuple(policies),
+        fallback,
+        breaker,
+        retry,
+        timeout,
+        bulkhead,
+        limiter,
+        sampled,
+        cache,
+        adaptive,
     )
 
 
@@ -274,6 +343,8 @@ class Override:
     action: str
     until: float | None
     reason: str
+    value: Any = None
+    """What the override sets (the rate-limit section of ``set_limit``)."""
 
 
 class Resource(Policy):
@@ -298,6 +369,7 @@ class Resource(Policy):
         self.limiter: RateLimiter[Any] | None = None
         self.sampled: SampledDrop | None = None
         self.cache: Cache | None = None
+        self.adaptive: AdaptiveLimiter | None = None
         self.policies: tuple[Policy, ...] = ()
         self.pipeline = Pipeline(name=name)
         self.meter: Meter | None = Meter() if registry.metrics else None
@@ -504,6 +576,7 @@ class Registry:
         resource.limiter = built.limiter
         resource.sampled = built.sampled
         resource.cache = built.cache
+        resource.adaptive = built.adaptive
         resource.policies = built.policies
         resource.pipeline = Pipeline(*built.policies, name=resource.name)
 
@@ -536,6 +609,14 @@ class Registry:
             for name in set(self._resources) - set(fresh.resources):
                 self._resources.pop(name).removed = True
             self.document = fresh
+            for override in self._overrides.values():
+                held = self._resources.get(override.target)
+                if (
+                    override.action == "set_limit"
+                    and held is not None
+                    and held.config.rate_limit is not None
+                ):
+                    self._apply_limit(held, override.value)  # operators outrank reloads
         self._emit("config_applied", f"{source}: {len(fresh.resources)} resource(s)")
 
     def _check_buildable(self, document: Document) -> None:
@@ -582,6 +663,40 @@ class Registry:
         getattr(breaker, action)(text + (f" for {ttl:g}s" if ttl else ""))
         self._set_override(Override(name, action, self._until(ttl), text))
 
+    def set_limit(
+        self,
+        name: str,
+        rate: str | float,
+        *,
+        burst: int | None = None,
+        ttl: float | None = None,
+        reason: str = "",
+    ) -> None:
+        """Change ``name``'s rate limit live (e.g. ``"50/s"``) until :meth:`clear` or ``ttl``.
+
+        The configured limit comes back when the override ends; a reload in the meantime keeps
+        the override in force.
+        """
+        resource = self.get(name)
+        current = resource.config.rate_limit
+        if current is None:
+            raise ConfigError(f"resources.{name} has no rate_limit to change")
+        try:
+            section = RateLimitConfig.model_validate(
+                {**current.model_dump(), "rate": rate, "burst": burst}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"set_limit({name!r}): {exc.errors()[0]['msg']}") from None
+        text = reason or f"rate limit set to {rate} by operator"
+        until = self._until(ttl)
+        with self._lock:
+            self._apply_limit(resource, section)
+        self._set_override(Override(name, "set_limit", until, text, section))
+
+    def _apply_limit(self, resource: Resource, section: RateLimitConfig) -> None:
+        config = resource.config.model_copy(update={"rate_limit": section})
+        self._build(resource, config)
+
     def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
         """Shed dependency level ``level`` (2 or 3): its calls answer from their fallback."""
         if level not in (2, 3):
@@ -617,6 +732,13 @@ class Registry:
         self._attention = bool(self._shed_levels) or self._next_expiry != float("inf")
 
     def _end(self, override: Override) -> None:
+        if override.action == "set_limit":
+            resource = self._resources.get(override.target)
+            configured = self.document.resources.get(override.target)
+            if resource is not None and configured is not None:
+                self._build(resource, configured)
+            self._emit("override_ended", f"{override.target}: {override.action}")
+            return
         if override.action == "shed":
             level = int(override.target.split(":")[1])
             self._shed_levels = self._shed_levels - {level}
@@ -680,6 +802,11 @@ class Registry:
                 }
             if resource.limiter is not None:
                 entry["rate_limit"] = {"rejected": resource.limiter.rejected}
+            if resource.adaptive is not None:
+                entry["adaptive"] = {
+                    "limit": resource.adaptive.limit,
+                    "inflight": resource.adaptive.inflight,
+                }
             if resource.retry is not None:
                 entry["retry"] = {
                     "calls": resource.retry.calls,

@@ -40,6 +40,7 @@ from floodwall._core import defaults
 from floodwall.config.units import Duration
 
 __all__ = [
+    "AdaptiveConfig",
     "BackoffConfig",
     "BudgetConfig",
     "BulkheadConfig",
@@ -47,6 +48,7 @@ __all__ = [
     "CircuitBreakerConfig",
     "Document",
     "FallbackConfig",
+    "IdempotencyConfig",
     "RateLimitConfig",
     "ResourceConfig",
     "RetryConfig",
@@ -162,6 +164,33 @@ class RateLimitConfig(_Model):
     store: str = "default"
 
 
+class AdaptiveConfig(_Model):
+    """An adaptive concurrency limit (``floodwall.adaptive``): no hand-set threshold.
+
+    ``options`` are the algorithm's keywords, named like the Java builders of Netflix's
+    concurrency-limits in snake_case (``initial_limit``, ``min_limit``, ``max_limit``,
+    ``backoff_ratio``, ``smoothing``, ``long_window``, …), times in seconds; they are checked by
+    the algorithm itself. ``windowed`` aggregates samples first (min 1 s, >= 10 samples).
+    """
+
+    algorithm: Literal["aimd", "vegas", "gradient", "gradient2"] = "gradient2"
+    options: dict[str, float | int] = Field(default_factory=dict)
+    windowed: bool = False
+    partitions: dict[str, float] | None = None
+    backlog_size: int = Field(0, ge=0)
+    backlog_timeout: Duration = defaults.LIFO_BACKLOG_TIMEOUT
+
+
+class IdempotencyConfig(_Model):
+    """Idempotency records for writes (``floodwall.Idempotency``) on a named store."""
+
+    store: str = "default"
+    ttl: Duration = defaults.IDEMPOTENCY_TTL
+    lock_ttl: Duration = defaults.IDEMPOTENCY_LOCK_TTL
+    required: bool = False
+    on_store_error: Literal["fail_open", "fail_closed", "local"] = "fail_closed"
+
+
 class CacheConfig(_Model):
     """A read cache in front of the call, serving the last good value when it fails."""
 
@@ -191,6 +220,8 @@ class ResourceConfig(_Model):
     circuit_breaker: CircuitBreakerConfig | None = None
     bulkhead: BulkheadConfig | None = None
     rate_limit: RateLimitConfig | None = None
+    adaptive: AdaptiveConfig | None = None
+    idempotency: IdempotencyConfig | None = None
     fallback: FallbackConfig | None = None
 
     @field_validator("timeout", mode="before")

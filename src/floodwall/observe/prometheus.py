@@ -21,6 +21,8 @@ request path pays nothing extra for it. Names are stable; labels are bounded (``
     floodwall_bulkhead_queued{resource}                 gauge
     floodwall_bulkhead_rejected_total{resource}         counter
     floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected)
+    floodwall_adaptive_limit{resource}                  gauge
+    floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1
 
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
@@ -186,7 +188,21 @@ class FloodwallCollector(Collector):
                 admitted = sum(counts.values()) - before - rejected
                 decisions.add_metric([resource.name, "admitted"], admitted)
                 decisions.add_metric([resource.name, "rejected"], rejected)
-        yield from (in_flight, queued, full, decisions)
+        limit = GaugeMetricFamily(
+            "floodwall_adaptive_limit",
+            "Current concurrency limit of a resource's adaptive limiter.",
+            labels=["resource"],
+        )
+        inflight = GaugeMetricFamily(
+            "floodwall_adaptive_inflight",
+            "Calls holding a token of a resource's adaptive limiter.",
+            labels=["resource"],
+        )
+        for resource in resources:
+            if resource.adaptive is not None:
+                limit.add_metric([resource.name], resource.adaptive.limit)
+                inflight.add_metric([resource.name], resource.adaptive.inflight)
+        yield from (in_flight, queued, full, decisions, limit, inflight)
 
     def _others(self, resources: list[Any]) -> Iterator[Metric]:
         timeouts = CounterMetricFamily(
