@@ -3,8 +3,8 @@
 ``Registry(document)`` builds one :class:`Resource` per entry of ``resources``. A resource is a
 policy (``call``/``call_async``/decorator) whose pipeline, built in the fixed order
 
-    sampled_drop -> fallback -> cache -> circuit_breaker -> bulkhead -> rate_limit -> retry
-    -> timeout -> call
+    sampled_drop -> fallback -> cache -> circuit_breaker -> bulkhead -> rate_limit -> adaptive
+    -> idempotency -> retry -> timeout -> call
 
 can be swapped by :meth:`Registry.reload` while callers hold on to it: decorated functions and
 stored handles follow reloads. A reload is validated first; an invalid document raises
@@ -227,7 +227,7 @@ def build(
     store: Callable[[str], Store] = _no_store,
 ) -> Built:
     """Build the policies of one resource, in the order sampled_drop -> fallback -> cache ->
-    circuit_breaker -> bulkhead -> rate_limit -> retry -> timeout."""
+    circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout."""
     policies: list[Policy] = []
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
     if config.sampled_drop is not None:
