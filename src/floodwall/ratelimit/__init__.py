@@ -1,4 +1,4 @@
-"""Local rate limiting: the algorithm family behind one interface, keyed or not.
+"""Rate limiting: the algorithm family behind one interface, keyed or not, local or global.
 
 Every limiter answers ``acquire(key=None, cost=1)`` with a :class:`Decision` (``allowed``,
 ``remaining``, ``reset_after``, ``retry_after``, ``limit``), ``try_acquire`` with a bool,
@@ -18,19 +18,26 @@ per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time 
 :class:`WarmUp`           ramps from ``rate / 3`` to ``rate`` over a warm-up period
 :class:`Multi`            several limiters on one key (``10/s`` and ``1000/h``)
 :class:`Keyed`            one state per key, bounded memory, idle keys evicted
+:class:`GlobalLimiter`    one limit across processes on a store (Redis, Cluster, SQL), batched
+:class:`LeasedLimiter`    permits taken from the store in small leases and spent locally
+:class:`TimeSliceLimiter` counts locally, syncs per slice, drops with an elected drop rate
 ========================  ===================================================================
 
-See ``docs/rate-limiting.md`` for each algorithm's promise, defaults and measured cost.
+See ``docs/rate-limiting.md`` (local) and ``docs/distributed.md`` (global) for each
+algorithm's promise, defaults and measured cost.
 """
 
 from floodwall.ratelimit._base import Decision, Rate, RateLike, RateLimiter, parse_rate
 from floodwall.ratelimit.fixed import FixedWindow
 from floodwall.ratelimit.gcra import GCRA
+from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.ratelimit.keyed import Keyed
 from floodwall.ratelimit.leaky import LeakyBucket
+from floodwall.ratelimit.leasing import LeasedLimiter
 from floodwall.ratelimit.multi import Multi
 from floodwall.ratelimit.sliding import SlidingLog, SlidingWindowCounter
+from floodwall.ratelimit.timeslice import TimeSliceLimiter
 from floodwall.ratelimit.token import TokenBucket
 from floodwall.ratelimit.warmup import WarmUp
 
@@ -38,14 +45,17 @@ __all__ = [
     "GCRA",
     "Decision",
     "FixedWindow",
+    "GlobalLimiter",
     "Keyed",
     "LeakyBucket",
+    "LeasedLimiter",
     "Multi",
     "Rate",
     "RateLike",
     "RateLimiter",
     "SlidingLog",
     "SlidingWindowCounter",
+    "TimeSliceLimiter",
     "TokenBucket",
     "WarmUp",
     "parse_rate",

@@ -1,0 +1,103 @@
+"""Coalescing: concurrent async requests for one key share one store round trip.
+
+A *lane* per key: the first request finds the lane free and sends itself at once (a lone caller
+pays no extra latency, no task, no hop through the event loop); requests arriving while a send is
+in flight queue up, and when it returns they go together, in arrival order, as the next batch: one
+op, one round trip (``EVALSHA`` with the whole batch on Redis, one transaction on SQL). The next
+batch is formed one event-loop turn after the previous one returns, so the callers it just woke
+have queued their next requests by then: N tasks deciding in a loop settle into batches of N.
+
+Batches per key are sequential (a key's lane has one send in flight); different keys' lanes run
+concurrently. A batch holds at most ``max_batch`` requests; the rest wait for the next one.
+
+A waiter that is cancelled before its batch is sent is left out of it; after, its answer (and any
+permit it took) is dropped. If a send raises, every request of the batch gets the exception.
+One :class:`Coalescer` serves one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Coalescer"]
+
+Q = TypeVar("Q")
+A = TypeVar("A")
+
+
+class _Lane(Generic[Q, A]):
+    """A key with a send in flight, and the requests waiting for the next one."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[Q, asyncio.Future[A]]] = []
+
+
+class Coalescer(Generic[Q, A]):
+    """Sends ``send(key, requests) -> answers`` (one answer per request, in order) per lane."""
+
+    def __init__(self, send: Callable[[str, list[Q]], Awaitable[list[A]]], max_batch: int) -> None:
+        self._send = send
+        self.max_batch = max_batch
+        self._lanes: dict[str, _Lane[Q, A]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        """Sends made (a lone request counts as a batch of one)."""
+
+    async def submit(self, key: str, request: Q) -> A:
+        """The answer to ``request``, sent alone or with the requests that queue meanwhile."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane()
+            self.batches += 1
+            try:
+                return (await self._send(key, [request]))[0]
+            finally:
+                self._next(key, lane)
+        future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
+        lane.queue.append((request, future))
+        return await future
+
+    def _next(self, key: str, lane: _Lane[Q, A]) -> None:
+        """Send the lane's queue as the next batch, or free the lane when nobody waits."""
+        queue = lane.queue
+        if queue:
+            queue = [item for item in queue if not item[1].done()]
+        if not queue:
+            del self._lanes[key]
+            return
+        batch, lane.queue = queue[: self.max_batch], queue[self.max_batch :]
+        self.batches += 1
+        task = asyncio.get_running_loop().create_task(self._run(key, lane, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self, key: str, lane: _Lane[Q, A], batch: list[tuple[Q, asyncio.Future[A]]]
+    ) -> None:
+        try:
+            answers = await self._send(key, [request for request, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        future.cancel()
+                    else:
+                        future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for (_, future), answer in zip(batch, answers, strict=True):
+                if not future.done():
+                    future.set_result(answer)
+        finally:
+            # one loop turn later: the callers just woken queue their next requests first
+            asyncio.get_running_loop().call_soon(self._next, key, lane)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued behind a send in flight."""
+        return sum(len(lane.queue) for lane in self._lanes.values())

@@ -1,0 +1,423 @@
+"""Global rate limits: one limit shared by every process, kept in a store.
+
+``GlobalLimiter("gcra", "100/s", burst=10, store="redis://…")`` is the in-memory
+:class:`~floodwall.ratelimit.GCRA` with its state in Redis (or Redis Cluster, PostgreSQL,
+SQLite, memory): every process asking the same store for the same ``name`` and key shares one
+limit. The four algorithms are those of :mod:`floodwall.ratelimit`, with the same promises and
+the same :class:`~floodwall.ratelimit.Decision`:
+
+======================================  ========================================================
+``"fixed_window"`` (``"fixed"``)        ``count`` per window opened by the first request
+``"sliding_window_counter"``            the weighted two-window estimate, grid-aligned
+``"token_bucket"`` (``"token"``)        ``capacity = 1 + burst`` tokens refilled at ``rate``
+``"gcra"``                              the token bucket as one timestamp
+======================================  ========================================================
+
+**One round trip per decision**, atomic on the store (a Lua script called by SHA on Redis; one
+transaction on SQL), timed by the store's clock alone (Redis ``TIME``, in whole microseconds):
+the ops are in :mod:`floodwall.ratelimit._global_ops`. Keys are ``<prefix>{rl:<name>[:<key>]}``
+(one hash tag, so Redis Cluster works) and expire once their state is fresh again.
+
+**Batching** (async): concurrent ``acquire_async`` calls on one key are coalesced, the requests
+that arrive while one round trip is in flight going together in the next one (one ``EVALSHA``
+deciding the whole batch, in arrival order): N concurrent callers cost about one round trip per N
+decisions. A lone caller is sent at once. ``batch=False`` sends every request on its own.
+
+**When the store is down** (``on_store_error``, through a
+:class:`~floodwall.stores.StoreGuard`): ``"local"`` (default) keeps limiting in this process at
+the limit ÷ ``expected_instances`` (the same algorithm on an in-process store), so the fleet
+stays near its limit; ``"fail_open"`` admits; ``"fail_closed"`` refuses (``retry_after`` = until
+the store is probed again). A breaker makes an outage cost a few fast failures, not a timeout
+per request, and the limiter returns to the store by itself when it answers; events
+``store_down`` / ``store_up`` go to the listeners and ``limiter.guard.snapshot()`` has the
+counters. No store error ever reaches the caller.
+
+As a :class:`~floodwall.Policy` (``call``, ``call_async``, decorator) a refused call raises
+:class:`~floodwall.RateLimitedError` with ``retry_after``; ``max_wait`` > 0 waits instead (at
+most that long, never past the ambient deadline) and retries after ``retry_after``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.policy import Policy
+from floodwall.breaker import CircuitBreaker
+from floodwall.context import _DEADLINE
+from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, _new, parse_rate
+from floodwall.ratelimit._coalesce import Coalescer
+from floodwall.ratelimit._global_ops import _SMALL, RESET, Plan, Verdict, decision, encode, plan
+from floodwall.stores import resolve
+from floodwall.stores.base import Arg, Store
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+
+__all__ = ["GlobalLimiter"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Pair = tuple[int, int]
+"""A request as the ops take it: ``(cost_min, cost_max)``."""
+
+
+def _count(name: str, value: int, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _cost(cost: int) -> int:
+    if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
+        raise ValueError(f"cost must be an integer >= 0 for a global limit, got {cost!r}")
+    return cost
+
+
+def local_share(algorithm: str, rate: Rate, burst: int | None, instances: int) -> Plan:
+    """The plan for one process's share of a limit: count and capacity ÷ ``instances`` (at
+    least 1), the same period."""
+    full = plan(algorithm, rate, burst, None)
+    if instances == 1:
+        return full
+    share = Rate(max(1, rate.count // instances), rate.period)
+    if full.algorithm in {"token_bucket", "gcra"}:
+        return plan(algorithm, share, max(1, full.limit // instances) - 1, None)
+    return plan(algorithm, share, None, None)
+
+
+class GlobalLimiter(Policy):
+    """A rate limit shared through a store (see the module docstring).
+
+    ``algorithm``: ``"gcra"``, ``"token_bucket"``, ``"sliding_window_counter"`` or
+    ``"fixed_window"``. ``rate``: ``"100/s"``, ``"5/h"``, a :class:`Rate` or permits per second.
+    ``burst`` (token bucket, GCRA): permits beyond one at a time, default ``count - 1``.
+    ``initial`` (token bucket): a new key's tokens, default a full bucket. ``store``: a
+    :class:`~floodwall.stores.Store` or its URL (``prefix`` then goes to
+    :func:`~floodwall.stores.connect`). ``key``: a function of the protected call's arguments
+    giving the key, for use as a policy. ``expected_instances``: processes sharing the limit,
+    for the ``"local"`` fallback.
+    """
+
+    kind = "rate_limiter"
+
+    def __init__(
+        self,
+        algorithm: str,
+        rate: RateLike,
+        *,
+        burst: int | None = None,
+        initial: float | None = None,
+        store: Store | str | None = None,
+        prefix: str | None = None,
+        name: str = "global",
+        key: Callable[..., Hashable] | None = None,
+        on_store_error: StoreErrorMode = "local",
+        expected_instances: int = 1,
+        breaker: CircuitBreaker | None = None,
+        max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
+        batch: bool = True,
+        max_batch: int = defaults.GLOBAL_MAX_BATCH,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.rate = parse_rate(rate)
+        if burst is not None:
+            _count("burst", burst, 0)
+        self.plan = plan(algorithm, self.rate, burst, initial)
+        self.algorithm = self.plan.algorithm
+        self.burst = burst
+        self.limit = self.plan.limit
+        """The quota reported as ``RateLimit-Limit`` (``count``; ``1 + burst`` for buckets)."""
+        self.window = self.plan.window
+        self.expected_instances = _count("expected_instances", expected_instances, 1)
+        self.local_plan = local_share(algorithm, self.rate, burst, expected_instances)
+        if key is not None and not callable(key):
+            raise ConfigError(f"key must be a callable of the call's arguments, got {key!r}")
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or max_wait < 0:
+            raise ConfigError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
+        self.max_batch = _count("max_batch", max_batch, 1)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.key = key
+        self.max_wait = float(max_wait)
+        self.batch = bool(batch)
+        self.clock = clock
+        self.listeners = Listeners(listeners)
+        self._owns_store = isinstance(store, str)
+        if prefix is not None and not isinstance(store, str):
+            raise ConfigError(
+                "prefix applies when store is a URL; set it on the Store itself otherwise"
+            )
+        self.store = resolve(store) if prefix is None else resolve(store, prefix=prefix)
+        self.guard = StoreGuard(
+            self.store,
+            on_store_error=check_mode(on_store_error),
+            name=name,
+            breaker=breaker,
+            clock=clock,
+            listeners=self.listeners,
+        )
+        self._base = f"rl:{name}"
+        self._op = self.plan.op
+        self._params: list[Arg] = list(self.plan.params)
+        self._local_params: list[Arg] | None = (
+            list(self.local_plan.params) if self.guard.mode == "local" else None
+        )
+        self._coalescers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, Coalescer[Pair, Verdict]
+        ] = weakref.WeakKeyDictionary()
+        self._rejections = itertools.count()
+        self._reason = f"{self.describe()} exceeded"
+
+    # -- the decision core ----------------------------------------------------------------
+
+    def _full(self, key: Hashable) -> str:
+        return self._base if key is None else f"{self._base}:{key}"
+
+    def _args(self, pairs: list[Pair]) -> tuple[list[Arg], list[Arg] | None]:
+        flat: list[Arg] = [encode(x) for pair in pairs for x in pair]
+        local = self._local_params
+        return self._params + flat, None if local is None else local + flat
+
+    def _verdicts(self, guarded: Guarded[Any], pairs: list[Pair]) -> list[Verdict]:
+        """The store's verdicts, or the ``on_store_error`` mode's when it did not answer."""
+        down = guarded.down
+        if down is None or down.mode == "local":
+            value = guarded.value
+            assert value is not None
+            verdicts: list[Verdict] = value[1]
+            return verdicts
+        if down.mode == "fail_open":
+            return [(True, cmin, self.limit, 0, 0) for cmin, _ in pairs]
+        error = down.error
+        retry = error.retry_after if isinstance(error, CircuitOpenError) else None
+        retry_us = round(1_000_000 * (defaults.STORE_BREAKER_OPEN if retry is None else retry))
+        return [(False, 0, 0, retry_us, retry_us) for _ in pairs]
+
+    def _take(self, key: str, cmin: int, cmax: int) -> Verdict:
+        """One request on the store (sync): admitted with at least ``cmin``, at most ``cmax``."""
+        low, high = encode(cmin), encode(cmax)
+        local = self._local_params
+        if local is not None:
+            local = [*local, low, high]
+        guarded = self.guard.apply(self._op, key, [*self._params, low, high], local)
+        if guarded.down is None:
+            verdict: Verdict = guarded.value[1][0]  # type: ignore[index]
+            return verdict
+        return self._verdicts(guarded, [(cmin, cmax)])[0]
+
+    async def _send(self, key: str, pairs: list[Pair]) -> list[Verdict]:
+        args, local = self._args(pairs)
+        guarded = await self.guard.apply_async(self.plan.op, key, args, local)
+        return self._verdicts(guarded, pairs)
+
+    async def _take_async(self, key: str, cmin: int, cmax: int) -> Verdict:
+        """:meth:`_take` for async callers, coalesced with concurrent requests on ``key``."""
+        if not self.batch:
+            return (await self._send(key, [(cmin, cmax)]))[0]
+        loop = asyncio.get_running_loop()
+        coalescer = self._coalescers.get(loop)
+        if coalescer is None:
+            coalescer = self._coalescers[loop] = Coalescer(self._send, self.max_batch)
+        return await coalescer.submit(key, (cmin, cmax))
+
+    def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+        return None if self.key is None else self.key(*args, **kwargs)
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Take ``cost`` permits of ``key``'s global limit now if possible; never raises a
+        store error (``on_store_error`` decides when the store is down)."""
+        # the hot path, one round trip: _take inlined (each Python call costs ~1 % here)
+        if type(cost) is not int or not 0 <= cost < 1024:
+            _cost(cost)
+            c = encode(cost)
+        else:
+            c = _SMALL[cost]
+        local = self._local_params
+        guarded = self.guard.apply(
+            self._op,
+            self._base if key is None else f"{self._base}:{key}",
+            [*self._params, c, c],
+            None if local is None else [*local, c, c],
+        )
+        if guarded.down is None:
+            allowed, _, remaining, reset_us, retry_us = guarded.value[1][0]  # type: ignore[index]
+        else:
+            allowed, _, remaining, reset_us, retry_us = self._verdicts(guarded, [(cost, cost)])[0]
+        if allowed:
+            return _new(Decision, (True, remaining, reset_us / 1_000_000, 0.0, self.limit))
+        retry = INF if retry_us < 0 else retry_us / 1_000_000
+        result = _new(Decision, (False, remaining, reset_us / 1_000_000, retry, self.limit))
+        self._rejected(key, cost, result)
+        return result
+
+    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """:meth:`acquire` for async callers (coalesced with concurrent ones, see above)."""
+        c = _cost(cost)
+        result = decision(await self._take_async(self._full(key), c, c), self.limit)
+        if not result[0]:
+            self._rejected(key, c, result)
+        return result
+
+    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
+        """Whether ``cost`` permits were taken now."""
+        return self.acquire(key, cost)[0]
+
+    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
+        """:meth:`try_acquire` for async callers."""
+        return (await self.acquire_async(key, cost))[0]
+
+    def _until(self, max_wait: float | None) -> float:
+        bound = self.max_wait if max_wait is None else max_wait
+        if not bound >= 0:
+            raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait!r}")
+        outer = _DEADLINE.get()
+        if outer is not None:
+            bound = min(bound, outer.remaining())
+        return self.clock.monotonic() + bound
+
+    def _pause(self, result: Decision, until: float) -> float:
+        """Seconds to sleep before asking again, or -1 when the wait would overrun ``until``."""
+        retry = result[3]
+        if retry == INF or self.clock.monotonic() + retry > until:
+            return -1.0
+        return max(retry, _MIN_SLEEP)
+
+    def wait(
+        self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """Take ``cost`` permits, sleeping ``retry_after`` between tries, for at most
+        ``max_wait`` seconds (default: the limiter's) and never past the ambient deadline."""
+        c = _cost(cost)
+        until = self._until(max_wait)
+        full = self._full(key)
+        while True:
+            result = decision(self._take(full, c, c), self.limit)
+            if result[0]:
+                return result
+            pause = self._pause(result, until)
+            if pause < 0:
+                self._rejected(key, c, result)
+                return result
+            self.clock.sleep(pause)
+
+    async def wait_async(
+        self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """:meth:`wait` for async callers."""
+        c = _cost(cost)
+        until = self._until(max_wait)
+        full = self._full(key)
+        while True:
+            result = decision(await self._take_async(full, c, c), self.limit)
+            if result[0]:
+                return result
+            pause = self._pause(result, until)
+            if pause < 0:
+                self._rejected(key, c, result)
+                return result
+            await self.clock.async_sleep(pause)
+
+    def reset(self, key: Hashable = None) -> None:
+        """Forget what ``key`` consumed, on the store (operator action)."""
+        self.guard.apply(RESET, self._full(key))
+
+    async def reset_async(self, key: Hashable = None) -> None:
+        """:meth:`reset` for async callers."""
+        await self.guard.apply_async(RESET, self._full(key))
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        key = self._key_of(args, kwargs)
+        if self.max_wait == 0 and _DEADLINE.get() is None:
+            result = self.acquire(key)
+        else:
+            result = self.wait(key)
+        if not result[0]:
+            raise self._error(result)
+        return fn(*args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        key = self._key_of(args, kwargs)
+        if self.max_wait == 0 and _DEADLINE.get() is None:
+            result = await self.acquire_async(key)
+        else:
+            result = await self.wait_async(key)
+        if not result[0]:
+            raise self._error(result)
+        return await fn(*args, **kwargs)
+
+    # -- rejections and observers -----------------------------------------------------------
+
+    def _rejected(self, key: Hashable, cost: int, result: Decision) -> None:
+        next(self._rejections)
+        if self.listeners:
+            self.listeners.emit(
+                Event(
+                    kind="rejected",
+                    source=self.kind,
+                    name=self.name,
+                    time=self.clock.monotonic(),
+                    reason=self._why(),
+                    figures={
+                        "key": key,
+                        "cost": cost,
+                        "limit": result[4],
+                        "remaining": result[1],
+                        "retry_after": result[3],
+                        "store": self.guard.state,
+                    },
+                )
+            )
+
+    def _why(self) -> str:
+        if self.guard.mode == "fail_closed" and self.guard.state == "down":
+            return f"{self.describe()}: the store is unavailable and on_store_error='fail_closed'"
+        return self._reason
+
+    def _error(self, result: Decision) -> RateLimitedError:
+        retry = result[3]
+        return RateLimitedError(self.name, self._why(), None if retry == INF else retry)
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused since the limiter was built."""
+        return int(repr(self._rejections)[6:-1])
+
+    @property
+    def batches(self) -> int:
+        """Round trips made by the async shell's coalescers (in live event loops)."""
+        return sum(c.batches for c in self._coalescers.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for metrics: ``rejected``, and the store guard's (``state``, ``outages``,
+        ``recoveries``, ``failures``, ``short_circuits``, ``degraded``)."""
+        return {"rejected": self.rejected, **self.guard.snapshot()}
+
+    def describe(self) -> str:
+        burst = f", burst={self.limit - 1}" if self.algorithm in {"token_bucket", "gcra"} else ""
+        return (
+            f"GlobalLimiter({self.name!r}, {self.algorithm}, {self.rate}{burst}, "
+            f"store={self.store.url}, on_store_error={self.guard.mode})"
+        )
+
+    def close(self) -> None:
+        """Close the store's sync connections when the limiter made the store (from a URL)."""
+        if self._owns_store:
+            self.store.close()
+
+    async def aclose(self) -> None:
+        """Close the store's connections in this event loop when the limiter made the store."""
+        if self._owns_store:
+            await self.store.aclose()

@@ -1,0 +1,329 @@
+"""Token leasing: take a small batch of permits from a global limit, spend them locally.
+
+``LeasedLimiter("gcra", "5000/s", store="redis://…", expected_instances=4)`` asks the store for
+up to ``lease`` permits at a time (one round trip, the same ops as
+:class:`~floodwall.ratelimit.GlobalLimiter`, which grant ``min(lease, available)``) and admits
+the next requests from that local pool, with no network at all, until it is spent or
+``lease_ttl`` seconds old (unused permits are then dropped, never returned). At ``lease`` permits
+per round trip, a busy process makes ``lease`` times fewer round trips.
+
+**Bounds.** Leased permits are taken from the global limit when leased and spent up to
+``lease_ttl`` later, so, with ``n`` processes sharing the limit and ``bound(t)`` the algorithm's
+own bound over ``t`` seconds (GCRA and token bucket: ``capacity + rate × t``):
+
+* over-admission: in any interval of ``t`` seconds the fleet admits at most
+  ``bound(t) + n × (lease - 1)`` (at most ``lease - 1`` unspent permits per process and key when
+  the interval starts), and at most ``bound(t + lease_ttl)``;
+* under-admission: permits leased and not spent within ``lease_ttl`` are lost, at most
+  ``n × (lease - 1)`` per ``lease_ttl``.
+
+The default ``lease`` is ``limit ÷ (10 × expected_instances)``, at most 100, so the fleet's
+unspent leases, hence its over-admission, stay within 10 % of the limit. A refusal is cached
+until its ``retry_after`` for requests of that cost or more (no round trip per refused request
+while the limit is exhausted).
+
+Lease requests do not pile up: async callers make one per key at a time (the others await it,
+then spend from the refilled pool), threads one per limiter at a time (a thread that finds the
+pool empty waits for the lease in flight, then re-checks the pool). A request costing more than
+what is left in the pool leases the difference. When the store is down, ``on_store_error``
+applies to each lease request (``"local"``: leases come from this process's share).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+from floodwall._core import defaults
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, RateLimitedError
+from floodwall._core.events import EventListener
+from floodwall._core.policy import Policy
+from floodwall.breaker import CircuitBreaker
+from floodwall.ratelimit._base import INF, Decision, RateLike, _new
+from floodwall.ratelimit._global_ops import Verdict, decision
+from floodwall.ratelimit.global_limit import GlobalLimiter, _cost
+from floodwall.stores.base import Store
+from floodwall.stores.guard import StoreErrorMode, StoreGuard
+
+__all__ = ["LeasedLimiter"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_SWEEP_EVERY = 1024
+"""Decisions between sweeps of expired pools (amortised O(1))."""
+
+
+class _Pool:
+    """One key's leased permits: ``permits`` usable until ``expires``; refusals cached until
+    ``refused_until``; the store's figures at the last lease (``remaining``, ``reset_at``)."""
+
+    __slots__ = ("expires", "permits", "refused_cost", "refused_until", "remaining", "reset_at")
+
+    def __init__(self) -> None:
+        self.permits = 0
+        self.expires = -INF
+        self.refused_until = -INF
+        self.refused_cost = 0
+        self.remaining = 0
+        self.reset_at = -INF
+
+
+class LeasedLimiter(Policy):
+    """A :class:`~floodwall.ratelimit.GlobalLimiter` whose permits are leased in batches and
+    spent locally (see the module docstring). Options are the global limiter's, plus ``lease``
+    (permits per lease) and ``lease_ttl`` (seconds a lease stays usable)."""
+
+    kind = "rate_limiter"
+
+    def __init__(
+        self,
+        algorithm: str,
+        rate: RateLike,
+        *,
+        burst: int | None = None,
+        store: Store | str | None = None,
+        prefix: str | None = None,
+        name: str = "leased",
+        key: Callable[..., Hashable] | None = None,
+        lease: int | None = None,
+        lease_ttl: float = defaults.LEASE_TTL,
+        on_store_error: StoreErrorMode = "local",
+        expected_instances: int = 1,
+        breaker: CircuitBreaker | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.source = GlobalLimiter(
+            algorithm,
+            rate,
+            burst=burst,
+            store=store,
+            prefix=prefix,
+            name=name,
+            on_store_error=on_store_error,
+            expected_instances=expected_instances,
+            breaker=breaker,
+            clock=clock,
+            listeners=listeners,
+        )
+        """The global limiter leases come from (its ``guard`` has the store's state)."""
+        self.name = name
+        self.key = key
+        self.limit = self.source.limit
+        self.window = self.source.window
+        self.listeners = self.source.listeners
+        self.clock = clock
+        if lease is None:
+            share = defaults.LEASE_SHARE * expected_instances
+            lease = max(1, min(defaults.LEASE_MAX, self.limit // share))
+        if not isinstance(lease, int) or isinstance(lease, bool) or lease < 1:
+            raise ConfigError(f"lease must be an integer >= 1 permits, got {lease!r}")
+        if isinstance(lease_ttl, bool) or not 0 < lease_ttl < INF:
+            raise ConfigError(
+                f"lease_ttl must be a finite number of seconds > 0, got {lease_ttl!r}"
+            )
+        self.lease = lease
+        self.lease_ttl = float(lease_ttl)
+        self.leases = 0
+        """Lease requests sent to the store (round trips)."""
+        self.local_decisions = 0
+        """Requests answered from a local pool (no round trip)."""
+        self._pools: dict[str, _Pool] = {}
+        self._lock = threading.Lock()
+        self._fetching = threading.Lock()
+        self._inflight: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, asyncio.Event]
+        ] = weakref.WeakKeyDictionary()
+        self._decisions = 0
+
+    # -- the decision core (lock held, no I/O) ----------------------------------------------
+
+    def _local(self, full: str, cost: int, now: float) -> Decision | None:
+        """Admit from ``full``'s pool, or refuse from its cached refusal; ``None``: lease."""
+        self._decisions += 1
+        if self._decisions % _SWEEP_EVERY == 0:
+            self._sweep(now)
+        pool = self._pools.get(full)
+        if pool is None:
+            return None
+        if pool.expires <= now:
+            pool.permits = 0
+        if pool.permits >= cost:
+            pool.permits -= cost
+            self.local_decisions += 1
+            return self._granted(pool, now)
+        if pool.refused_until > now and cost >= pool.refused_cost:
+            self.local_decisions += 1
+            wait = pool.refused_until - now
+            return _new(Decision, (False, 0, max(0.0, pool.reset_at - now), wait, self.limit))
+        return None
+
+    def _granted(self, pool: _Pool, now: float) -> Decision:
+        remaining = pool.permits + pool.remaining
+        return _new(Decision, (True, remaining, max(0.0, pool.reset_at - now), 0.0, self.limit))
+
+    def _need(self, full: str, cost: int, now: float) -> tuple[int, int]:
+        """``(cost_min, cost_max)`` to lease for ``cost``: what the live pool lacks, topped up
+        to a whole lease."""
+        pool = self._pools.get(full)
+        have = pool.permits if pool is not None and pool.expires > now else 0
+        return cost - have, max(cost, self.lease) - have
+
+    def _leased(self, full: str, cost: int, verdict: Verdict, now: float) -> Decision:
+        """Fold a lease's verdict into ``full``'s pool; the decision for the request."""
+        self.leases += 1
+        pool = self._pools.get(full)
+        if pool is None:
+            pool = self._pools[full] = _Pool()
+        if pool.expires <= now:
+            pool.permits = 0
+        result = decision(verdict, self.limit)
+        pool.remaining = result[1]
+        pool.reset_at = now + result[2]
+        if not result[0]:
+            pool.refused_until = now + result[3]
+            pool.refused_cost = cost
+            return result
+        pool.refused_until = -INF
+        pool.permits += verdict[1] - cost
+        pool.expires = now + self.lease_ttl
+        return self._granted(pool, now)
+
+    def _sweep(self, now: float) -> None:
+        dead = [k for k, p in self._pools.items() if p.expires <= now and p.refused_until <= now]
+        for k in dead:
+            del self._pools[k]
+
+    # -- the shells -------------------------------------------------------------------------
+
+    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Take ``cost`` permits: from the local pool when it has them, else by leasing (one
+        round trip, one thread at a time); never raises a store error."""
+        c = _cost(cost)
+        full = self.source._full(key)
+        with self._lock:
+            result = self._local(full, c, self.clock.monotonic())
+        if result is None:
+            with self._fetching:
+                with self._lock:  # another thread may have leased meanwhile
+                    now = self.clock.monotonic()
+                    result = self._local(full, c, now)
+                    if result is None:
+                        cmin, cmax = self._need(full, c, now)
+                if result is None:
+                    verdict = self.source._take(full, cmin, cmax)
+                    with self._lock:
+                        result = self._leased(full, c, verdict, self.clock.monotonic())
+        if not result[0]:
+            self.source._rejected(key, c, result)
+        return result
+
+    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """:meth:`acquire` for async callers: one lease in flight per key, others await it."""
+        c = _cost(cost)
+        full = self.source._full(key)
+        loop = asyncio.get_running_loop()
+        inflight = self._inflight.get(loop)
+        if inflight is None:
+            inflight = self._inflight[loop] = {}
+        while True:
+            with self._lock:
+                now = self.clock.monotonic()
+                result = self._local(full, c, now)
+                if result is None:
+                    cmin, cmax = self._need(full, c, now)
+            if result is not None:
+                break
+            leasing = inflight.get(full)
+            if leasing is not None:
+                await leasing.wait()
+                continue
+            leasing = inflight[full] = asyncio.Event()
+            try:
+                verdict = await self.source._take_async(full, cmin, cmax)
+            finally:
+                del inflight[full]
+                leasing.set()
+            with self._lock:
+                result = self._leased(full, c, verdict, self.clock.monotonic())
+            break
+        if not result[0]:
+            self.source._rejected(key, c, result)
+        return result
+
+    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
+        """Whether ``cost`` permits were taken now."""
+        return self.acquire(key, cost)[0]
+
+    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
+        """:meth:`try_acquire` for async callers."""
+        return (await self.acquire_async(key, cost))[0]
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        key = None if self.key is None else self.key(*args, **kwargs)
+        result = self.acquire(key)
+        if not result[0]:
+            raise self._error(result)
+        return fn(*args, **kwargs)
+
+    async def call_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        key = None if self.key is None else self.key(*args, **kwargs)
+        result = await self.acquire_async(key)
+        if not result[0]:
+            raise self._error(result)
+        return await fn(*args, **kwargs)
+
+    def _error(self, result: Decision) -> RateLimitedError:
+        retry = result[3]
+        reason = f"{self.describe()} exceeded"
+        return RateLimitedError(self.name, reason, None if retry == INF else retry)
+
+    # -- observers --------------------------------------------------------------------------
+
+    @property
+    def guard(self) -> StoreGuard:
+        """The store guard (``state``, counters, ``snapshot()``)."""
+        return self.source.guard
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused since the limiter was built."""
+        return self.source.rejected
+
+    def held(self, key: Hashable = None) -> int:
+        """Permits of ``key`` leased and not yet spent in this process."""
+        with self._lock:
+            pool = self._pools.get(self.source._full(key))
+            now = self.clock.monotonic()
+            return pool.permits if pool is not None and pool.expires > now else 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for metrics: ``leases`` (round trips), ``local_decisions``, and the global
+        limiter's."""
+        return {
+            "leases": self.leases,
+            "local_decisions": self.local_decisions,
+            **self.source.snapshot(),
+        }
+
+    def describe(self) -> str:
+        source = self.source
+        return (
+            f"LeasedLimiter({self.name!r}, {source.algorithm}, {source.rate}, lease={self.lease}, "
+            f"lease_ttl={self.lease_ttl:g}s, store={source.store.url})"
+        )
+
+    def close(self) -> None:
+        """Close the store's sync connections when the limiter made the store (from a URL)."""
+        self.source.close()
+
+    async def aclose(self) -> None:
+        """Close this event loop's store connections when the limiter made the store."""
+        await self.source.aclose()

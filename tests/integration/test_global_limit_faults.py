@@ -1,0 +1,200 @@
+"""Stop a real Redis under load, start it again: every global limiter keeps answering.
+
+Five limiters share one Redis: three :class:`GlobalLimiter` (GCRA, one per ``on_store_error``
+mode), a :class:`LeasedLimiter` (``local``) and a :class:`TimeSliceLimiter` (``fail_closed``,
+reporting every 0.2 s from its background thread). Four async workers call them in a loop; Redis
+is stopped by SIGTERM for 1.5 s and restarted on the same port. Checked: no exception reaches a
+caller; each limiter gives its mode's answer from the first failure on, within one breaker
+window of the stop; the local fallback holds this process's share of the limit; and every
+limiter returns to Redis by itself after the restart, with one ``store_down`` and one
+``store_up`` event. Figures go to stdout (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from floodwall import CircuitBreaker, Event
+from floodwall.ratelimit import Decision
+from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.ratelimit.leasing import LeasedLimiter
+from floodwall.ratelimit.timeslice import TimeSliceLimiter
+from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
+from servers import HOST, free_port, redis_command, require_binary, terminate, wait_until
+
+pytestmark = pytest.mark.integration
+
+OPEN = 0.25
+"""Seconds the guards' breakers stay open: one breaker window."""
+DOWN = 1.5
+SHARE = 4
+"""``expected_instances``: the local fallback keeps 1/4 of the limit."""
+
+
+class RestartableRedis:
+    """A redis-server that can be stopped and started again on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="floodwall-redis-global-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def _answers(self) -> bool:
+        try:
+            return redis_command(self.port, "PING", timeout=0.2) == "PONG"
+        except (OSError, RuntimeError):
+            return False
+
+    def start(self) -> None:
+        cmd = [require_binary("redis-server"), "--port", str(self.port), "--bind", HOST]
+        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        with (self.dir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        assert wait_until(self._answers, 10), "redis-server did not come up on its port"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate([self.proc])
+            self.proc = None
+
+
+@pytest.fixture
+def server() -> Iterator[RestartableRedis]:
+    redis = RestartableRedis()
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+        shutil.rmtree(redis.dir, ignore_errors=True)
+
+
+def _breaker(name: str) -> CircuitBreaker:
+    return CircuitBreaker(
+        name,
+        failure_rate=None,
+        error_count=3,
+        minimum_calls=3,
+        open_duration=OPEN,
+        open_duration_growth=1.0,
+        record=StoreUnavailableError,
+    )
+
+
+Limiter = GlobalLimiter | LeasedLimiter | TimeSliceLimiter
+
+
+async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) -> None:
+    store = connect(server.url)
+    events: list[tuple[float, Event]] = []
+
+    def listen(event: Event) -> None:
+        events.append((time.monotonic(), event))
+
+    common: dict[str, Any] = {"store": store, "listeners": [listen], "expected_instances": SHARE}
+    modes: tuple[StoreErrorMode, ...] = ("fail_open", "fail_closed", "local")
+    limiters: dict[str, Limiter] = {
+        f"global-{mode}": GlobalLimiter(
+            "gcra", "2000/s", name=f"global-{mode}", on_store_error=mode,
+            breaker=_breaker(mode), **common,
+        )
+        for mode in modes
+    }  # fmt: skip
+    limiters["leased-local"] = LeasedLimiter(
+        "gcra", "2000/s", name="leased-local", lease=20, breaker=_breaker("leased"), **common
+    )
+    timeslice = TimeSliceLimiter(
+        "100000/s", name="timeslice", slice_length=0.2, on_store_error="fail_closed",
+        breaker=_breaker("timeslice"), **common,
+    )  # fmt: skip
+    limiters["timeslice-fail_closed"] = timeslice
+    decisions: list[tuple[float, str, Decision, float, str]] = []
+    escaped: list[BaseException] = []
+    stop_load = asyncio.Event()
+
+    async def worker() -> None:
+        while not stop_load.is_set():
+            for name, limiter in limiters.items():
+                start = time.monotonic()
+                try:
+                    decision = await limiter.acquire_async()
+                except BaseException as exc:
+                    escaped.append(exc)
+                    raise
+                decisions.append(
+                    (start, name, decision, time.monotonic() - start, limiter.guard.state)
+                )
+            await asyncio.sleep(0.001)
+
+    workers = [asyncio.create_task(worker()) for _ in range(4)]
+    try:
+        await asyncio.sleep(0.5)
+        stopped_at = time.monotonic()
+        await asyncio.to_thread(server.stop)
+        down_at = time.monotonic()
+        await asyncio.sleep(DOWN)
+        await asyncio.to_thread(server.start)
+        restarted_at = time.monotonic()
+        await asyncio.sleep(1.0)
+    finally:
+        stop_load.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+        timeslice.close()
+        await store.aclose()
+
+    assert escaped == []
+    before = [d for t, _, d, _, _ in decisions if t < stopped_at]
+    assert before and all(d.allowed for d in before)
+    figures = []
+    for name, limiter in limiters.items():
+        mine = [(t, d, took, state) for t, n, d, took, state in decisions if n == name]
+        degraded = [t for t, _, _, state in mine if state == "down" and t > stopped_at]
+        first = min(degraded) - stopped_at
+        assert first < (down_at - stopped_at) + OPEN + 0.5, (name, first)
+        during = [(t, d) for t, d, _, _ in mine if min(degraded) < t < restarted_at]
+        admitted = sum(d.allowed for _, d in during)
+        if name == "global-fail_open":
+            assert admitted == len(during)
+        elif name == "global-fail_closed":
+            assert admitted == 0
+        elif name == "timeslice-fail_closed":
+            # refuses everything from its first failed report (at most one slice late)
+            late = [d for t, d in during if t > min(degraded) + 0.2 + 0.05]
+            assert late and not any(d.allowed for d in late)
+        slowest = max(took for t, _, took, _ in mine if stopped_at < t < restarted_at)
+        if name.endswith("-local"):  # this process's share: 500/s with a burst of 500
+            span = during[-1][0] - during[0][0] + slowest  # decisions end after they start
+            leased = 2 * 20  # a lease taken before the outage, and one's rounding
+            assert admitted <= 2000 / SHARE * (1 + span) + leased, (name, admitted, span)
+        guard = limiter.guard
+        assert guard.state == "up" and guard.outages == 1 and guard.recoveries == 1, name
+        assert guard.failures <= 3 + round(DOWN / OPEN) + 2, (name, guard.snapshot())
+        figures.append(
+            f"{name}: first degraded answer {1000 * first:.0f} ms after SIGTERM, slowest "
+            f"decision while down {1000 * slowest:.1f} ms, {len(during)} decisions while down "
+            f"({admitted} admitted), {guard.failures} failed store calls, "
+            f"{guard.short_circuits} short-circuited"
+        )
+    after = [d for t, n, d, _, _ in decisions if t > restarted_at + 2 * OPEN + 0.3]
+    assert after and all(d.allowed for d in after), "back on Redis, under the limits"
+    downs = {e.name: t for t, e in events if e.kind == "store_down"}
+    ups = {e.name: t for t, e in events if e.kind == "store_up"}
+    assert set(downs) == set(ups) == set(limiters) - {"timeslice-fail_closed"} | {"timeslice"}
+    back = {name: round(1000 * (t - restarted_at)) for name, t in ups.items()}
+    assert all(ms < 1000 * (OPEN + 0.5) for name, ms in back.items() if name != "timeslice")
+    assert back["timeslice"] < 1000 * (OPEN + 0.2 + 0.5), "its next report after the probe"
+    assert timeslice.drop_rate == 0.0
+    print("\n" + "\n".join(figures) + f"\nback on Redis after the restart (ms): {back}")

@@ -1,0 +1,171 @@
+"""One contract for every global limiter on every store: memory, Redis, Redis Cluster,
+PostgreSQL, SQLite (the ``store_case`` fixtures start real servers), sync and async.
+
+* the in-memory limiters' contract on quotas that real time cannot disturb (``5/h``): quota,
+  figures, costs, keys, policy errors, concurrency from threads and tasks;
+* **Lua ≡ step**: random batches and leases on a short rate, with real pauses; every reply
+  carries the store's time in µs, and replaying the same requests at those times through the
+  ops' Python steps (on a fake clock) must give identical replies, so the Lua scripts, the SQL
+  stores and the memory store implement one algorithm, bit for bit;
+* idle keys vanish (Redis TTLs, SQL expiry) and come back fresh;
+* leased and time-slice limiters on each store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from typing import Any
+
+import pytest
+
+import floodwall as fw
+from conftest import StoreCase
+from floodwall.ratelimit import Rate
+from floodwall.ratelimit._global_ops import Batch, plan
+from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.ratelimit.leasing import LeasedLimiter
+from floodwall.ratelimit.timeslice import SLICE_SYNC
+from floodwall.stores import Arg, MemoryStore, Store
+from floodwall.stores.redis import RedisStore
+
+KINDS = ["fixed_window", "sliding_window_counter", "token_bucket", "gcra"]
+
+
+def _limiter(case: StoreCase, kind: str, rate: str, **options: Any) -> GlobalLimiter:
+    clock = case.clock if case.clock is not None else fw.SYSTEM_CLOCK
+    return GlobalLimiter(kind, rate, store=case.store, clock=clock, **options)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_quota_and_its_figures(store_case: StoreCase, kind: str) -> None:
+    limiter = _limiter(store_case, kind, "5/h")
+    decisions = [limiter.acquire() for _ in range(6)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False]
+    assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0, 0]
+    assert all(d.limit == 5 for d in decisions)
+    refused = decisions[-1]
+    assert 0 < refused.retry_after <= 3600 and refused.reset_after <= 7200
+    assert limiter.acquire("other").allowed, "keys are independent"
+    assert not limiter.acquire("other", cost=5).allowed
+    assert limiter.acquire("other", cost=4).allowed, "a cost counts as that many permits"
+    assert limiter.acquire("third", cost=6).retry_after == float("inf")
+    with pytest.raises(fw.RateLimitedError) as caught:
+        limiter.call(lambda: None)
+    assert caught.value.retry_after == pytest.approx(limiter.acquire().retry_after, abs=1.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_threads_never_get_more_than_the_quota(store_case: StoreCase, kind: str) -> None:
+    limiter = _limiter(store_case, kind, "10/h")
+    allowed: list[bool] = []
+    barrier = threading.Barrier(4)
+
+    def racer() -> None:
+        barrier.wait()
+        allowed.extend(limiter.try_acquire() for _ in range(8))
+
+    threads = [threading.Thread(target=racer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(allowed) == 32 and allowed.count(True) == 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_concurrent_tasks_are_batched_and_get_exactly_the_quota(
+    async_store_case: StoreCase, kind: str
+) -> None:
+    limiter = _limiter(async_store_case, kind, "10/h")
+    decisions = await asyncio.gather(*(limiter.acquire_async() for _ in range(40)))
+    assert [d.allowed for d in decisions].count(True) == 10
+    if async_store_case.kind != "memory":  # memory answers without suspending: nothing queues
+        assert limiter.batches < 40 / 4, "coalesced into a few round trips"
+    assert await limiter.try_acquire_async("other")
+    with pytest.raises(fw.RateLimitedError):
+        await limiter.call_async(asyncio.sleep, 0)
+    await limiter.reset_async()
+    assert await limiter.try_acquire_async()
+
+
+def _replay(kind: str, rate: Rate, log: list[tuple[list[Arg], Batch]]) -> None:
+    """Run the logged requests through the Python steps at the logged store times."""
+    p = plan(kind, rate, None, None)
+    clock = fw.FakeClock(log[0][1][0] / 1_000_000)
+    store = MemoryStore(clock=clock)
+    for args, reply in log:
+        clock.advance(reply[0] / 1_000_000 - clock.monotonic())
+        assert store.apply(p.op, "k", args) == reply, (args, reply)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_store_runs_the_same_algorithm_bit_for_bit(store_case: StoreCase, kind: str) -> None:
+    rng = random.Random(kind)
+    rate = Rate(5, 0.06)
+    p = plan(kind, rate, None, None)
+    log: list[tuple[list[Arg], Batch]] = []
+    for _ in range(40):
+        pairs: list[int] = []
+        for _ in range(rng.choice([1, 1, 1, 3, 6])):
+            cost = rng.randint(0, 3)
+            pairs += [cost, cost + (rng.randint(1, 5) if rng.random() < 0.3 else 0)]
+        args: list[Arg] = [*p.params, *pairs]
+        log.append((args, store_case.store.apply(p.op, "k", args)))
+        if rng.random() < 0.3:
+            store_case.wait(rng.choice([0.002, 0.01, 0.03]))
+    _replay(kind, rate, log)
+    assert any(v[0] for _, (_, vs) in log for v in vs) and not all(
+        v[0] for _, (_, vs) in log for v in vs
+    )
+
+
+def test_idle_keys_vanish_and_come_back_fresh(store_case: StoreCase) -> None:
+    store = store_case.store
+    limiters = [_limiter(store_case, kind, "3/0.2s", name=kind) for kind in KINDS]
+    full = [store.keys(lim.plan.op, f"rl:{lim.name}")[0] for lim in limiters]
+    for limiter, key in zip(limiters, full, strict=True):
+        assert [limiter.try_acquire() for _ in range(4)] == [True, True, True, False]
+        if isinstance(store, RedisStore):
+            ttl = store.client().pttl(key)
+            assert 0 < ttl <= 2 * 200 + 1, "PX set to the state's own lifetime"
+    store_case.wait(0.7)  # past every algorithm's idle time (at most two 0.2 s windows)
+    for limiter, key in zip(limiters, full, strict=True):
+        if isinstance(store, RedisStore):
+            assert store.client().exists(key) == 0
+        elif isinstance(store, MemoryStore):
+            assert store.raw(key) is None
+        assert limiter.acquire().remaining == 2, f"{limiter.algorithm}: a fresh state"
+
+
+def test_leases_share_one_quota(store_case: StoreCase) -> None:
+    clock = store_case.clock if store_case.clock is not None else fw.SYSTEM_CLOCK
+    a, b = (
+        LeasedLimiter("gcra", "20/h", store=store_case.store, clock=clock, lease=5)
+        for _ in range(2)
+    )
+    admitted = sum(a.try_acquire() + b.try_acquire() for _ in range(30))
+    assert admitted + a.held() + b.held() == 20
+    assert a.leases + b.leases <= 8
+
+
+def _sync(store: Store, me: str, count: int) -> tuple[int, bool, int, int]:
+    # 1 s slices, reports lasting 2 slices, a lease of 3: nothing goes stale during the test
+    return store.apply(SLICE_SYNC, "ts:t", [me, count, 1_000_000, 100_000, 10_000_000, 2, 3])
+
+
+def test_time_slice_reports_elect_one_and_publish_the_drop_rate(store_case: StoreCase) -> None:
+    store = store_case.store
+    assert _sync(store, "a", 60) == (0, True, 60_000, 1)
+    assert _sync(store, "b", 60) == (0, False, -1, 0)
+    assert _sync(store, "a", 60) == (166_667, True, 120_000, 2), "(120 − 100) / 120"
+    assert _sync(store, "b", 40) == (166_667, False, -1, 0)
+    assert _sync(store, "a", 50) == (0, True, 90_000, 2)
+
+
+def test_a_time_slice_op_keeps_its_three_records_in_one_slot() -> None:
+    from redis.crc import key_slot
+
+    keys = MemoryStore().keys(SLICE_SYNC, "ts:t")
+    assert len(keys) == 3 and len({key_slot(k.encode()) for k in keys}) == 1
