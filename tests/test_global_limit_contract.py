@@ -46,7 +46,12 @@ def test_the_quota_and_its_figures(store_case: StoreCase, kind: str) -> None:
     assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0, 0]
     assert all(d.limit == 5 for d in decisions)
     refused = decisions[-1]
-    assert 0 < refused.retry_after <= 3600 and refused.reset_after <= 7200
+    # The weighted estimate keeps the previous window's count for a while: the sliding counter
+    # can take up to a period plus the share one permit has of it (here 3600 + 3600/5 s),
+    # depending on where in the clock's hour the test runs.
+    longest = 3600 * (1 + 1 / 5) if kind == "sliding_window_counter" else 3600
+    assert 0 < refused.retry_after <= longest
+    assert refused.reset_after <= 7200
     assert limiter.acquire("other").allowed, "keys are independent"
     assert not limiter.acquire("other", cost=5).allowed
     assert limiter.acquire("other", cost=4).allowed, "a cost counts as that many permits"

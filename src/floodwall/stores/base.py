@@ -181,13 +181,24 @@ class Store(ABC):
             raise ConfigError(f"prefix must be a string without braces, got {prefix!r}")
         self.url = redact(url)
         self.prefix = prefix
+        self._keys: dict[tuple[tuple[str, ...], str], list[str]] = {}
+
+    _KEYS_CACHED = 4096
+    """Full key lists remembered (hot keys are built once; the table is dropped when full)."""
 
     def keys(self, op: Op[Any], key: str) -> list[str]:
         """The full keys ``op`` touches for the logical ``key``: ``<prefix>{<key>}<suffix>``."""
+        cached = self._keys.get((op.suffixes, key))
+        if cached is not None:
+            return cached
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
         base = f"{self.prefix}{{{key}}}"
-        return [base + suffix for suffix in op.suffixes]
+        built = [base + suffix for suffix in op.suffixes]
+        if len(self._keys) >= self._KEYS_CACHED:
+            self._keys.clear()
+        self._keys[(op.suffixes, key)] = built
+        return built
 
     @abstractmethod
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
