@@ -1,6 +1,6 @@
 """Global rate limits on one Redis: floodwall against raw redis-py and the peer libraries.
 
-``python benchmarks/bench_distributed.py [--rounds N] [--sample-ms MS] [--write PATH]``
+``python benchmarks/distributed.py [--rounds N] [--sample-ms MS] [--write PATH]``
 
 Starts its own throwaway ``redis-server`` on a free loopback port (``tests/servers.py``), then
 measures **decisions per second** of every case against that one server, in one run:
@@ -380,12 +380,12 @@ def report(cases: list[Case], goals: list[Target], args: argparse.Namespace, too
         "# Benchmarks: global rate limits on Redis",
         "",
         "Decisions per second against one local Redis, every decision an admission. Written",
-        "by `benchmarks/bench_distributed.py` (it starts its own `redis-server`); **only ratios",
+        "by `benchmarks/distributed.py` (it starts its own `redis-server`); **only ratios",
         "within one run mean anything**: these small shared machines drift by tens of percent.",
         "",
         "## This run",
         "",
-        f"- Command: `.venv/bin/python benchmarks/bench_distributed.py --write {args.write}`",
+        f"- Command: `.venv/bin/python benchmarks/distributed.py --write {args.write}`",
         f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; "
         f"the run took {took:.0f} s",
         f"- Python {platform.python_version()} on {platform.platform()}; "

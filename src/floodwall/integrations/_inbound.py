@@ -1,0 +1,742 @@
+"""The inbound guard core the ASGI, WSGI and gRPC servers share: no framework, no I/O.
+
+A server shell describes each request as an :class:`Inbound` (method, path, lower-case headers,
+peer address) and asks :meth:`InboundGuard.admit`. The answer is a :class:`Refusal` to send as is
+(status, headers, RFC 9457 problem body) or an :class:`Admission` to serve the request under.
+In this order, cheapest first:
+
+1. **deadline**: ``X-Request-Deadline`` (or ``grpc-timeout``) sets the ambient deadline of the
+   handler (capped at ``max_deadline``; ``deadline`` when none came); one that has already passed
+   is answered 504 at once: its caller has stopped waiting.
+2. **rate limits** (:class:`RateLimit`): every limit whose route and methods match takes one
+   permit, per key (client IP honouring trusted proxies, a header, or a callable); a refusal is
+   429 with ``Retry-After`` and ``RateLimit-*``; with ``rate_limit_headers=True`` admitted
+   answers carry the ``RateLimit-*`` of the most depleted limit too.
+3. **shedding**: the :class:`~floodwall.adaptive.LoadShedder` admits or refuses (503 with
+   ``Retry-After``), fed the queueing time from ``X-Request-Start`` and the DAGOR priority from
+   ``X-Request-Priority``; a DAGOR server reports its level on every answer
+   (``X-Admission-Level``).
+
+Under the :class:`Admission` (a context manager) the handler sees the deadline, the retry marker
+from ``X-Retry-Attempt`` (so its own calls do not retry), the priority and a fresh
+:class:`~floodwall.CallContext`; :meth:`Admission.response_headers` says what to add to its answer
+(``RateLimit-*``, the admission level, ``X-Retry-Pushback-Ms: -1`` on a failure that was retried
+below, ``X-Degraded`` when a fallback answered), and :meth:`Admission.close` ends the shedding
+ticket (success below 500, dropped on 503/504 and timeouts, ignored otherwise).
+
+**Idempotency** (unsafe methods with an ``Idempotency-Key``, when an
+:class:`~floodwall.Idempotency` is configured) needs the request body and runs the handler, so the
+shells drive it with :meth:`InboundGuard.idempotent` / :meth:`InboundGuard.idempotent_async`
+around a function that produces a :class:`Captured` answer: stored when below 500 and replayed to
+repeats (``Idempotent-Replayed: true``); a concurrent duplicate is answered 409, a key reused for
+another request 422, a store outage 503 (``fail_closed``).
+
+**Degradation** is visible to handlers through the admission (``request.state.floodwall`` in
+ASGI, ``environ["floodwall"]``, :func:`current_admission` anywhere):
+:meth:`Admission.degraded` says whether a dependency of the registry is shed by level or has its
+breaker open.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hashlib
+import ipaddress
+import math
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final, Protocol, TypedDict
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
+from floodwall.adaptive.dagor import QueueingTimeAdmission
+from floodwall.adaptive.shedding import LoadShedder, Ticket
+from floodwall.breaker import CircuitState
+from floodwall.context import (
+    _CALL,
+    _DEADLINE,
+    _IDEMPOTENCY_KEY,
+    _RETRY,
+    CallContext,
+    Deadline,
+    RetryMarker,
+)
+from floodwall.idempotency import Idempotency
+from floodwall.integrations._wire import (
+    _HOP,
+    _PRIORITY,
+    ADMISSION_LEVEL,
+    DEGRADED,
+    PROBLEM_JSON,
+    RETRY_AFTER,
+    RETRY_PUSHBACK,
+    Hop,
+    format_level,
+    parse_attempt,
+    parse_deadline,
+    parse_grpc_timeout,
+    parse_level,
+    parse_request_start,
+    problem,
+    rejection_status,
+    whole_seconds,
+)
+from floodwall.ratelimit._base import INF, Decision, RateLimiter
+from floodwall.ratelimit.gcra import GCRA
+from floodwall.ratelimit.headers import rate_limit_headers
+from floodwall.ratelimit.keyed import Keyed
+
+__all__ = [
+    "UNSAFE_METHODS",
+    "Admission",
+    "Captured",
+    "GuardOptions",
+    "Inbound",
+    "InboundGuard",
+    "KeyFunc",
+    "RateLimit",
+    "Refusal",
+    "by_header",
+    "client_ip",
+    "current_admission",
+]
+
+UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""RFC 9110 §9.2.1: the methods that are not safe, deduplicated by ``Idempotency-Key``."""
+UPSTREAM: Final = "upstream"
+"""The ``origin`` of a retry marker that arrived in a request header."""
+
+Headers = list[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class Inbound:
+    """One request as the guard sees it: ``headers`` maps lower-case names to values (repeated
+    headers joined with ``", "``); ``client`` is the peer's IP address, if known."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    client: str | None = None
+
+
+KeyFunc = Callable[[Inbound], Hashable | None]
+"""Picks a request's rate-limit key; ``None`` puts it in the one shared anonymous bucket. A key
+function may list the headers it reads in a ``headers`` attribute (lower-case names), so shells
+decode only those; without it a shell hands it every header."""
+
+GUARD_HEADERS: Final = frozenset(
+    {
+        "x-request-deadline",
+        "grpc-timeout",
+        "x-retry-attempt",
+        "x-request-priority",
+        "x-request-start",
+        "idempotency-key",
+    }
+)
+"""The request headers the guard itself reads."""
+
+
+def _networks(
+    trusted: Iterable[str],
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    try:
+        return tuple(ipaddress.ip_network(t, strict=False) for t in trusted)
+    except ValueError as exc:
+        raise ConfigError(f"trusted_proxies: {exc}") from None
+
+
+def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
+    """Key by client IP: the peer address, or, when the peer is a trusted proxy (addresses or
+    networks such as ``"10.0.0.0/8"``), the right-most ``X-Forwarded-For`` entry that is not a
+    trusted proxy. Untrusted peers cannot spoof their address with the header."""
+    nets = _networks(trusted_proxies)
+
+    def trusted(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in nets)
+
+    def key(request: Inbound) -> Hashable | None:
+        peer = request.client
+        if not nets or peer is None or not trusted(peer):
+            return peer
+        forwarded = request.headers.get("x-forwarded-for", "")
+        hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+        for hop in reversed(hops):
+            if not trusted(hop):
+                return hop
+        return hops[0] if hops else peer
+
+    key.headers = ("x-forwarded-for",) if nets else ()  # type: ignore[attr-defined]
+    return key
+
+
+def by_header(name: str) -> KeyFunc:
+    """Key by a request header (an API key, a tenant id); requests without it share a bucket."""
+    lower = name.lower()
+
+    def key(request: Inbound) -> Hashable | None:
+        return request.headers.get(lower)
+
+    key.headers = (lower,)  # type: ignore[attr-defined]
+    return key
+
+
+class RateLimit:
+    """One limit of the inbound guard: what it counts, and per what.
+
+    ``limiter`` is any :class:`~floodwall.ratelimit.RateLimiter` or a rate (``"100/s"`` builds a
+    :class:`~floodwall.ratelimit.GCRA`). ``route`` is a path (``"/login"``) or a prefix
+    (``"/api/*"``), default every path; ``methods`` limits it to those methods. ``key`` is
+    ``"ip"`` (:func:`client_ip` with ``trusted_proxies``), ``"header:NAME"``, or a
+    :data:`KeyFunc`; with a key the limiter is wrapped in :class:`~floodwall.ratelimit.Keyed`
+    (one state per key, bounded memory) unless it already is. ``cost`` is the permits a request
+    takes.
+    """
+
+    __slots__ = ("cost", "key", "limiter", "methods", "prefix", "route")
+
+    def __init__(
+        self,
+        limiter: RateLimiter[Any] | str,
+        *,
+        route: str | None = None,
+        methods: Iterable[str] | None = None,
+        key: KeyFunc | str | None = None,
+        trusted_proxies: Iterable[str] = (),
+        cost: int = 1,
+    ) -> None:
+        if isinstance(limiter, str):
+            limiter = GCRA(limiter, name=f"http:{route or '*'}")
+        if not isinstance(limiter, RateLimiter):
+            raise ConfigError(f"limiter must be a RateLimiter or a rate string, got {limiter!r}")
+        if isinstance(key, str):
+            key = _key_named(key, trusted_proxies)
+        if key is not None and not isinstance(limiter, Keyed):
+            limiter = Keyed(limiter)
+        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
+            raise ConfigError(f"cost must be an integer >= 0, got {cost!r}")
+        self.limiter: RateLimiter[Any] = limiter
+        self.key = key
+        self.cost = cost
+        self.route = route
+        self.prefix = route is not None and route.endswith("*")
+        self.methods = None if methods is None else frozenset(m.upper() for m in methods)
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.methods is not None and method not in self.methods:
+            return False
+        route = self.route
+        if route is None:
+            return True
+        return path.startswith(route[:-1]) if self.prefix else path == route
+
+    def acquire(self, request: Inbound) -> Decision:
+        key = None if self.key is None else self.key(request)
+        return self.limiter.acquire(key, self.cost)
+
+
+def _key_named(name: str, trusted_proxies: Iterable[str]) -> KeyFunc:
+    if name == "ip":
+        return client_ip(trusted_proxies)
+    if name.startswith("header:") and len(name) > len("header:"):
+        return by_header(name[len("header:") :])
+    raise ConfigError(f"key must be 'ip', 'header:NAME' or a callable, got {name!r}")
+
+
+@dataclass(slots=True)
+class Refusal:
+    """An answer the guard gives instead of the handler."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    error: RejectedError
+
+
+def refusal(
+    error: RejectedError, headers: Headers | None = None, *, type_base: str | None = None
+) -> Refusal:
+    """The answer to ``error``: its status, ``Retry-After`` when known, a problem body."""
+    status = rejection_status(error)
+    out = list(headers or ())
+    retry_after = error.retry_after
+    known = retry_after is not None and math.isfinite(retry_after)
+    if known and not any(name == RETRY_AFTER for name, _ in out):
+        assert retry_after is not None
+        out.append((RETRY_AFTER, whole_seconds(retry_after)))
+    out.append(("Content-Type", PROBLEM_JSON))
+    body = problem(status, error.kind, str(error), retry_after=retry_after, type_base=type_base)
+    return Refusal(status, out, body, error)
+
+
+# -- what handlers see -----------------------------------------------------------------------
+
+
+class ResourceSource(Protocol):
+    """A registry, duck-typed (no import of the config layer)."""
+
+    def get(self, name: str) -> Any: ...
+
+    def is_shed(self, level: int) -> bool: ...
+
+
+_ADMISSION: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "floodwall_admission", default=None
+)
+
+
+def current_admission() -> Admission | None:
+    """The :class:`Admission` of the inbound request being served, or ``None``."""
+    return _ADMISSION.get()
+
+
+_UNSET: Any = object()
+
+
+class Admission:
+    """An admitted request: the context its handler runs in, and what its answer carries.
+
+    Enter it (``with``) around the handler: it sets the deadline, the retry marker, the
+    priority, a fresh call context and the :class:`~floodwall.integrations._wire.Hop`, and resets
+    them on exit. Read by handlers: :attr:`deadline`, :meth:`remaining`, :attr:`attempt`,
+    :attr:`priority`, :meth:`degraded`.
+    """
+
+    __slots__ = (
+        "_guard",
+        "_tokens",
+        "attempt",
+        "call",
+        "deadline",
+        "hop",
+        "priority",
+        "rate_headers",
+        "ticket",
+    )
+
+    def __init__(
+        self,
+        guard: InboundGuard,
+        *,
+        deadline: Deadline | None,
+        attempt: int | None,
+        priority: tuple[int, int] | None,
+        rate_headers: Headers,
+        ticket: Ticket | None,
+    ) -> None:
+        self._guard = guard
+        self.deadline = deadline
+        self.attempt = attempt
+        """The caller's retry attempt (>= 2) from ``X-Retry-Attempt``, or ``None``."""
+        self.priority = priority
+        self.rate_headers = rate_headers
+        self.ticket = ticket
+        self.hop = Hop()
+        self.call = CallContext()
+        self._tokens: tuple[contextvars.Token[Any], ...] = ()
+
+    def remaining(self) -> float | None:
+        """Seconds left before the request's deadline, or ``None`` without one."""
+        return None if self.deadline is None else self.deadline.remaining()
+
+    def degraded(self, name: str) -> bool:
+        """Whether dependency ``name`` of the guard's registry is degraded now: its level shed
+        by an operator, or its circuit breaker open. ``False`` without a registry."""
+        registry = self._guard.registry
+        if registry is None:
+            return False
+        resource = registry.get(name)
+        if registry.is_shed(resource.level):
+            return True
+        breaker = getattr(resource, "breaker", None)
+        return breaker is not None and breaker.state in (
+            CircuitState.OPEN,
+            CircuitState.FORCED_OPEN,
+        )
+
+    def __enter__(self) -> Admission:
+        deadline, attempt, level = self.deadline, self.attempt, self.priority
+        self._tokens = (
+            _ADMISSION.set(self),
+            _HOP.set(self.hop),
+            _CALL.set(self.call),
+            _DEADLINE.set(deadline) if deadline is not None else None,
+            _RETRY.set(RetryMarker(attempt, UPSTREAM)) if attempt is not None else None,
+            _PRIORITY.set(level) if level is not None else None,
+        )  # type: ignore[assignment]
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tokens = self._tokens
+        self._tokens = ()
+        for var, token in zip(_VARS, tokens, strict=False):
+            if token is not None:
+                var.reset(token)
+
+    def response_headers(self, status: int) -> Headers:
+        """What to add to the handler's answer (``status``): see the module docstring."""
+        out = self.rate_headers
+        extra: Headers = []
+        level = self._guard._level()
+        if level is not None:
+            extra.append((ADMISSION_LEVEL, level))
+        if status >= 500 and self.hop.final:
+            extra.append((RETRY_PUSHBACK, "-1"))
+        if self.call.degraded_by is not None:
+            extra.append((DEGRADED, self.call.degraded_by))
+        return out + extra if extra else out
+
+    def close(self, status: int | None = None, error: BaseException | None = None) -> None:
+        """End the shedding ticket: a success below 500, dropped on 503/504 or a timeout or
+        rejection, ignored otherwise (idempotent)."""
+        ticket = self.ticket
+        if ticket is None:
+            return
+        if error is not None:
+            if isinstance(error, TimeoutError | RejectedError):
+                ticket.dropped()
+            else:
+                ticket.ignore()
+        elif status is None or status < 500:
+            ticket.success()
+        elif status in (503, 504):
+            ticket.dropped()
+        else:
+            ticket.ignore()
+
+
+_VARS: Final[tuple[contextvars.ContextVar[Any], ...]] = (
+    _ADMISSION,
+    _HOP,
+    _CALL,
+    _DEADLINE,
+    _RETRY,
+    _PRIORITY,
+)
+
+
+# -- captured answers (idempotency) ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Captured:
+    """A whole answer, as stored for idempotent replay."""
+
+    status: int
+    headers: Headers = field(default_factory=list)
+    body: bytes = b""
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "s": self.status,
+            "h": [[name, value] for name, value in self.headers],
+            "b": base64.b64encode(self.body).decode("ascii"),
+        }
+
+    @classmethod
+    def decode(cls, data: Mapping[str, Any]) -> Captured:
+        headers = [(str(name), str(value)) for name, value in data["h"]]
+        return cls(int(data["s"]), headers, base64.b64decode(data["b"]))
+
+
+class _Unstored(Exception):  # noqa: N818 - a carrier, never seen outside this module
+    """Carries a 5xx answer out of the idempotent call so its claim is released, not stored."""
+
+    def __init__(self, captured: Captured) -> None:
+        super().__init__(captured.status)
+        self.captured = captured
+
+
+_SKIPPED_ON_REPLAY: Final = frozenset({"date", "server", "content-length", "transfer-encoding"})
+
+
+def fingerprint(request: Inbound, body: bytes) -> str:
+    """SHA-256 of the method, the path and the body: a reused key with another request is told
+    apart (422)."""
+    digest = hashlib.sha256()
+    digest.update(f"{request.method} {request.path}\n".encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+# -- the guard ---------------------------------------------------------------------------------
+
+
+class GuardOptions(TypedDict, total=False):
+    """The keyword options of :class:`InboundGuard`, which every server shell also takes."""
+
+    limits: Sequence[RateLimit]
+    shedder: LoadShedder | None
+    idempotency: Idempotency | None
+    idempotency_methods: Iterable[str]
+    registry: ResourceSource | None
+    deadline: float | None
+    max_deadline: float | None
+    priority: Callable[[Inbound], tuple[int, int] | None] | None
+    rate_limit_headers: bool
+    problem_type_base: str | None
+    clock: Clock
+    wall: Callable[[], float]
+
+
+class InboundGuard:
+    """The inbound guard core (see the module docstring).
+
+    ``limits``: :class:`RateLimit` s, each consulted when it matches. ``shedder``: a
+    :class:`~floodwall.adaptive.LoadShedder`. ``idempotency``: an
+    :class:`~floodwall.Idempotency` (give it ``fingerprint=str``: the guard passes the request's
+    fingerprint) for ``idempotency_methods`` (default: the unsafe ones). ``registry``: the
+    dependencies handlers may ask :meth:`Admission.degraded` about. ``deadline``: seconds given
+    to a request that brings none (default: none); ``max_deadline``: cap on a received one.
+    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``).
+    ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
+    Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Sequence[RateLimit] = (),
+        shedder: LoadShedder | None = None,
+        idempotency: Idempotency | None = None,
+        idempotency_methods: Iterable[str] = UNSAFE_METHODS,
+        registry: ResourceSource | None = None,
+        deadline: float | None = None,
+        max_deadline: float | None = None,
+        priority: Callable[[Inbound], tuple[int, int] | None] | None = None,
+        rate_limit_headers: bool = False,
+        problem_type_base: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        for item in limits:
+            if not isinstance(item, RateLimit):
+                raise ConfigError(f"limits must be RateLimit objects, got {item!r}")
+        if shedder is not None and not isinstance(shedder, LoadShedder):
+            raise ConfigError(f"shedder must be a LoadShedder, got {shedder!r}")
+        if idempotency is not None and not isinstance(idempotency, Idempotency):
+            raise ConfigError(f"idempotency must be an Idempotency policy, got {idempotency!r}")
+        for name, value in (("deadline", deadline), ("max_deadline", max_deadline)):
+            if value is not None and not 0 < value < INF:
+                raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        self.limits = tuple(limits)
+        self.shedder = shedder
+        self.idempotency = idempotency
+        self.idempotency_methods = frozenset(m.upper() for m in idempotency_methods)
+        self.registry = registry
+        self.deadline = deadline
+        self.max_deadline = max_deadline
+        self.priority = priority
+        self.rate_limit_headers = rate_limit_headers
+        self.problem_type_base = problem_type_base
+        self.clock = clock
+        self.wall = wall
+        limiter = shedder.limiter if shedder is not None else None
+        self._dagor = limiter if isinstance(limiter, QueueingTimeAdmission) else None
+        self.wanted_headers = self._wanted()
+        """Lower-case names of the request headers the guard reads, or ``None`` for all (a
+        key or priority function that does not list its headers)."""
+
+    def _wanted(self) -> frozenset[str] | None:
+        if self.priority is not None:
+            return None
+        names = set(GUARD_HEADERS)
+        for limit in self.limits:
+            if limit.key is not None:
+                listed = getattr(limit.key, "headers", None)
+                if listed is None:
+                    return None
+                names.update(listed)
+        return frozenset(names)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def admit(self, request: Inbound) -> Admission | Refusal:
+        """Admit ``request`` (an :class:`Admission`) or refuse it (a :class:`Refusal`)."""
+        headers = request.headers
+        deadline = None
+        seconds = parse_deadline(headers.get("x-request-deadline"))
+        if seconds is None:
+            seconds = parse_grpc_timeout(headers.get("grpc-timeout"))
+        if seconds is None:
+            seconds = self.deadline
+        elif self.max_deadline is not None:
+            seconds = min(seconds, self.max_deadline)
+        if seconds is not None:
+            if seconds <= 0:
+                return self._refuse(_expired(), [])
+            clock = self.clock
+            deadline = Deadline(clock.monotonic() + seconds, clock)
+        rate_headers: Headers = []
+        if self.limits:
+            refused = self._rate_limits(request, rate_headers)
+            if refused is not None:
+                return refused
+        level = self._priority(request)
+        ticket = None
+        if self.shedder is not None:
+            try:
+                ticket = self._shed(request, level)
+            except RejectedError as error:
+                return self._refuse(error, self._level_headers())
+        attempt = parse_attempt(headers.get("x-retry-attempt"))
+        return Admission(
+            self,
+            deadline=deadline,
+            attempt=attempt,
+            priority=level,
+            rate_headers=rate_headers,
+            ticket=ticket,
+        )
+
+    def _rate_limits(self, request: Inbound, out: Headers) -> Refusal | None:
+        method, path = request.method, request.path
+        tightest: tuple[Decision, RateLimit] | None = None
+        report = self.rate_limit_headers
+        for limit in self.limits:
+            if not limit.matches(method, path):
+                continue
+            decision = limit.acquire(request)
+            if not decision[0]:
+                headers = rate_limit_headers(decision, limiter=limit.limiter)
+                return self._refuse(_rate_limited(limit, decision), list(headers.items()))
+            if report and (tightest is None or decision[1] < tightest[0][1]):
+                tightest = (decision, limit)
+        if tightest is not None:
+            decision, limit = tightest
+            out.extend(rate_limit_headers(decision, limiter=limit.limiter).items())
+        return None
+
+    def _priority(self, request: Inbound) -> tuple[int, int] | None:
+        if self.priority is not None:
+            return self.priority(request)
+        return parse_level(request.headers.get("x-request-priority"))
+
+    def _shed(self, request: Inbound, level: tuple[int, int] | None) -> Ticket:
+        assert self.shedder is not None
+        queued = parse_request_start(request.headers.get("x-request-start"), self.wall())
+        business, user = level if level is not None else (0, 0)
+        return self.shedder.admit(queue_time=queued, business=business, user=user)
+
+    def _level(self) -> str | None:
+        dagor = self._dagor
+        return None if dagor is None else format_level(dagor.level)
+
+    def _level_headers(self) -> Headers:
+        level = self._level()
+        return [] if level is None else [(ADMISSION_LEVEL, level)]
+
+    def _refuse(self, error: RejectedError, headers: Headers) -> Refusal:
+        return refusal(error, headers, type_base=self.problem_type_base)
+
+    # -- idempotency ------------------------------------------------------------------------
+
+    def idempotency_key(self, request: Inbound) -> str | None:
+        """The key to deduplicate ``request`` by, or ``None`` when it is not deduplicated."""
+        if self.idempotency is None or request.method not in self.idempotency_methods:
+            return None
+        return request.headers.get("idempotency-key") or None
+
+    def idempotent(
+        self, request: Inbound, body: bytes, produce: Callable[[], Captured]
+    ) -> tuple[Captured, bool] | Refusal:
+        """Run ``produce`` once per :meth:`idempotency_key` of ``request`` (which must have
+        one): ``(answer, replayed)``, or a refusal (409/422/503)."""
+        idem = self.idempotency
+        key = self.idempotency_key(request)
+        assert idem is not None
+        assert key is not None
+        ran = False
+
+        def run(_: str) -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            token = _IDEMPOTENCY_KEY.set(None)  # the handler's own calls are other writes
+            try:
+                captured = produce()
+            finally:
+                _IDEMPOTENCY_KEY.reset(token)
+            if captured.status >= 500:
+                raise _Unstored(captured)
+            return captured.encode()
+
+        token = _IDEMPOTENCY_KEY.set(key)
+        try:
+            stored = idem.call(run, fingerprint(request, body))
+        except _Unstored as unstored:
+            return unstored.captured, False
+        except RejectedError as error:
+            return self._refuse(error, [])
+        finally:
+            _IDEMPOTENCY_KEY.reset(token)
+        return _replayed(stored, ran)
+
+    async def idempotent_async(
+        self, request: Inbound, body: bytes, produce: Callable[[], Awaitable[Captured]]
+    ) -> tuple[Captured, bool] | Refusal:
+        """:meth:`idempotent` for coroutines."""
+        idem = self.idempotency
+        key = self.idempotency_key(request)
+        assert idem is not None
+        assert key is not None
+        ran = False
+
+        async def run(_: str) -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            token = _IDEMPOTENCY_KEY.set(None)
+            try:
+                captured = await produce()
+            finally:
+                _IDEMPOTENCY_KEY.reset(token)
+            if captured.status >= 500:
+                raise _Unstored(captured)
+            return captured.encode()
+
+        token = _IDEMPOTENCY_KEY.set(key)
+        try:
+            stored = await idem.call_async(run, fingerprint(request, body))
+        except _Unstored as unstored:
+            return unstored.captured, False
+        except RejectedError as error:
+            return self._refuse(error, [])
+        finally:
+            _IDEMPOTENCY_KEY.reset(token)
+        return _replayed(stored, ran)
+
+
+def _replayed(stored: Mapping[str, Any], ran: bool) -> tuple[Captured, bool]:
+    captured = Captured.decode(stored)
+    if not ran:
+        captured.headers = [
+            (name, value)
+            for name, value in captured.headers
+            if name.lower() not in _SKIPPED_ON_REPLAY
+        ]
+    return captured, not ran
+
+
+def _rate_limited(limit: RateLimit, decision: Decision) -> RateLimitedError:
+    window = limit.limiter.window
+    per = f" per {window:g}s" if window is not None else ""
+    route = f" on {limit.route}" if limit.route is not None else ""
+    retry = decision[3]
+    return RateLimitedError(
+        limit.limiter.name,
+        f"rate limit of {decision[4]}{per}{route} exceeded",
+        None if retry == INF else retry,
+    )
+
+
+def _expired() -> RejectedError:
+    return TimeoutExceeded("deadline", 0.0, "the caller's deadline passed before it was served")

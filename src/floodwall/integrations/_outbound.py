@@ -1,0 +1,459 @@
+"""The outbound core every client integration shares: routing, classification, wire headers.
+
+A client shell (httpx transport, aiohttp middleware, requests adapter, gRPC interceptor) turns one
+request into one :class:`Call` (:meth:`Outbound.begin`) and hands it an *attempt* function that
+sends the request once. The call runs the attempt through the request's policy (a resource of a
+:class:`~floodwall.config.Registry`, or any :class:`~floodwall.Policy`), and the attempt asks the
+call three things:
+
+* :meth:`Call.headers` and :meth:`Call.attempt_timeout`: what to put on the wire for this
+  attempt (the time left minus the margin, the retry marker, the priority, the idempotency key)
+  and how long to wait for it (the time left);
+* :meth:`Call.check` with the answer's status and headers: ``None`` for an answer to hand back,
+  or an exception to raise *inside* the pipeline so the breaker counts it and the retry
+  classifies it (5xx, 408, 429 by default; ``Retry-After`` honoured);
+* :meth:`Call.connect_error` / :meth:`Call.timeout_error` / :meth:`Call.io_error` with a client
+  library's exception: the same, as a :class:`ConnectionError` or :class:`TimeoutError` the
+  classifier knows.
+
+Whether a failure may be retried is decided here, per request: idempotent methods (RFC 9110
+§9.2.2) and requests carrying an ``Idempotency-Key`` may be; any request whose connection never
+opened may be (nothing reached the server); anything else is raised as a failure the retry
+classifies as not retryable, and the breaker still counts. So are answers whose sender says
+``X-Retry-Pushback-Ms: -1`` (it retried below already).
+
+When the pipeline gives up, :meth:`Call.run` hands back the last failed answer (a 503 stays a
+503 response) or re-raises the client library's own exception, with the retry's notes; floodwall
+rejections (open breaker, full bulkhead, timeout) propagate as themselves. An inbound request
+being served learns (through its :class:`~floodwall.integrations._wire.Hop`) that a call of its
+own was retried below, so its failure answer says so upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
+from floodwall._core.policy import Policy
+from floodwall.classify import parse_retry_after
+from floodwall.context import (
+    current_idempotency_key,
+    current_retry,
+    idempotency_key,
+    remaining,
+)
+from floodwall.integrations._wire import (
+    _HOP,
+    ADMISSION_LEVEL,
+    DEADLINE,
+    DEADLINE_MARGIN,
+    IDEMPOTENCY_KEY,
+    PRIORITY,
+    RETRY_ATTEMPT,
+    RETRY_PUSHBACK,
+    current_priority,
+    format_deadline,
+    format_level,
+    parse_level,
+    parse_pushback,
+)
+from floodwall.retry import _RECORD, gave_up
+
+__all__ = [
+    "FAILURE_STATUSES",
+    "IDEMPOTENT_METHODS",
+    "AdmissionLevels",
+    "Call",
+    "Outbound",
+    "OutboundOptions",
+    "ResourceSource",
+]
+
+R = TypeVar("R")
+
+IDEMPOTENT_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+"""RFC 9110 §9.2.2: methods whose repetition has the effect of one request."""
+FAILURE_STATUSES: Final = frozenset({408, 425, 429, *range(500, 600)})
+"""Answers counted as failures by breakers and offered to retries (the classifier still sorts
+them: 503/429 are overload signals, retried only with ``retry_overload`` and a Retry-After)."""
+ADMISSION_TTL: Final = 1.0
+"""Seconds a server's reported admission level is trusted (DAGOR's window): past it, requests
+go out again and bring the current level back."""
+MIN_ATTEMPT_TIMEOUT: Final = 0.001
+
+
+class ResourceSource(Protocol):
+    """Where named policies come from: a :class:`~floodwall.config.Registry` (duck-typed, so the
+    integrations do not import the config layer and its pydantic dependency)."""
+
+    def get(self, name: str) -> Policy: ...
+
+    def names(self) -> list[str]: ...
+
+
+# -- failures raised inside the pipeline ----------------------------------------------------------
+
+
+class _AttemptError(Exception):
+    """An attempt's failure as the pipeline sees it; :meth:`Call.run` unwraps it again."""
+
+    answer: Any = None
+    """The failed response (handed back when the pipeline gives up), or None."""
+    original: BaseException | None = None
+    """The client library's exception (re-raised when the pipeline gives up), or None."""
+    final: bool = False
+    """The sender said not to retry (it retried below)."""
+
+
+class _StatusError(_AttemptError):
+    """A failed answer the retry may retry: ``status_code`` and ``retry_after`` classify it."""
+
+    def __init__(self, text: str, status: int, retry_after: float | None, answer: Any) -> None:
+        super().__init__(text)
+        self.status_code = status
+        self.retry_after = retry_after
+        self.answer = answer
+
+
+class _ConnectError(_AttemptError, ConnectionError):
+    """A connection error: transient."""
+
+    def __init__(self, text: str, original: BaseException) -> None:
+        super().__init__(text)
+        self.original = original
+
+
+class _AttemptTimeoutError(_AttemptError, TimeoutError):
+    """A timeout waiting for the answer: transient (for a request that may be repeated)."""
+
+    def __init__(self, text: str, original: BaseException) -> None:
+        super().__init__(text)
+        self.original = original
+
+
+class _UnretryableError(_AttemptError):
+    """A failure the classifier files as unknown (not retried); breakers still count it."""
+
+    def __init__(
+        self, text: str, *, answer: Any = None, original: BaseException | None = None
+    ) -> None:
+        super().__init__(text)
+        self.answer = answer
+        self.original = original
+
+
+# -- DAGOR collaboration --------------------------------------------------------------------------
+
+
+class AdmissionLevels:
+    """The admission level each upstream last reported (``X-Admission-Level``), for early
+    shedding: a request whose priority is below a server's level is refused locally with
+    :class:`~floodwall.OverloadedError` instead of being sent to be shed there. A level is
+    trusted for ``ttl`` seconds (the same memory as :class:`floodwall.adaptive.UpstreamLevels`,
+    plus an expiry so a recovered server is asked again)."""
+
+    def __init__(self, *, ttl: float = ADMISSION_TTL, clock: Clock = SYSTEM_CLOCK) -> None:
+        if not ttl > 0:
+            raise ConfigError(f"admission_ttl must be > 0 seconds, got {ttl!r}")
+        self.ttl = float(ttl)
+        self.clock = clock
+        self._levels: dict[str, tuple[tuple[int, int], float]] = {}
+
+    def update(self, service: str, level: tuple[int, int]) -> None:
+        self._levels[service] = (level, self.clock.monotonic() + self.ttl)
+
+    def get(self, service: str) -> tuple[int, int] | None:
+        """The level ``service`` reported, if still trusted."""
+        entry = self._levels.get(service)
+        if entry is None:
+            return None
+        if entry[1] <= self.clock.monotonic():
+            self._levels.pop(service, None)
+            return None
+        return entry[0]
+
+    def check(self, service: str, priority: tuple[int, int]) -> None:
+        """Raise :class:`~floodwall.OverloadedError` if ``service`` would shed ``priority``."""
+        level = self.get(service)
+        if level is not None and priority > level:
+            raise OverloadedError(
+                service,
+                f"priority {format_level(priority)} is below the admission level "
+                f"{format_level(level)} it reported (shed early, DAGOR)",
+                self.ttl,
+            )
+
+
+# -- routing ----------------------------------------------------------------------------------
+
+
+Route = Policy | str
+
+
+def _route_key(pattern: str) -> tuple[str | None, int | None, str]:
+    """``host``, ``host:port``, ``host/prefix``, ``/prefix`` or ``*`` → (host, port, prefix)."""
+    if pattern == "*":
+        return None, None, "/"
+    head, slash, tail = pattern.partition("/")
+    prefix = "/" + tail if slash else "/"
+    if not head:
+        return None, None, prefix
+    host, colon, port = head.rpartition(":") if ":" in head else (head, "", "")
+    if colon and not port.isdigit():
+        raise ConfigError(f"routes: bad port in {pattern!r}")
+    return host.lower(), int(port) if colon else None, prefix
+
+
+class OutboundOptions(TypedDict, total=False):
+    """The keyword options every client integration takes (see :class:`Outbound`)."""
+
+    registry: ResourceSource | None
+    routes: Mapping[str, Route] | None
+    margin: float
+    idempotent_methods: frozenset[str]
+    failure_statuses: frozenset[int]
+    admission: bool
+    admission_ttl: float
+    clock: Clock
+
+
+class Outbound:
+    """The outbound core (see the module docstring).
+
+    Which policy guards a request, first match wins:
+
+    1. ``routes``: patterns ``"host"``, ``"host:port"``, ``"host/path-prefix"``,
+       ``"/path-prefix"`` or ``"*"``, most specific first, each naming a resource of
+       ``registry`` or giving a :class:`~floodwall.Policy`;
+    2. the ``registry`` resource named like the request's host, if there is one;
+    3. ``policy`` (default: none: the request is sent unprotected, but the wire headers, the
+       deadline and early shedding still apply).
+
+    ``margin`` (seconds, default 10 ms) is taken off the time left before it is sent as
+    ``X-Request-Deadline``. ``admission=False`` turns DAGOR early shedding off.
+    """
+
+    def __init__(self, policy: Policy | None = None, **options: Unpack[OutboundOptions]) -> None:
+        registry = options.get("registry")
+        routes = options.get("routes")
+        margin = options.get("margin", DEADLINE_MARGIN)
+        clock = options.get("clock", SYSTEM_CLOCK)
+        if policy is not None and not isinstance(policy, Policy):
+            raise ConfigError(f"policy must be a floodwall Policy, got {policy!r}")
+        if not 0 <= margin < float("inf"):
+            raise ConfigError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
+        self.policy = policy
+        self.registry = registry
+        self.margin = float(margin)
+        methods = options.get("idempotent_methods", IDEMPOTENT_METHODS)
+        self.idempotent_methods = frozenset(m.upper() for m in methods)
+        self.failure_statuses = frozenset(options.get("failure_statuses", FAILURE_STATUSES))
+        ttl = options.get("admission_ttl", ADMISSION_TTL)
+        admission = options.get("admission", True)
+        self.levels = AdmissionLevels(ttl=ttl, clock=clock) if admission else None
+        self.clock = clock
+        self._routes = self._compile(routes or {})
+        self._known = frozenset(registry.names()) if registry is not None else frozenset()
+
+    def _compile(
+        self, routes: Mapping[str, Route]
+    ) -> list[tuple[str | None, int | None, str, Route]]:
+        table = []
+        for pattern, target in routes.items():
+            if isinstance(target, str):
+                if self.registry is None:
+                    raise ConfigError(f"routes[{pattern!r}] names {target!r} but no registry given")
+                self.registry.get(target)  # KeyError naming the known resources
+            elif not isinstance(target, Policy):
+                raise ConfigError(f"routes[{pattern!r}] must be a resource name or a Policy")
+            table.append((*_route_key(pattern), target))
+        # Most specific first: a host beats none, a port beats none, a longer prefix wins.
+        table.sort(key=lambda r: (r[0] is None, r[1] is None, -len(r[2])))
+        return table
+
+    def resolve(self, host: str, port: int | None, path: str) -> Policy | None:
+        """The policy guarding a request to ``host:port/path`` (see the class docstring)."""
+        host = host.lower()
+        for r_host, r_port, prefix, target in self._routes:
+            if (
+                (r_host is None or r_host == host)
+                and (r_port is None or r_port == port)
+                and path.startswith(prefix)
+            ):
+                return self._named(target)
+        if host in self._known:
+            return self._named(host)
+        return self.policy
+
+    def _named(self, target: Route) -> Policy | None:
+        if not isinstance(target, str):
+            return target
+        assert self.registry is not None
+        try:
+            return self.registry.get(target)
+        except KeyError:  # removed by a reload: drained, not an error for the caller
+            return self.policy
+
+    def begin(
+        self, method: str, host: str, port: int | None, path: str, key: str | None = None
+    ) -> Call:
+        """One request's call: ``key`` is its ``Idempotency-Key`` header, if it has one."""
+        method = method.upper()
+        service = f"{host}:{port}" if port is not None else host
+        return Call(self, method, service, self.resolve(host, port, path), key)
+
+
+class Call:
+    """One outbound request through its policy (see the module docstring)."""
+
+    __slots__ = ("_ambient_key", "core", "key", "method", "policy", "retryable", "service")
+
+    def __init__(
+        self, core: Outbound, method: str, service: str, policy: Policy | None, key: str | None
+    ) -> None:
+        self.core = core
+        self.method = method
+        self.service = service
+        self.policy = policy
+        self.key = key
+        ambient = current_idempotency_key() if key is None else None
+        unsafe = method not in core.idempotent_methods
+        self._ambient_key = ambient if unsafe else None
+        self.retryable = not unsafe or key is not None or self._ambient_key is not None
+
+    # -- what an attempt sends -------------------------------------------------------------------
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The wire headers for the attempt starting now."""
+        out: list[tuple[str, str]] = []
+        left = remaining()
+        if left is not None:
+            out.append((DEADLINE, format_deadline(left - self.core.margin)))
+        marker = current_retry()
+        if marker is not None:
+            out.append((RETRY_ATTEMPT, str(marker.attempt)))
+        level = current_priority()
+        if level is not None:
+            out.append((PRIORITY, format_level(level)))
+        if self._ambient_key is not None:
+            out.append((IDEMPOTENCY_KEY, self._ambient_key))
+        return out
+
+    def attempt_timeout(self) -> float | None:
+        """Seconds this attempt may wait: the time left before the ambient deadline."""
+        left = remaining()
+        return None if left is None else max(left, MIN_ATTEMPT_TIMEOUT)
+
+    # -- what an attempt got ---------------------------------------------------------------------
+
+    def check(
+        self, status: int, header: Callable[[str], str | None], answer: Any
+    ) -> _AttemptError | None:
+        """``None`` if the answer is handed back as is, else the failure to raise (the caller
+        reads or releases the answer's body first, so a retry does not hold its connection)."""
+        levels = self.core.levels
+        if levels is not None:
+            level = parse_level(header(ADMISSION_LEVEL.lower()))
+            if level is not None:
+                levels.update(self.service, level)
+        if status not in self.core.failure_statuses:
+            return None
+        text = f"HTTP {status} from {self.service}"
+        pushback = parse_pushback(header(RETRY_PUSHBACK.lower()))
+        if pushback is not None and pushback < 0:
+            failure = _UnretryableError(text + " (retried below: not retried again)", answer=answer)
+            failure.final = True
+            return failure
+        if not self.retryable:
+            return _UnretryableError(text + f" ({self._why_not()})", answer=answer)
+        retry_after = None
+        raw = header("retry-after")
+        if raw is not None:
+            retry_after = parse_retry_after(raw, self._wall())
+        if pushback is not None:
+            retry_after = max(retry_after or 0.0, pushback)
+        return _StatusError(text, status, retry_after, answer)
+
+    def _why_not(self) -> str:
+        return f"{self.method} without an Idempotency-Key is not retried"
+
+    @staticmethod
+    def _wall() -> float:
+        return time.time()
+
+    def connect_error(self, exc: BaseException) -> _AttemptError:
+        """The connection never opened: retryable whatever the method."""
+        return _ConnectError(f"cannot connect to {self.service}: {exc!r}", exc)
+
+    def timeout_error(self, exc: BaseException) -> _AttemptError:
+        """No (complete) answer in time: retryable if the request may be repeated."""
+        text = f"no answer from {self.service} in time: {exc!r}"
+        if not self.retryable:
+            return _UnretryableError(f"{text} ({self._why_not()})", original=exc)
+        return _AttemptTimeoutError(text, exc)
+
+    def io_error(self, exc: BaseException) -> _AttemptError:
+        """The connection broke after the request went out: like a timeout."""
+        text = f"connection to {self.service} failed: {exc!r}"
+        if not self.retryable:
+            return _UnretryableError(f"{text} ({self._why_not()})", original=exc)
+        return _ConnectError(text, exc)
+
+    # -- the drivers -----------------------------------------------------------------------------
+
+    def _before(self) -> contextlib.AbstractContextManager[Any]:
+        left = remaining()
+        if left is not None and left <= 0:
+            raise TimeoutExceeded(
+                self.service, 0.0, "the deadline passed before the request was sent"
+            )
+        levels = self.core.levels
+        if levels is not None:
+            level = current_priority()
+            if level is not None:
+                levels.check(self.service, level)
+        key = self.key
+        if key is not None and current_idempotency_key() != key:
+            return idempotency_key(key)  # lets Retry(idempotent=False) retry this write
+        return contextlib.nullcontext()
+
+    def run(self, attempt: Callable[[], R]) -> R | Any:
+        """Send with ``attempt`` under the policy; the answer, a fallback value, or raise."""
+        with self._before():
+            try:
+                policy = self.policy
+                return attempt() if policy is None else policy.call(attempt)
+            except _AttemptError as failure:
+                return self._settle(failure)
+
+    async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
+        """:meth:`run` for coroutines."""
+        with self._before():
+            try:
+                policy = self.policy
+                return await (attempt() if policy is None else policy.call_async(attempt))
+            except _AttemptError as failure:
+                return self._settle(failure)
+
+    def _settle(self, failure: _AttemptError) -> Any:
+        record = gave_up(failure)
+        hop = _HOP.get()
+        if hop is not None and (failure.final or (record is not None and record.final)):
+            hop.final = True
+        if failure.answer is not None:
+            return failure.answer
+        original = failure.original
+        assert original is not None
+        for note in getattr(failure, "__notes__", ()):
+            original.add_note(note)
+        if record is not None:
+            with contextlib.suppress(AttributeError):
+                setattr(original, _RECORD, record)
+        try:
+            raise original
+        finally:
+            del original, failure

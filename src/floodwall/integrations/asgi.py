@@ -1,0 +1,189 @@
+"""ASGI middleware (FastAPI, Starlette, any ASGI app): the inbound guard in front of the app.
+
+::
+
+    from fastapi import FastAPI
+    from floodwall.asgi import FloodwallMiddleware, RateLimit
+
+    app = FastAPI()
+    app.add_middleware(
+        FloodwallMiddleware,
+        limits=[RateLimit("100/s", key="ip"), RateLimit("5/m", route="/login", key="ip")],
+        shedder=LoadShedder(AdaptiveLimiter(Gradient2Limit())),
+    )
+
+Rejections are answered before the app runs (429/503/504 with ``Retry-After``, ``RateLimit-*``
+and an ``application/problem+json`` body; 409/422 for idempotency conflicts). Handlers run under
+the request's deadline and retry marker, and read the :class:`~floodwall.integrations._inbound.
+Admission` as ``request.state.floodwall`` (``scope["state"]["floodwall"]``). See
+:mod:`floodwall.integrations._inbound` for the rules. Only ``http`` scopes are guarded; lifespan
+and websocket scopes pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Unpack
+
+from floodwall.integrations._inbound import (
+    Admission,
+    Captured,
+    GuardOptions,
+    Inbound,
+    InboundGuard,
+    Refusal,
+)
+from floodwall.integrations._wire import IDEMPOTENT_REPLAYED
+
+__all__ = ["FloodwallMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _inbound(scope: Scope, wanted: frozenset[bytes] | None) -> Inbound:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        if wanted is not None and raw_name not in wanted:
+            continue
+        name = raw_name.decode("latin-1")  # ASGI servers send names lower-cased
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    client = scope.get("client")
+    return Inbound(scope["method"], scope["path"], headers, client[0] if client else None)
+
+
+_NAMES: dict[str, bytes] = {}
+"""Header names as ASGI bytes, encoded once (the guard uses a handful of names)."""
+
+
+def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    out = []
+    for name, value in headers:
+        raw = _NAMES.get(name)
+        if raw is None:
+            raw = name.lower().encode("latin-1")
+            if len(_NAMES) < 256:
+                _NAMES[name] = raw
+        out.append((raw, value.encode("latin-1")))
+    return out
+
+
+async def _answer(send: Send, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+    raw = _encode(headers)
+    if not any(name == b"content-length" for name, _ in raw):
+        raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class FloodwallMiddleware:
+    """Guard an ASGI app: ``FloodwallMiddleware(app, guard=None, **options)`` where ``options``
+    are :class:`~floodwall.integrations._inbound.InboundGuard`'s (``limits``, ``shedder``,
+    ``idempotency``, ``registry``, ``deadline``, …) or ``guard`` is one already built (to share
+    it between apps)."""
+
+    def __init__(
+        self, app: ASGIApp, guard: InboundGuard | None = None, **options: Unpack[GuardOptions]
+    ) -> None:
+        self.app = app
+        self.guard = guard if guard is not None else InboundGuard(**options)
+        wanted = self.guard.wanted_headers
+        self._wanted = None if wanted is None else frozenset(n.encode() for n in wanted)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = _inbound(scope, self._wanted)
+        admitted = self.guard.admit(request)
+        if isinstance(admitted, Refusal):
+            await _answer(send, admitted.status, admitted.headers, admitted.body)
+            return
+        state = scope.get("state")
+        if state is None:
+            scope["state"] = state = {}
+        state["floodwall"] = admitted
+        with admitted:
+            if self.guard.idempotency_key(request) is not None:
+                await self._idempotent(request, admitted, scope, receive=receive, send=send)
+                return
+            status = 0
+
+            async def sender(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    extra = admitted.response_headers(status)
+                    if extra:
+                        message["headers"] = [*message.get("headers", ()), *_encode(extra)]
+                await send(message)
+
+            try:
+                await self.app(scope, receive, sender)
+            except BaseException as exc:
+                admitted.close(error=exc)
+                raise
+            admitted.close(status)
+
+    async def _idempotent(
+        self, request: Inbound, admitted: Admission, scope: Scope, *, receive: Receive, send: Send
+    ) -> None:
+        body = await _read_body(receive)
+
+        async def produce() -> Captured:
+            captured = Captured(500)
+            chunks: list[bytes] = []
+            delivered = False
+
+            async def replay() -> Message:
+                nonlocal delivered
+                if not delivered:
+                    delivered = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            async def capture(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    captured.status = message["status"]
+                    captured.headers = [
+                        (name.decode("latin-1"), value.decode("latin-1"))
+                        for name, value in message.get("headers", ())
+                    ]
+                elif message["type"] == "http.response.body":
+                    chunks.append(message.get("body", b""))
+
+            await self.app(scope, replay, capture)
+            captured.body = b"".join(chunks)
+            return captured
+
+        try:
+            result = await self.guard.idempotent_async(request, body, produce)
+        except BaseException as exc:
+            admitted.close(error=exc)
+            raise
+        if isinstance(result, Refusal):
+            await _answer(send, result.status, result.headers, result.body)
+            admitted.close(result.status)
+            return
+        captured, replayed = result
+        headers = captured.headers + admitted.response_headers(captured.status)
+        if replayed:
+            headers.append((IDEMPOTENT_REPLAYED, "true"))
+        await _answer(send, captured.status, headers, captured.body)
+        admitted.close(captured.status)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
