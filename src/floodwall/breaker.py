@@ -197,6 +197,7 @@ class CircuitBreaker(Policy):
             else TimeWindow(self.buckets, self.window / self.buckets, slow_call_duration=slow)
         )
         self._window_shape = (self.window, self.buckets, self.window_calls, slow)
+        self._add_success = self._window.add_success
         self._lock = threading.Lock()
         self._now = clock.monotonic
         self._state = _CLOSED
@@ -410,7 +411,8 @@ class CircuitBreaker(Policy):
     # -- the shells -------------------------------------------------------------------------
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        start = self._now()
+        now = self._now
+        start = now()
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
@@ -427,24 +429,23 @@ class CircuitBreaker(Policy):
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            end = self._now()
+            end = now()
             self.on_outcome(permit, end, self.classify(exc), end - start)
             raise
-        end = self._now()
+        end = now()
         if self.failure_result is not None and self.failure_result(result):
             self.on_outcome(permit, end, _FAILURE, end - start)
-        elif not (
-            permit == self._gen
-            and self._state is _CLOSED
-            and self._window.add_success(end, end - start)
-        ):
-            self.on_outcome(permit, end, _SUCCESS, end - start)  # (on_outcome's fast path, inlined)
+        # on_outcome's fast path, inlined: admitted while CLOSED and no transition since (the
+        # generation is unchanged), a fast success is two atomic counter bumps, no lock.
+        elif not (state is _CLOSED and permit == self._gen and self._add_success(end, end - start)):
+            self.on_outcome(permit, end, _SUCCESS, end - start)
         return result
 
     async def call_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        start = self._now()
+        now = self._now
+        start = now()
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
@@ -461,18 +462,16 @@ class CircuitBreaker(Policy):
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            end = self._now()
+            end = now()
             self.on_outcome(permit, end, self.classify(exc), end - start)
             raise
-        end = self._now()
+        end = now()
         if self.failure_result is not None and self.failure_result(result):
             self.on_outcome(permit, end, _FAILURE, end - start)
-        elif not (
-            permit == self._gen
-            and self._state is _CLOSED
-            and self._window.add_success(end, end - start)
-        ):
-            self.on_outcome(permit, end, _SUCCESS, end - start)  # (on_outcome's fast path, inlined)
+        # on_outcome's fast path, inlined: admitted while CLOSED and no transition since (the
+        # generation is unchanged), a fast success is two atomic counter bumps, no lock.
+        elif not (state is _CLOSED and permit == self._gen and self._add_success(end, end - start)):
+            self.on_outcome(permit, end, _SUCCESS, end - start)
         return result
 
     # -- operators and observers ------------------------------------------------------------
@@ -545,6 +544,7 @@ class CircuitBreaker(Policy):
             if fresh._window_shape != self._window_shape:
                 self._window = fresh._window
                 self._window_shape = fresh._window_shape
+                self._add_success = fresh._window.add_success
 
     def describe(self) -> str:
         rules = []
