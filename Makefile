@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.floodwall-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,all,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,all,bench,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,6 +36,10 @@ lint: $(STAMP)
 ## bench: side-by-side benchmarks against the peer libraries; writes docs/benchmarks.md
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --write docs/benchmarks.md
+
+## docs: the documentation site, warnings as errors (into build/site)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build

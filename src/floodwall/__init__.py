@@ -1,82 +1,175 @@
 """floodwall: keep partial failures partial.
 
-Circuit breakers, timeouts and deadlines, fallbacks and pipelines for ``def`` and ``async def``
-alike; pure decision cores fed by an injectable clock, thin sync and async shells.
+Circuit breakers, retries that never storm, bulkheads, rate limits, adaptive limits, timeouts
+and deadlines, fallbacks, degradation and pipelines for ``def`` and ``async def`` alike; pure
+decision cores fed by an injectable clock, thin sync and async shells.
+
+The public names below are imported on first use (PEP 562), so ``import floodwall`` stays
+cheap; type checkers see them through the ``TYPE_CHECKING`` imports.
 """
 
-from floodwall._core.clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
-from floodwall._core.errors import (
-    BulkheadFullError,
-    CircuitOpenError,
-    ConfigError,
-    DegradedError,
-    FailedResult,
-    FloodwallError,
-    OverloadedError,
-    RateLimitedError,
-    RejectedError,
-    TimeoutExceeded,
-)
-from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Kind, Outcome
-from floodwall._core.policy import Policy
-from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
-from floodwall.adaptive import (
-    AdaptiveLimiter,
-    BBRLimiter,
-    ClientThrottle,
-    LoadShedder,
-    QueueingTimeAdmission,
-)
-from floodwall.breaker import CircuitBreaker, CircuitState
-from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
-from floodwall.bulkhead import Bulkhead, ThreadPoolBulkhead, pool_size
-from floodwall.classify import Classifier, ErrorClass
-from floodwall.context import (
-    CallContext,
-    Deadline,
-    RetryMarker,
-    call_context,
-    current_call,
-    current_deadline,
-    current_idempotency_key,
-    current_retry,
-    deadline,
-    idempotency_key,
-    remaining,
-    retry_marker,
-)
-from floodwall.degrade import (
-    AutoShedder,
-    BacklogFullError,
-    Cache,
-    Coalesce,
-    FallbackSource,
-    LevelGate,
-    Levels,
-    PriorityGate,
-    SampledDrop,
-    WriteBehind,
-    chunked,
-)
-from floodwall.fallback import Fallback
-from floodwall.frequency import Frequency, FrequencyDecision
-from floodwall.hedge import Hedge
-from floodwall.idempotency import (
-    DuplicateInFlightError,
-    Idempotency,
-    IdempotencyKeyMissingError,
-    IdempotencyKeyReusedError,
-    IdempotencyTokenError,
-    IdempotencyUnavailableError,
-    OneTimeTokens,
-)
-from floodwall.pipeline import Pipeline
-from floodwall.retry import GaveUp, Retry, gave_up
-from floodwall.stores.base import StoreUnavailableError
-from floodwall.timeout import Timeout
+from __future__ import annotations
+
+import importlib as _importlib
+from typing import TYPE_CHECKING
+from typing import Any as _Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from floodwall._core.clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
+    from floodwall._core.errors import (
+        BulkheadFullError,
+        CircuitOpenError,
+        ConfigError,
+        DegradedError,
+        FailedResult,
+        FloodwallError,
+        OverloadedError,
+        RateLimitedError,
+        RejectedError,
+        TimeoutExceeded,
+    )
+    from floodwall._core.events import Event, EventListener, Listeners
+    from floodwall._core.outcome import Kind, Outcome
+    from floodwall._core.policy import Policy
+    from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
+    from floodwall.adaptive import (
+        AdaptiveLimiter,
+        BBRLimiter,
+        ClientThrottle,
+        LoadShedder,
+        QueueingTimeAdmission,
+    )
+    from floodwall.breaker import CircuitBreaker, CircuitState
+    from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
+    from floodwall.bulkhead import Bulkhead, ThreadPoolBulkhead, pool_size
+    from floodwall.classify import Classifier, ErrorClass
+    from floodwall.context import (
+        CallContext,
+        Deadline,
+        RetryMarker,
+        call_context,
+        current_call,
+        current_deadline,
+        current_idempotency_key,
+        current_retry,
+        deadline,
+        idempotency_key,
+        remaining,
+        retry_marker,
+    )
+    from floodwall.degrade import (
+        AutoShedder,
+        BacklogFullError,
+        Cache,
+        Coalesce,
+        FallbackSource,
+        LevelGate,
+        Levels,
+        PriorityGate,
+        SampledDrop,
+        WriteBehind,
+        chunked,
+    )
+    from floodwall.fallback import Fallback
+    from floodwall.frequency import Frequency, FrequencyDecision
+    from floodwall.hedge import Hedge
+    from floodwall.idempotency import (
+        DuplicateInFlightError,
+        Idempotency,
+        IdempotencyKeyMissingError,
+        IdempotencyKeyReusedError,
+        IdempotencyTokenError,
+        IdempotencyUnavailableError,
+        OneTimeTokens,
+    )
+    from floodwall.pipeline import Pipeline
+    from floodwall.retry import GaveUp, Retry, gave_up
+    from floodwall.stores.base import StoreUnavailableError
+    from floodwall.timeout import Timeout
+
+_EXPORTS: dict[str, str] = {
+    "SYSTEM_CLOCK": "floodwall._core.clock",
+    "AdaptiveLimiter": "floodwall.adaptive",
+    "AutoShedder": "floodwall.degrade",
+    "BBRLimiter": "floodwall.adaptive",
+    "BacklogFullError": "floodwall.degrade",
+    "BudgetSnapshot": "floodwall.budget",
+    "Bulkhead": "floodwall.bulkhead",
+    "BulkheadFullError": "floodwall._core.errors",
+    "Cache": "floodwall.degrade",
+    "CallContext": "floodwall.context",
+    "CircuitBreaker": "floodwall.breaker",
+    "CircuitOpenError": "floodwall._core.errors",
+    "CircuitState": "floodwall.breaker",
+    "Classifier": "floodwall.classify",
+    "ClientThrottle": "floodwall.adaptive",
+    "Clock": "floodwall._core.clock",
+    "Coalesce": "floodwall.degrade",
+    "ConfigError": "floodwall._core.errors",
+    "CountWindow": "floodwall._core.window",
+    "Deadline": "floodwall.context",
+    "DegradedError": "floodwall._core.errors",
+    "DuplicateInFlightError": "floodwall.idempotency",
+    "ErrorClass": "floodwall.classify",
+    "Event": "floodwall._core.events",
+    "EventListener": "floodwall._core.events",
+    "FailedResult": "floodwall._core.errors",
+    "FakeClock": "floodwall._core.clock",
+    "Fallback": "floodwall.fallback",
+    "FallbackSource": "floodwall.degrade",
+    "FloodwallError": "floodwall._core.errors",
+    "Frequency": "floodwall.frequency",
+    "FrequencyDecision": "floodwall.frequency",
+    "GaveUp": "floodwall.retry",
+    "Hedge": "floodwall.hedge",
+    "Idempotency": "floodwall.idempotency",
+    "IdempotencyKeyMissingError": "floodwall.idempotency",
+    "IdempotencyKeyReusedError": "floodwall.idempotency",
+    "IdempotencyTokenError": "floodwall.idempotency",
+    "IdempotencyUnavailableError": "floodwall.idempotency",
+    "Kind": "floodwall._core.outcome",
+    "LevelGate": "floodwall.degrade",
+    "Levels": "floodwall.degrade",
+    "Listeners": "floodwall._core.events",
+    "LoadShedder": "floodwall.adaptive",
+    "OneTimeTokens": "floodwall.idempotency",
+    "Outcome": "floodwall._core.outcome",
+    "OverloadedError": "floodwall._core.errors",
+    "Pipeline": "floodwall.pipeline",
+    "Policy": "floodwall._core.policy",
+    "PriorityGate": "floodwall.degrade",
+    "QueueingTimeAdmission": "floodwall.adaptive",
+    "RateLimitedError": "floodwall._core.errors",
+    "RejectedError": "floodwall._core.errors",
+    "Retry": "floodwall.retry",
+    "RetryBudget": "floodwall.budget",
+    "RetryBudgetExhausted": "floodwall.budget",
+    "RetryMarker": "floodwall.context",
+    "SampledDrop": "floodwall.degrade",
+    "StoreUnavailableError": "floodwall.stores.base",
+    "SystemClock": "floodwall._core.clock",
+    "ThreadPoolBulkhead": "floodwall.bulkhead",
+    "TimeWindow": "floodwall._core.window",
+    "Timeout": "floodwall.timeout",
+    "TimeoutExceeded": "floodwall._core.errors",
+    "WindowSnapshot": "floodwall._core.window",
+    "WriteBehind": "floodwall.degrade",
+    "call_context": "floodwall.context",
+    "chunked": "floodwall.degrade",
+    "current_call": "floodwall.context",
+    "current_deadline": "floodwall.context",
+    "current_idempotency_key": "floodwall.context",
+    "current_retry": "floodwall.context",
+    "deadline": "floodwall.context",
+    "gave_up": "floodwall.retry",
+    "idempotency_key": "floodwall.context",
+    "pool_size": "floodwall.bulkhead",
+    "remaining": "floodwall.context",
+    "retry_marker": "floodwall.context",
+}
+"""Where each public name lives; a name is imported the first time it is asked for."""
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -159,3 +252,37 @@ __all__ = [
     "remaining",
     "retry_marker",
 ]
+
+
+_SUBPACKAGES = frozenset(
+    {
+        "adaptive",
+        "backoff",
+        "config",
+        "degrade",
+        "drill",
+        "gateway",
+        "integrations",
+        "observe",
+        "ratelimit",
+        "sim",
+        "stores",
+        "testing",
+    }
+)
+"""Subpackages reachable as attributes (``floodwall.ratelimit``) without importing them first."""
+
+
+def __getattr__(name: str) -> _Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in _SUBPACKAGES:
+            return _importlib.import_module(f"floodwall.{name}")
+        raise AttributeError(f"module 'floodwall' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
