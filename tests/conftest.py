@@ -199,3 +199,300 @@ async def async_store_case(
         yield case
     finally:
         await case.store.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# Integrations (httpx, aiohttp, requests, ASGI, WSGI, gRPC): floodwall's pytest plugin
+#
+# `fake_clock` and `no_backoff` come from floodwall.testing, which is registered through the
+# `pytest11` entry point once the package metadata declares it; imported here so the suite has
+# them either way (a conftest fixture simply shadows the plugin's). Servers: tests/webservers.py.
+# --------------------------------------------------------------------------------------------
+
+import floodwall.testing as _floodwall_testing  # noqa: E402
+
+fake_clock = _floodwall_testing.fake_clock
+no_backoff = _floodwall_testing.no_backoff
+
+
+# --------------------------------------------------------------------------------------------
+# Gateway (floodwall.gateway): scripted upstreams, gateways in a thread or a process, raw HTTP
+#
+# `upstreams(...)` starts aiohttp servers on loopback whose answers a test scripts (status,
+# delay, health); `gateways(config)` runs a whole gateway (proxy + admin API) in a loop thread
+# with a known admin token; `GatewayProcess` runs `python -m floodwall.gateway` for tests that
+# need real processes. Everything binds 127.0.0.1 on kernel-picked ports and is stopped at the
+# end of the test.
+# --------------------------------------------------------------------------------------------
+
+import json as _json  # noqa: E402
+import signal as _signal  # noqa: E402
+import socket as _socket  # noqa: E402
+import subprocess as _subprocess  # noqa: E402
+import sys as _sys  # noqa: E402
+from dataclasses import dataclass as _dataclass  # noqa: E402
+from dataclasses import field as _field  # noqa: E402
+from typing import Any as _Any  # noqa: E402
+
+GATEWAY_TOKEN = "test-admin-token-0123456789"  # noqa: S105 - a throwaway test token
+
+
+@_dataclass
+class UpstreamState:
+    """What a scripted upstream answers: ``status`` (or the next of ``script``), after
+    ``delay`` seconds; ``healthy`` drives ``/health``; every request is recorded."""
+
+    name: str
+    status: int = 200
+    delay: float = 0.0
+    healthy: bool = True
+    script: list[int] = _field(default_factory=list)
+    requests: list[dict[str, _Any]] = _field(default_factory=list)
+    health_checks: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+
+class Upstream:
+    """A scripted aiohttp upstream on loopback (see :class:`UpstreamState`)."""
+
+    def __init__(self, name: str) -> None:
+        from aiohttp import web
+
+        from webservers import Aiohttp
+
+        self.state = UpstreamState(name)
+        state = self.state
+
+        async def health(request: web.Request) -> web.Response:
+            state.health_checks += 1
+            return web.Response(status=200 if state.healthy else 503, text="health")
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            state.requests.append(
+                {
+                    "method": request.method,
+                    "path": request.path_qs,
+                    "headers": dict(request.headers),
+                    "body": body.decode("latin-1"),
+                }
+            )
+            if state.delay:
+                await asyncio.sleep(state.delay)
+            status = state.script.pop(0) if state.script else state.status
+            if request.path.startswith("/stream"):
+                response = web.StreamResponse(status=status)
+                response.headers["Connection"] = "close, X-Upstream-Secret"
+                response.headers["X-Upstream-Secret"] = "hop"
+                await response.prepare(request)
+                for i in range(5):
+                    await response.write(f"chunk{i};".encode())
+                await response.write_eof()
+                return response
+            payload = {"upstream": state.name, "path": request.path_qs, "status": status}
+            response = web.json_response(payload, status=status)
+            response.headers["Keep-Alive"] = "timeout=5"
+            response.headers["X-Served-By"] = state.name
+            return response
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_route("*", "/{tail:.*}", answer)
+        self.server = Aiohttp(app)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> Upstream:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class GatewayThread:
+    """A whole gateway (supervisor, one in-process worker, admin API) in a loop thread."""
+
+    def __init__(self, config: dict[str, _Any]) -> None:
+        from floodwall.gateway.config import parse_gateway
+        from floodwall.gateway.supervisor import Supervisor
+        from webservers import LoopThread
+
+        config = {"listen": "127.0.0.1:0", **config}
+        config.setdefault("admin", {"listen": "127.0.0.1:0", "dashboard_interval": 0.5})
+        self.config = config
+        self.text = _json.dumps(config)
+        document = parse_gateway(config, "<test>.json")
+        env = {**os.environ, "FLOODWALL_ADMIN_TOKEN": GATEWAY_TOKEN}
+        self.supervisor = Supervisor(document, self.text, "<test>.json", environ=env)
+        self.loop = LoopThread()
+
+    def start(self) -> GatewayThread:
+        self.loop.run(self.supervisor.start(), timeout=20)
+        return self
+
+    def stop(self) -> None:
+        async def cancel_rest() -> None:
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self.loop.run(self.supervisor.stop(), timeout=20)
+            self.loop.run(cancel_rest(), timeout=5)
+        finally:
+            self.loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.supervisor.port}"
+
+    @property
+    def port(self) -> int:
+        return self.supervisor.port
+
+    @property
+    def admin_url(self) -> str:
+        assert self.supervisor.admin is not None
+        return f"http://127.0.0.1:{self.supervisor.admin.port}"
+
+    @property
+    def gateway(self) -> _Any:
+        return self.supervisor.gateway
+
+    def admin(self, method: str, path: str, **kwargs: _Any) -> _Any:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **kwargs.pop("headers", {})}
+        return httpx.request(method, self.admin_url + path, headers=headers, timeout=10, **kwargs)
+
+
+class GatewayProcess:
+    """``python -m floodwall.gateway -c FILE`` as a real process (stopped with SIGTERM)."""
+
+    def __init__(self, config: dict[str, _Any], path: Path, *, workers: int | None = None) -> None:
+        from servers import free_port
+
+        self.port = free_port()
+        self.admin_port = free_port()
+        config = {
+            **config,
+            "listen": f"127.0.0.1:{self.port}",
+            "admin": {"listen": f"127.0.0.1:{self.admin_port}", "dashboard_interval": 0.5},
+        }
+        path.write_text(_json.dumps(config), encoding="utf-8")
+        self.path = path
+        self.log = path.with_suffix(".log")
+        self.workers = workers
+        self.proc: _subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout: float = 30.0) -> GatewayProcess:
+        import httpx
+
+        command = [_sys.executable, "-m", "floodwall.gateway", "-c", str(self.path)]
+        if self.workers:
+            command += ["--workers", str(self.workers)]
+        env = {**os.environ, "FLOODWALL_ADMIN_TOKEN": GATEWAY_TOKEN}
+        with self.log.open("wb") as log:
+            self.proc = _subprocess.Popen(command, stdout=log, stderr=_subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited at start:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.admin_url + "/healthz", timeout=1).status_code == 200:
+                    httpx.get(self.url + "/", timeout=2)  # the proxy answers too
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"gateway not up within {timeout}s:\n{self.log.read_text()}")
+
+    def admin(self, method: str, path: str, **kwargs: _Any) -> _Any:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
+        return httpx.request(method, self.admin_url + path, headers=headers, timeout=10, **kwargs)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(_signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except _subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+
+def raw_http(port: int, data: bytes, *, timeout: float = 5.0, read_all: bool = True) -> bytes:
+    """Send ``data`` on a fresh TCP connection to 127.0.0.1:``port``; what came back until the
+    server closed the connection (or ``timeout``)."""
+    with _socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks: list[bytes] = []
+        sock.settimeout(timeout)
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if not read_all and b"\r\n\r\n" in b"".join(chunks):
+                    break
+        except TimeoutError:
+            pass
+        return b"".join(chunks)
+
+
+@pytest.fixture
+def upstreams() -> Iterator[Callable[..., list[Upstream]]]:
+    """``upstreams("a", "b")``: started scripted upstreams, stopped after the test."""
+    started: list[Upstream] = []
+
+    def start(*names: str) -> list[Upstream]:
+        servers = [Upstream(name).start() for name in names]
+        started.extend(servers)
+        return servers
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def gateways() -> Iterator[Callable[[dict[str, _Any]], GatewayThread]]:
+    """``gateways(config)``: a started :class:`GatewayThread`, stopped after the test."""
+    started: list[GatewayThread] = []
+
+    def start(config: dict[str, _Any]) -> GatewayThread:
+        gateway = GatewayThread(config).start()
+        started.append(gateway)
+        return gateway
+
+    try:
+        yield start
+    finally:
+        for gateway in started:
+            gateway.stop()

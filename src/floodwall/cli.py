@@ -66,6 +66,17 @@ def simulate(path: str = typer.Argument(..., help="scenario file (YAML or JSON)"
 
 
 @app.command()
+def gateway(
+    config: str = typer.Option(..., "-c", "--config", help="gateway configuration file"),
+    workers: int = typer.Option(0, "-w", "--workers", help="worker processes (0: the file's)"),
+) -> None:
+    """Run the resilient HTTP gateway."""
+    from floodwall.gateway.cli import gateway as run
+
+    run(config, workers)
+
+
+@app.command()
 def version() -> None:
     """Print the installed version."""
     from floodwall import __version__

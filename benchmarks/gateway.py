@@ -1,0 +1,461 @@
+"""The floodwall gateway against a bare aiohttp proxy, nginx, and no proxy at all.
+
+Standalone: ``python benchmarks/gateway.py [--seconds 5] [--write docs/gateway.md]``.
+Starts, on loopback free ports, a fast upstream, the gateway with a typical policy set (route
+timeout, breaker, retry with budget, per-try timeout, bulkhead, per-client rate limit, outlier
+detection), a bare 30-line aiohttp pass-through proxy and nginx (when installed), then:
+
+1. **saturation**: closed-loop load with ``wrk`` (or a Python generator without it); requests/s,
+   and the CPU each proxy process spent per request (``/proc``: the figure that survives a
+   noisy shared machine);
+2. **latency at a fixed rate**: half of the bare proxy's saturation rate, open-loop (requests
+   are sent on a schedule, latency counted from the scheduled time: no coordinated omission),
+   p50/p99, and the latency each proxy adds over calling the upstream directly.
+
+Targets (issue): gateway throughput >= 0.8 x the bare proxy; added p99 <= 2 ms at half the bare
+proxy's saturation rate. Every process is stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+UPSTREAM = r"""
+import asyncio, sys
+BODY = b'{"ok":true,"item":"' + b"x" * 200 + b'"}'
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(BODY))
+class Upstream(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buffer = transport, b""
+    def data_received(self, data):
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            _, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+            self.transport.write(HEAD + BODY)
+async def main():
+    server = await asyncio.get_running_loop().create_server(Upstream, "127.0.0.1", int(sys.argv[1]))
+    await server.serve_forever()
+try:
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
+"""
+
+BARE_PROXY = r"""
+import sys, aiohttp
+from aiohttp import web
+UPSTREAM = sys.argv[2]
+HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length"}
+async def proxy(request):
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+    data = request.content if request.body_exists else None
+    async with request.app["session"].request(
+        request.method, UPSTREAM + request.path_qs, headers=headers, data=data
+    ) as upstream:
+        response = web.StreamResponse(status=upstream.status, headers={
+            k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+async def session(app):
+    app["session"] = aiohttp.ClientSession(auto_decompress=False)
+    yield
+    await app["session"].close()
+app = web.Application()
+app.cleanup_ctx.append(session)
+app.router.add_route("*", "/{path:.*}", proxy)
+try:
+    import uvloop
+    loop = uvloop.new_event_loop()
+except ImportError:
+    loop = None
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None, loop=loop)
+"""
+
+NGINX = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream app {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+MAX_CONNECTIONS = 128
+"""Connections the latency generator opens at most (wrk2 keeps a fixed set too); past it a
+request waits for one, the wait counted in its latency."""
+MARK_START = "<!-- bench:gateway:start -->"
+MARK_END = "<!-- bench:gateway:end -->"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+def gateway_config(port: int, upstream: int) -> dict[str, object]:
+    """The "typical policy set" the targets are about."""
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "admin": None,
+        "upstreams": {
+            "app": {"endpoints": [f"http://127.0.0.1:{upstream}"], "balance": "least_request"}
+        },
+        "resources": {
+            "app": {
+                "timeout": "2s",
+                "retry": {"attempts": 2},
+                "circuit_breaker": {"minimum_calls": 20, "failure_rate": 0.5},
+                "bulkhead": {"max_concurrent": 1000},
+            }
+        },
+        "routes": [
+            {
+                "name": "app",
+                "match": {"path_prefix": "/"},
+                "upstream": "app",
+                "resource": "app",
+                "timeout": "5s",
+                "rate_limit": {"rate": "1000000/s", "key": "client_ip"},
+            }
+        ],
+    }
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    pid: int | None  # the proxy process whose CPU we count (None: the upstream itself)
+
+
+@contextlib.contextmanager
+def processes(workdir: Path, with_nginx: bool) -> Iterator[list[Target]]:
+    started: list[subprocess.Popen[bytes]] = []
+    log = (workdir / "processes.log").open("wb")
+
+    def spawn(*command: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(command, stdout=log, stderr=log, env=env)
+        started.append(proc)
+        return proc
+
+    try:
+        upstream = free_port()
+        spawn(sys.executable, "-c", UPSTREAM, str(upstream))
+        wait_port(upstream)
+        targets = [Target("direct (no proxy)", upstream, None)]
+        bare = free_port()
+        proc = spawn(sys.executable, "-c", BARE_PROXY, str(bare), f"http://127.0.0.1:{upstream}")
+        wait_port(bare)
+        targets.append(Target("bare aiohttp proxy", bare, proc.pid))
+        gateway = free_port()
+        config = workdir / "gateway.json"
+        config.write_text(json.dumps(gateway_config(gateway, upstream)))
+        proc = spawn(sys.executable, "-m", "floodwall.gateway", "-c", str(config))
+        wait_port(gateway)
+        targets.append(Target("floodwall gateway", gateway, proc.pid))
+        nginx = shutil.which("nginx") or (
+            "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+        )
+        if with_nginx and nginx:
+            port = free_port()
+            conf = workdir / "nginx.conf"
+            conf.write_text(NGINX.format(dir=workdir, upstream=upstream, port=port))
+            proc = spawn(nginx, "-c", str(conf), "-p", str(workdir))
+            wait_port(port)
+            targets.append(Target("nginx", port, _nginx_worker(proc.pid)))
+        yield targets
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        log.close()
+
+
+def _nginx_worker(master: int) -> int:
+    time.sleep(0.2)
+    children = Path(f"/proc/{master}/task/{master}/children")
+    with contextlib.suppress(OSError, ValueError):
+        return int(children.read_text().split()[0])
+    return master
+
+
+def cpu_ticks(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def saturate(port: int, seconds: float) -> tuple[float, int]:
+    """Closed-loop load: ``(requests/s, requests)``."""
+    if shutil.which("wrk"):
+        out = subprocess.run(
+            ["wrk", "-t1", "-c32", f"-d{seconds:g}s", f"http://127.0.0.1:{port}/item"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=seconds + 30,
+        ).stdout
+        rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        count = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+        return rate, count
+    return _run(_closed_loop(port, seconds))
+
+
+async def _closed_loop(port: int, seconds: float) -> tuple[float, int]:
+    import aiohttp
+
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            async with session.get(f"http://127.0.0.1:{port}/item") as answer:
+                await answer.read()
+            done += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(32)))
+    return done / seconds, done
+
+
+class _Client(asyncio.Protocol):
+    """One keep-alive connection of the load generator: a raw HTTP/1.1 client that knows just
+    enough (Content-Length or chunked answers) and costs a fraction of a full client, so the
+    generator is not what limits the measured latency."""
+
+    request = b"GET /item HTTP/1.1\r\nHost: bench\r\n\r\n"
+
+    def __init__(self, idle: asyncio.Queue[_Client], latencies: list[float]) -> None:
+        self.idle = idle
+        self.latencies = latencies
+        self.buffer = b""
+        self.scheduled = 0.0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def send(self, scheduled: float) -> None:
+        assert self.transport is not None
+        self.scheduled = scheduled
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        head, sep, body = self.buffer.partition(b"\r\n\r\n")
+        if not sep:
+            return
+        match = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+        if match is not None:
+            if len(body) < int(match.group(1)):
+                return
+        elif not body.endswith(b"0\r\n\r\n"):
+            return
+        self.buffer = b""
+        self.latencies.append(time.perf_counter() - self.scheduled)
+        self.idle.put_nowait(self)
+
+
+async def fixed_rate(port: int, rate: float, seconds: float) -> list[float]:
+    """Open-loop load at ``rate`` requests/s; latencies from each request's scheduled time
+    (a request waiting for a free connection waits on the clock too: no coordinated omission)."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    idle: asyncio.Queue[_Client] = asyncio.Queue()
+    opened: list[_Client] = []
+
+    async def connection() -> _Client:
+        _, client = await loop.create_connection(
+            lambda: _Client(idle, latencies), "127.0.0.1", port
+        )
+        opened.append(client)
+        return client
+
+    for _ in range(32):
+        idle.put_nowait(await connection())
+    clock = time.perf_counter  # (uvloop's loop.time() ticks in whole milliseconds)
+    start = clock() + 0.05
+    total = int(rate * seconds)
+    for index in range(total):
+        scheduled = start + index / rate
+        delay = scheduled - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if not idle.empty() or len(opened) >= MAX_CONNECTIONS:
+            try:  # at the cap a request waits, and its wait counts
+                client = await asyncio.wait_for(idle.get(), 5.0)
+            except TimeoutError:
+                client = await connection()
+        else:
+            client = await connection()
+        if client.transport is None or client.transport.is_closing():
+            client = await connection()
+        client.send(scheduled)
+    deadline = clock() + 30
+    while len(latencies) < total and clock() < deadline:  # noqa: ASYNC110 - a bounded drain
+        await asyncio.sleep(0.01)
+    for client in opened:
+        if client.transport is not None:
+            client.transport.close()
+    return latencies
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` on uvloop when installed (the generator must cost as little as it can)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def run(seconds: float, with_nginx: bool) -> str:
+    with (
+        tempfile.TemporaryDirectory(prefix="floodwall-bench-") as tmp,
+        processes(Path(tmp), with_nginx) as targets,
+    ):
+        rows: dict[str, dict[str, float]] = {}
+        for target in targets:
+            saturate(target.port, 1.0)  # warm-up
+            before = cpu_ticks(target.pid)
+            rate, count = saturate(target.port, seconds)
+            ticks = cpu_ticks(target.pid) - before
+            cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / count if target.pid else float("nan")
+            rows[target.name] = {"rps": rate, "cpu_us": cpu}
+        half = rows["bare aiohttp proxy"]["rps"] / 2
+        for target in targets:
+            latencies = _run(fixed_rate(target.port, half, seconds))
+            rows[target.name]["p50"] = pct(latencies, 0.5)
+            rows[target.name]["p99"] = pct(latencies, 0.99)
+    return report(rows, half, seconds)
+
+
+def report(rows: dict[str, dict[str, float]], half: float, seconds: float) -> str:
+    direct = rows["direct (no proxy)"]
+    bare = rows["bare aiohttp proxy"]
+    gateway = rows["floodwall gateway"]
+    lines = [
+        f"Loopback, one run, {os.cpu_count()} CPU(s) shared by load generator, upstream and "
+        f"proxies; saturation with "
+        f"{'wrk -t1 -c32' if shutil.which('wrk') else 'a Python closed loop (32)'} "
+        f"for {seconds:g} s; latency open-loop at {half:.0f} req/s (half the bare proxy's "
+        f"saturation) for {seconds:g} s.",
+        "",
+        "| target | req/s (saturation) | CPU µs/req | p50 ms | p99 ms "
+        "| added p50 ms | added p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in rows.items():
+        cpu = "–" if row["cpu_us"] != row["cpu_us"] else f"{row['cpu_us']:.0f}"
+        added50 = "–" if row is direct else f"{row['p50'] - direct['p50']:+.2f}"
+        added99 = "–" if row is direct else f"{row['p99'] - direct['p99']:+.2f}"
+        lines.append(
+            f"| {name} | {row['rps']:.0f} | {cpu} | {row['p50']:.2f} | {row['p99']:.2f} "
+            f"| {added50} | {added99} |"
+        )
+    ratio = gateway["rps"] / bare["rps"]
+    cpu_ratio = bare["cpu_us"] / gateway["cpu_us"]
+    added = gateway["p99"] - direct["p99"]
+    lines += [
+        "",
+        f"* throughput, gateway / bare proxy: **{ratio:.2f}** (target >= 0.80: "
+        f"**{'PASS' if ratio >= 0.8 else 'FAIL'}**); by CPU per request: {cpu_ratio:.2f}",
+        f"* added p99 at {half:.0f} req/s: **{added:.2f} ms** (target <= 2 ms: "
+        f"**{'PASS' if added <= 2.0 else 'FAIL'}**)",
+    ]
+    return "\n".join(lines)
+
+
+def write(path: Path, table: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    block = f"{MARK_START}\n{table}\n{MARK_END}"
+    if MARK_START in text and MARK_END in text:
+        head, _, rest = text.partition(MARK_START)
+        _, _, tail = rest.partition(MARK_END)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement (default 5)")
+    parser.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    parser.add_argument("--write", type=Path, help="put the table into this Markdown file")
+    args = parser.parse_args()
+    table = run(args.seconds, not args.no_nginx)
+    print(table)
+    if args.write is not None:
+        write(args.write, table)
+        print(f"\nwritten to {args.write}")
+
+
+if __name__ == "__main__":
+    main()

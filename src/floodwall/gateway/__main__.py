@@ -1,0 +1,40 @@
+"""``python -m floodwall.gateway -c gateway.yaml [--workers N]``: run the gateway.
+
+The same entry starts worker processes (``--worker N --rundir DIR --port P``, used by the
+supervisor only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m floodwall.gateway")
+    parser.add_argument("-c", "--config", help="gateway configuration file (YAML, JSON or TOML)")
+    parser.add_argument("-w", "--workers", type=int, default=None, help="worker processes")
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rundir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        from floodwall.gateway.supervisor import worker_main
+
+        worker_main(args.worker, args.rundir, args.port)
+        return 0
+    if not args.config:
+        parser.error("-c/--config is required")
+    from floodwall.gateway.cli import gateway
+
+    try:
+        gateway(args.config, args.workers or 0)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["main"]

@@ -1,0 +1,173 @@
+"""Header rules of the proxy, as pure functions: hop-by-hop fields, forwarding, request ids.
+
+* **Hop-by-hop** fields (RFC 9110 §7.6.1) describe one connection and are never forwarded:
+  ``Connection``, ``Proxy-Connection``, ``Keep-Alive``, ``TE``, ``Transfer-Encoding``,
+  ``Upgrade``, every field named in ``Connection``, and ``Proxy-Authenticate``,
+  ``Proxy-Authorization`` and ``Trailer`` (RFC 2616's list). Dropped in both directions.
+* **Forwarding** (RFC 7239 ``Forwarded`` and the de-facto ``X-Forwarded-For``/``-Proto``/
+  ``-Host`` and ``X-Real-IP``): from a trusted proxy, the chain is kept and this hop appended;
+  from anyone else, whatever the client claimed is thrown away and replaced, so a client can
+  never choose the address the upstream (or a rate limit keyed by client IP) sees.
+* **Wire headers** of the integrations (``X-Request-Deadline``, ``X-Retry-Attempt``,
+  ``X-Request-Priority``) are read by the gateway's guard and written again by its outbound
+  call, never copied blindly.
+* **Request ids**: kept from a trusted proxy when well-formed (``[A-Za-z0-9._:-]``, at most
+  128 characters), else made here: a random per-process prefix and a counter (unique across
+  workers and hosts, and far cheaper than a UUID per request).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+__all__ = [
+    "HOP_BY_HOP",
+    "REQUEST_DROPPED",
+    "RESPONSE_DROPPED",
+    "client_address",
+    "connection_tokens",
+    "forwarded_element",
+    "forwarding_headers",
+    "new_request_id",
+    "trust_check",
+    "valid_request_id",
+]
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "trailer",
+    }
+)
+_FORWARDING: Final = frozenset(
+    {"forwarded", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-real-ip"}
+)
+_WIRE: Final = frozenset({"x-request-deadline", "x-retry-attempt", "x-request-priority"})
+REQUEST_DROPPED: Final = HOP_BY_HOP | _FORWARDING | _WIRE | {"host", "content-length", "expect"}
+"""Request fields never copied upstream as received (the proxy writes its own)."""
+RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level"}
+"""Response fields never copied to the client as received (the upstream's admission level is
+for the gateway's own early shedding, not for its clients)."""
+
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_PREFIX: Final = os.urandom(6).hex()
+_COUNTER = itertools.count(1)
+
+
+def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
+    """The field names listed in ``Connection`` (lower-case); hop-by-hop as well."""
+    value = headers.get("connection")
+    if not value:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
+
+
+def trust_check(trusted_proxies: Iterable[str]) -> Callable[[str | None], bool]:
+    """A predicate: is this peer address one of ``trusted_proxies`` (addresses or networks)?"""
+    nets = tuple(ipaddress.ip_network(t, strict=False) for t in trusted_proxies)
+    if not nets:
+        return lambda address: False
+    cache: dict[str, bool] = {}
+
+    def trusted(address: str | None) -> bool:
+        if address is None:
+            return False
+        known = cache.get(address)
+        if known is not None:
+            return known
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            verdict = False
+        else:
+            verdict = any(ip in net for net in nets)
+        if len(cache) < 4096:
+            cache[address] = verdict
+        return verdict
+
+    return trusted
+
+
+def client_address(
+    peer: str | None, headers: Mapping[str, str], trusted: Callable[[str | None], bool]
+) -> str | None:
+    """The client's address: the peer, or behind trusted proxies the right-most
+    ``X-Forwarded-For`` hop that is not one of them (the same rule as the inbound guard's
+    ``client_ip``)."""
+    if peer is None or not trusted(peer):
+        return peer
+    hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not trusted(hop):
+            return hop
+    return hops[0] if hops else peer
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def forwarded_element(peer: str | None, proto: str, host: str) -> str:
+    """This hop's RFC 7239 element: ``for=192.0.2.1;proto=http;host="api.example.com"``."""
+    if peer is None:
+        node = "unknown"
+    elif ":" in peer:
+        node = _quoted(f"[{peer}]")  # IPv6 must be bracketed and quoted
+    else:
+        node = peer
+    return f"for={node};proto={proto};host={_quoted(host)}"
+
+
+def forwarding_headers(
+    headers: Mapping[str, str],
+    *,
+    peer: str | None,
+    client: str | None,
+    trusted: bool,
+    proto: str,
+    host: str,
+    forwarded_all: str | None = None,
+) -> list[tuple[str, str]]:
+    """``Forwarded``, ``X-Forwarded-For/-Proto/-Host`` and ``X-Real-IP`` to send upstream.
+
+    ``forwarded_all`` is every received ``Forwarded`` value joined (a header may repeat)."""
+    element = forwarded_element(peer, proto, host)
+    me = peer or "unknown"
+    if trusted:
+        chain = headers.get("x-forwarded-for")
+        earlier = forwarded_all if forwarded_all is not None else headers.get("forwarded")
+        return [
+            ("Forwarded", f"{earlier}, {element}" if earlier else element),
+            ("X-Forwarded-For", f"{chain}, {me}" if chain else me),
+            ("X-Forwarded-Proto", headers.get("x-forwarded-proto") or proto),
+            ("X-Forwarded-Host", headers.get("x-forwarded-host") or host),
+            ("X-Real-IP", client or me),
+        ]
+    return [
+        ("Forwarded", element),
+        ("X-Forwarded-For", me),
+        ("X-Forwarded-Proto", proto),
+        ("X-Forwarded-Host", host),
+        ("X-Real-IP", me),
+    ]
+
+
+def valid_request_id(value: str | None) -> bool:
+    return value is not None and _REQUEST_ID.fullmatch(value) is not None
+
+
+def new_request_id() -> str:
+    """A fresh request id: 12 random hex digits per process, then a counter."""
+    return f"{_PREFIX}-{next(_COUNTER):x}"

@@ -1,0 +1,213 @@
+"""The live dashboard: a page on the admin listener, fed a frame a second over SSE.
+
+The page (``index.html``, ``app.js``, ``style.css`` beside this module) opens an
+``EventSource`` on ``/dashboard/events``; each event is one :func:`frame`: per route the
+request rate, error rate, latency p50/p99 over the last interval, breaker state, limiter
+rejections, bulkhead use and shedding, and per upstream its endpoints' health, all computed
+here from two successive cumulative snapshots (so every worker's counters simply add up).
+It is the Hystrix/Sentinel dashboard, for this gateway.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from floodwall._core.window import latency_bin_bounds
+
+__all__ = ["asset", "frame", "merge_status", "percentile"]
+
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
+
+
+def asset(name: str) -> tuple[bytes, str]:
+    """``(content, content type)`` of one of the page's files."""
+    content_type = ASSETS[name]
+    return resources.files(__name__).joinpath(name).read_bytes(), content_type
+
+
+def percentile(bins: dict[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of a histogram of log-linear bins, in seconds (the bin's
+    midpoint, ±12 %); ``None`` when the histogram is empty."""
+    total = sum(bins.values())
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for index in sorted(bins):
+        seen += bins[index]
+        if seen >= rank:
+            low, high = latency_bin_bounds(index)
+            return (low + high) / 2
+    low, high = latency_bin_bounds(max(bins))
+    return (low + high) / 2
+
+
+_FIRST = frozenset({"level", "failure_rate", "limit", "scope", "upstream", "resource", "state"})
+"""Figures that are not added up across workers (the first worker's is kept)."""
+
+
+def _add(into: dict[str, Any], other: dict[str, Any]) -> None:
+    for key, value in other.items():
+        if key in _FIRST or isinstance(value, bool) or not isinstance(value, int | float | dict):
+            into.setdefault(key, value)
+        elif isinstance(value, dict):
+            _add(into.setdefault(key, {}), value)
+        else:
+            into[key] = into.get(key, 0) + value
+
+
+_STATE_RANK = {
+    "CLOSED": 0,
+    "DISABLED": 1,
+    "FORCED_CLOSED": 2,
+    "HALF_OPEN": 3,
+    "OPEN": 4,
+    "FORCED_OPEN": 5,
+}
+
+
+def merge_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several workers' ``/status`` as one: counters added, the most alarming breaker state,
+    an endpoint up only where every worker has it up."""
+    if len(statuses) == 1:
+        return statuses[0]
+    merged: dict[str, Any] = {"routes": {}, "upstreams": {}, "workers": len(statuses)}
+    for status in statuses:
+        for key in ("requests", "in_flight"):
+            merged[key] = merged.get(key, 0) + status.get(key, 0)
+        merged.setdefault("version", status.get("version"))
+        merged.setdefault("shed_levels", status.get("shed_levels", []))
+        merged.setdefault("overrides", status.get("overrides", []))
+        merged.setdefault("resources", status.get("resources", {}))
+        for name, route in status["routes"].items():
+            into = merged["routes"].setdefault(name, {})
+            state = route.get("breaker", {}).get("state")
+            _add(into, route)
+            if state is not None:
+                current = into["breaker"].get("state_merged", "CLOSED")
+                worst = max(current, state, key=lambda s: _STATE_RANK.get(s, 0))
+                into["breaker"]["state_merged"] = worst
+                into["breaker"]["state"] = worst
+        for name, upstream in status["upstreams"].items():
+            into = merged["upstreams"].setdefault(name, {"endpoints": []})
+            for index, endpoint in enumerate(upstream["endpoints"]):
+                if index >= len(into["endpoints"]):
+                    into["endpoints"].append(dict(endpoint))
+                    continue
+                mine = into["endpoints"][index]
+                for key in ("requests", "failures", "in_flight"):
+                    mine[key] += endpoint[key]
+                mine["healthy"] = mine["healthy"] and endpoint["healthy"]
+                mine["ejected"] = mine["ejected"] or endpoint["ejected"]
+            into["balance"] = upstream.get("balance")
+    return merged
+
+
+def _delta_bins(now: dict[str, int], before: dict[str, int]) -> dict[int, int]:
+    out = {}
+    for key, count in now.items():
+        diff = count - before.get(key, 0)
+        if diff > 0:
+            out[int(key)] = diff
+    return out
+
+
+def _rate(now: int, before: int, dt: float) -> float:
+    return max(0, now - before) / dt if dt > 0 else 0.0
+
+
+def _route_frame(
+    name: str, now: dict[str, Any], before: dict[str, Any] | None, dt: float
+) -> dict[str, Any]:
+    stats = now["stats"]
+    empty: dict[str, Any] = {"requests": 0, "classes": {}, "outcomes": {}, "bins": {}}
+    old: dict[str, Any] = before["stats"] if before is not None else empty
+    classes, old_classes = stats["classes"], old["classes"]
+    answered = sum(classes.values()) - sum(old_classes.values())
+    errors = (classes.get("5xx", 0) - old_classes.get("5xx", 0)) + (
+        classes.get("aborted", 0) - old_classes.get("aborted", 0)
+    )
+    bins = _delta_bins(stats["bins"], old["bins"])
+    p50, p99 = percentile(bins, 0.5), percentile(bins, 0.99)
+    outcomes, old_outcomes = stats["outcomes"], old["outcomes"]
+    out: dict[str, Any] = {
+        "name": name,
+        "upstream": now.get("upstream"),
+        "level": now.get("level"),
+        "rps": round(_rate(stats["requests"], old.get("requests", 0), dt), 2),
+        "error_rate": round(errors / answered, 4) if answered > 0 else 0.0,
+        "p50_ms": None if p50 is None else round(p50 * 1000, 3),
+        "p99_ms": None if p99 is None else round(p99 * 1000, 3),
+        "in_flight": stats["in_flight"],
+        "outcomes_per_s": {
+            k: round(_rate(v, old_outcomes.get(k, 0), dt), 2) for k, v in outcomes.items()
+        },
+        "breaker": now.get("breaker", {}).get("state"),
+        "failure_rate": now.get("breaker", {}).get("failure_rate"),
+    }
+    limit = now.get("rate_limit")
+    if limit is not None:
+        old_limit = (before or {}).get("rate_limit", {})
+        out["limiter"] = {
+            "scope": limit["scope"],
+            "rejected": limit["rejected"],
+            "rejected_per_s": round(_rate(limit["rejected"], old_limit.get("rejected", 0), dt), 2),
+        }
+    bulkhead = now.get("bulkhead")
+    if bulkhead is not None:
+        out["bulkhead"] = {
+            "in_flight": bulkhead["in_flight"],
+            "max": bulkhead["max_concurrent"],
+            "rejected": bulkhead["rejected"],
+        }
+    shedding = now.get("shedding")
+    if shedding is not None:
+        out["shedding"] = {"shed": shedding["shed"], "limit": shedding.get("limit")}
+    return out
+
+
+def frame(
+    now: dict[str, Any], before: dict[str, Any] | None, dt: float, at: float
+) -> dict[str, Any]:
+    """One dashboard frame from the merged status ``now`` and the previous one ``dt`` seconds
+    earlier (``None`` at first: rates from zero are then left at zero)."""
+    routes = []
+    for name, route in now["routes"].items():
+        prior = None if before is None else before["routes"].get(name)
+        if before is None:
+            prior = route
+        routes.append(_route_frame(name, route, prior, dt))
+    upstreams = []
+    for name, upstream in now["upstreams"].items():
+        upstreams.append(
+            {
+                "name": name,
+                "balance": upstream.get("balance"),
+                "endpoints": [
+                    {
+                        "url": e["url"],
+                        "up": e["healthy"] and not e["ejected"],
+                        "healthy": e["healthy"],
+                        "ejected": e["ejected"],
+                        "in_flight": e["in_flight"],
+                        "requests": e["requests"],
+                        "failures": e["failures"],
+                    }
+                    for e in upstream["endpoints"]
+                ],
+            }
+        )
+    return {
+        "time": at,
+        "version": now.get("version"),
+        "workers": now.get("workers", 1),
+        "shed_levels": now.get("shed_levels", []),
+        "overrides": now.get("overrides", []),
+        "routes": routes,
+        "upstreams": upstreams,
+    }

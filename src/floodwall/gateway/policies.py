@@ -1,0 +1,359 @@
+"""Each route's protection, built from the configuration: the per-route pipeline.
+
+A request that matched a route meets, in this order (first = outermost, as everywhere in
+floodwall):
+
+1. the **inbound guard** (:class:`~floodwall.integrations._inbound.InboundGuard`): the
+   deadline (the client's ``X-Request-Deadline``, capped by the route's ``timeout``), the retry
+   marker (a client's ``X-Retry-Attempt`` turns the gateway's own retries off: one retrying layer
+   per request), the priority, and **adaptive shedding** (``shedding:``; 503 + ``Retry-After``);
+2. the route's **rate limit** (local, or global through a store), keyed by client IP, a header
+   or a path parameter: 429 with ``Retry-After`` and ``RateLimit-*``;
+3. the route's **resource** (``resources[route.resource]``), whose pipeline is the library's:
+   dependency level (shed levels answer from the fallback), fallback, circuit breaker,
+   bulkhead, rate limit, retry (with its budget; only idempotent methods or requests with an
+   ``Idempotency-Key``), timeout per try;
+4. the **upstream** pool: an endpoint by the balancer, outlier detection per endpoint;
+5. the route's **fallbacks** (cache, backup, static) for the failures they answer.
+
+:class:`RouteStats` keeps what the admin API, the dashboard and ``/metrics`` read: cumulative
+counts by outcome and a latency histogram in the library's log-linear bins (±12 %).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from floodwall._core.clock import Clock
+from floodwall._core.errors import ConfigError
+from floodwall._core.events import Listeners
+from floodwall._core.window import _EDGES, HISTOGRAM_BINS
+from floodwall.adaptive import (
+    AdaptiveLimiter,
+    AIMDLimit,
+    FixedLimit,
+    Gradient2Limit,
+    GradientLimit,
+    LoadShedder,
+    QueueingTimeAdmission,
+    VegasLimit,
+)
+from floodwall.adaptive._base import Limit
+from floodwall.config.registry import Registry, Resource, build_limiter
+from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimitConfig
+from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
+from floodwall.gateway.routing import Matcher
+from floodwall.gateway.upstream import UpstreamPool
+from floodwall.integrations._inbound import Inbound, InboundGuard
+from floodwall.integrations._wire import parse_level
+from floodwall.ratelimit import Keyed, RateLimiter
+from floodwall.ratelimit.global_limit import GlobalLimiter
+
+__all__ = ["OUTCOMES", "Route", "RouteStats", "build_route", "build_shedder"]
+
+OUTCOMES = (
+    "rate_limited",
+    "overloaded",
+    "circuit_open",
+    "bulkhead_full",
+    "timeout",
+    "degraded",
+    "upstream_5xx",
+    "upstream_unavailable",
+    "fallback",
+    "client_error",
+)
+"""What a route's answers are counted under besides their status class."""
+
+KeyFunc = Callable[[str | None, Mapping[str, str], Mapping[str, str]], Hashable]
+"""``key(client_ip, headers, path_params)`` of a rate limit."""
+
+
+class RouteStats:
+    """Cumulative figures of one route (read by the admin API; one event loop writes them)."""
+
+    __slots__ = ("bins", "classes", "in_flight", "outcomes", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.in_flight = 0
+        self.classes = [0, 0, 0, 0, 0, 0]
+        """Answers by status class: index 1 = 1xx … 5 = 5xx (0: the client went away)."""
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.bins = [0] * HISTOGRAM_BINS
+
+    def done(self, status: int, duration: float) -> None:
+        """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
+        self.classes[status // 100 if 100 <= status < 600 else 0] += 1
+        self.bins[bisect_right(_EDGES, duration)] += 1
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "in_flight": self.in_flight,
+            "classes": {f"{i}xx" if i else "aborted": n for i, n in enumerate(self.classes)},
+            "outcomes": dict(self.outcomes),
+            "bins": {str(i): n for i, n in enumerate(self.bins) if n},
+        }
+
+
+def _key_func(config: RouteRateLimitConfig) -> KeyFunc | None:
+    key = config.key
+    if key is None:
+        return None
+    if key == "client_ip":
+        return lambda ip, headers, params: ip
+    kind, _, name = key.partition(":")
+    if kind == "header":
+        lower = name.lower()
+        return lambda ip, headers, params: headers.get(lower)
+    return lambda ip, headers, params: params.get(name)
+
+
+def build_limiter_for(
+    name: str, config: RouteRateLimitConfig, doc: GatewayDocument, clock: Clock
+) -> RateLimiter[Any] | GlobalLimiter:
+    """The route's local (keyed) limiter, or its global one on ``stores[config.store]``."""
+    if config.scope == "global":
+        return GlobalLimiter(
+            config.algorithm,
+            config.rate,
+            burst=config.burst,
+            store=doc.stores[config.store],
+            name=f"gateway:{name}",
+            on_store_error=config.on_store_error,
+            expected_instances=config.expected_instances,
+            clock=clock,
+        )
+    local = build_limiter(f"gateway:{name}", config, clock, Listeners())
+    return Keyed(local) if config.key is not None else local
+
+
+def _limit(algorithm: str, initial: int | None, maximum: int | None) -> Limit:
+    options: dict[str, Any] = {}
+    if initial is not None:
+        options["initial_limit"] = initial
+    if algorithm == "fixed":
+        if initial is None:
+            raise ConfigError("shedding.limit is required with algorithm: fixed")
+        return FixedLimit(initial)
+    if algorithm == "aimd":
+        if maximum is not None:
+            options["max_limit"] = maximum
+        if initial is not None:
+            options["min_limit"] = min(initial, 20)
+        return AIMDLimit(**options)
+    if maximum is not None:
+        options["max_concurrency"] = maximum
+    if algorithm == "vegas":
+        return VegasLimit(**options)
+    if algorithm == "gradient":
+        return GradientLimit(**options)
+    if initial is not None:
+        options["min_limit"] = min(initial, 20)
+    return Gradient2Limit(**options)
+
+
+def build_shedder(name: str, route: RouteConfig, clock: Clock) -> LoadShedder | None:
+    config = route.shedding
+    if config is None:
+        return None
+    limiter: AdaptiveLimiter | QueueingTimeAdmission | None = None
+    if config.algorithm == "dagor":
+        limiter = QueueingTimeAdmission(
+            name=f"gateway:{name}", threshold=config.queue_threshold, clock=clock
+        )
+    elif config.algorithm is not None:
+        limit = _limit(config.algorithm, config.limit, config.max_limit)
+        limiter = AdaptiveLimiter(limit, name=f"gateway:{name}", clock=clock)
+    return LoadShedder(
+        limiter,
+        name=f"gateway:{name}",
+        max_queue_time=config.max_queue_time,
+        retry_after=config.retry_after,
+        clock=clock,
+    )
+
+
+class Route:
+    """One route's runtime: matcher, upstream, guard, limiter, fallbacks and figures."""
+
+    def __init__(
+        self,
+        name: str,
+        config: RouteConfig,
+        *,
+        pool: UpstreamPool,
+        backup: UpstreamPool | None,
+        guard: InboundGuard,
+        limiter: RateLimiter[Any] | GlobalLimiter | None,
+        cache: LastGood | None,
+        stats: RouteStats,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.matcher = Matcher.compile(config.match)
+        self.pool = pool
+        self.backup = backup
+        self.guard = guard
+        self.limiter = limiter
+        self.global_limit = isinstance(limiter, GlobalLimiter)
+        self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
+        self.cache = cache
+        self.stats = stats
+        fallback = config.fallback
+        self.static: Answer | None = static_answer(fallback) if fallback is not None else None
+        self.fallback_on = frozenset(fallback.on) if fallback is not None else frozenset()
+        self.fallback_order = fallback.order if fallback is not None else ()
+        self.strip = config.match.path_prefix if config.strip_prefix else None
+        self.resource: Resource | None = None
+        self.backup_resource: Resource | None = None
+
+    def bind(self, registry: Registry) -> None:
+        """Point the route at the registry's (live) resources after a (re)load."""
+        config = self.config
+        self.resource = registry.get(config.resource) if config.resource else None
+        backup = config.fallback.backup if config.fallback is not None else None
+        self.backup_resource = (
+            registry.get(backup.resource) if backup is not None and backup.resource else None
+        )
+
+    def rate_key(
+        self, ip: str | None, headers: Mapping[str, str], params: Mapping[str, str]
+    ) -> Hashable:
+        key = self.key
+        return None if key is None else key(ip, headers, params)
+
+    def snapshot(self) -> dict[str, Any]:
+        resource = self.resource
+        entry: dict[str, Any] = {
+            "upstream": self.config.upstream,
+            "resource": self.config.resource,
+            "level": resource.level if resource is not None else None,
+            "stats": self.stats.snapshot(),
+        }
+        if resource is not None:
+            breaker = resource.breaker
+            if breaker is not None:
+                window = breaker.metrics()
+                entry["breaker"] = {
+                    "state": breaker.state.name,
+                    "failure_rate": round(window.failure_rate, 4),
+                    "calls": window.calls,
+                    "rejected": breaker.rejected,
+                }
+            bulkhead = resource.bulkhead
+            if bulkhead is not None:
+                entry["bulkhead"] = {
+                    "in_flight": bulkhead.in_flight,
+                    "queued": bulkhead.queued,
+                    "max_concurrent": bulkhead.max_concurrent,
+                    "rejected": bulkhead.rejected,
+                }
+            retry = resource.retry
+            if retry is not None:
+                entry["retry"] = {
+                    "retries": retry.retries,
+                    "budget_refusals": retry.budget_refusals,
+                }
+        if self.limiter is not None:
+            entry["rate_limit"] = {
+                "scope": "global" if self.global_limit else "local",
+                "rejected": self.limiter.rejected,
+                "limit": self.limiter.limit,
+            }
+        shedder = self.guard.shedder
+        if shedder is not None:
+            stats = shedder.stats()
+            limiter = shedder.limiter
+            entry["shedding"] = {
+                "shed": stats.shed,
+                "in_flight": stats.inflight,
+                "limit": limiter.limit if isinstance(limiter, AdaptiveLimiter) else None,
+                "level": (
+                    list(limiter.level) if isinstance(limiter, QueueingTimeAdmission) else None
+                ),
+            }
+        if self.cache is not None:
+            entry["cache"] = {
+                "entries": len(self.cache),
+                "bytes": self.cache.bytes,
+                "hits": self.cache.hits,
+            }
+        return entry
+
+
+def _trusted_priority(
+    trusted: Callable[[str | None], bool],
+) -> Callable[[Inbound], tuple[int, int] | None]:
+    """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only."""
+
+    def priority(request: Inbound) -> tuple[int, int] | None:
+        if not trusted(request.client):
+            return None
+        return parse_level(request.headers.get("x-request-priority"))
+
+    return priority
+
+
+def build_route(
+    index: int,
+    name: str,
+    config: RouteConfig,
+    doc: GatewayDocument,
+    *,
+    pools: Mapping[str, UpstreamPool],
+    previous: Route | None,
+    registry: Registry,
+    trusted: Callable[[str | None], bool],
+    clock: Clock,
+) -> Route:
+    """Build route ``index``; keep ``previous``'s limiter, shedder, cache and figures where
+    their configuration did not change (a reload must not reset a rate limit)."""
+    prev = previous
+    if prev is not None and prev.config.rate_limit == config.rate_limit and prev.limiter:
+        limiter: RateLimiter[Any] | GlobalLimiter | None = prev.limiter
+    elif config.rate_limit is not None:
+        limiter = build_limiter_for(name, config.rate_limit, doc, clock)
+    else:
+        limiter = None
+    if prev is not None and prev.config.shedding == config.shedding:
+        shedder = prev.guard.shedder
+    else:
+        shedder = build_shedder(name, config, clock)
+    fallback = config.fallback
+    cache_config = fallback.cache if fallback is not None else None
+    prev_cache = prev.cache if prev is not None else None
+    if prev_cache is not None and cache_config == prev_cache.config:
+        cache: LastGood | None = prev_cache
+    else:
+        cache = LastGood(cache_config) if cache_config is not None else None
+    timeout = config.timeout
+    max_deadline = doc.proxy.max_deadline
+    if timeout is not None:
+        max_deadline = min(timeout, max_deadline) if max_deadline is not None else timeout
+    guard = InboundGuard(
+        shedder=shedder,
+        registry=registry,
+        deadline=timeout,
+        max_deadline=max_deadline,
+        priority=_trusted_priority(trusted),
+        rate_limit_headers=False,
+        clock=clock,
+    )
+    backup = fallback.backup if fallback is not None else None
+    return Route(
+        name,
+        config,
+        pool=pools[config.upstream],
+        backup=pools[backup.upstream] if backup is not None else None,
+        guard=guard,
+        limiter=limiter,
+        cache=cache,
+        stats=prev.stats if prev is not None else RouteStats(),
+    )

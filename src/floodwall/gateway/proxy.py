@@ -1,0 +1,749 @@
+"""The reverse proxy: one aiohttp request in, one protected upstream exchange, one answer out.
+
+:meth:`Proxy.handle` is the request handler of the gateway's HTTP server. Its steps, each
+answering on its own when it refuses:
+
+1. **hygiene**: ``CONNECT`` and ``TRACE`` are refused (405: no tunnels, no open proxy); an
+   HTTP/1.0 request with ``Transfer-Encoding`` is refused (RFC 9112 §6.1: faulty framing); a
+   path with dot-segments, empty segments or encoded separators is refused (400). The HTTP
+   parser (llhttp, strict) has already refused conflicting ``Content-Length`` /
+   ``Transfer-Encoding``, repeated ``Content-Length``, obfuscated ``Transfer-Encoding``, bare
+   LF, whitespace before colons and oversized lines and headers.
+2. **routing**: host (the ``Host`` header, or the authority of an absolute-form target),
+   path, method and headers pick a route; none matches → 404. The upstream address always
+   comes from the configuration, never from the request.
+3. **limits**: a declared body over ``limits.max_body`` → 413 before a byte is read.
+4. the route's **guard**, **rate limit**, **resource pipeline**, **fallbacks**
+   (:mod:`floodwall.gateway.policies`).
+5. **forwarding**: hop-by-hop fields dropped both ways, ``Forwarded``/``X-Forwarded-*`` and
+   the request id written (:mod:`floodwall.gateway._headers`), the deadline and retry marker
+   sent as the integrations do (``X-Request-Deadline`` is the time left minus 10 ms).
+   Request bodies up to ``retry_body_limit`` are buffered (so a retry can resend them),
+   larger ones stream through once; answers stream back, small ones in one write.
+
+Slow clients: a request head must arrive within ``limits.header_timeout`` (the server's
+protocol closes the connection otherwise), each chunk of a body within
+``limits.body_timeout`` (408), and each chunk of the answer must be taken within
+``limits.write_timeout`` (the connection is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import RateLimitedError, RejectedError
+from floodwall.gateway._headers import (
+    REQUEST_DROPPED,
+    RESPONSE_DROPPED,
+    client_address,
+    connection_tokens,
+    forwarding_headers,
+    new_request_id,
+    valid_request_id,
+)
+from floodwall.gateway.config import ClientLimits, ProxyConfig
+from floodwall.gateway.fallbacks import (
+    DEGRADED_HEADER,
+    Answer,
+    cache_key,
+    cacheable_request,
+    cacheable_response,
+    degraded_value,
+)
+from floodwall.gateway.policies import Route
+from floodwall.gateway.routing import Router, normalise_host, unsafe_path
+from floodwall.gateway.upstream import Endpoint, UpstreamPool
+from floodwall.integrations._inbound import Admission, Inbound, Refusal, refusal
+from floodwall.integrations._outbound import Call, Outbound
+from floodwall.integrations._wire import PROBLEM_JSON, problem
+from floodwall.ratelimit._base import INF, Decision
+from floodwall.ratelimit.headers import rate_limit_headers
+
+__all__ = ["Proxy", "Table", "UpstreamUnavailableError"]
+
+log = logging.getLogger("floodwall.gateway")
+
+SMALL_BODY: Final = 64 * 1024
+"""Answers up to this size (declared) are read whole and sent in one write."""
+_NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
+_IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+"""(After the connect errors, which are a kind of connection error.)"""
+_STATUS_OF: Final = {"upstream_5xx": 502}
+"""Statuses of gateway rejections the integrations' table does not know (a missing endpoint
+is a 503 like any rejection; an unreachable one, not a rejection, is a 502)."""
+
+
+class UpstreamUnavailableError(RejectedError):
+    """No endpoint of the upstream may take a request (all unhealthy or ejected)."""
+
+    kind = "upstream_unavailable"
+
+
+class _BodyError(Exception):
+    """A request body broke a limit: ``status`` (413 or 408) says which."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """Everything one configuration gives the proxy; swapped whole on reload."""
+
+    router: Router[Route]
+    limits: ClientLimits
+    proxy: ProxyConfig
+    trusted: Callable[[str | None], bool]
+    request_id: str
+    """The request id header's name."""
+
+
+class _Live:
+    """An upstream answer whose body has not been read yet, and where it came from."""
+
+    __slots__ = ("endpoint", "response")
+
+    def __init__(self, response: aiohttp.ClientResponse, endpoint: Endpoint) -> None:
+        self.response = response
+        self.endpoint = endpoint
+
+
+class _Body:
+    """A request body streamed upstream once, under the size and idle-time limits."""
+
+    __slots__ = ("error", "idle", "limit", "request", "started")
+
+    def __init__(self, request: web.BaseRequest, limit: int, idle: float) -> None:
+        self.request = request
+        self.limit = limit
+        self.idle = idle
+        self.started = False
+        self.error: _BodyError | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        self.started = True
+        received = 0
+        content = self.request.content
+        while True:
+            try:
+                async with asyncio.timeout(self.idle):
+                    chunk = await content.readany()
+            except TimeoutError:
+                self.error = _BodyError(408, f"no request body byte within {self.idle:g}s")
+                raise self.error from None
+            if not chunk:
+                return
+            received += len(chunk)
+            if received > self.limit:
+                self.error = _BodyError(413, f"request body larger than {self.limit} bytes")
+                raise self.error
+            yield chunk
+
+
+async def _read_body(request: web.BaseRequest, limit: int, idle: float) -> bytes:
+    body = _Body(request, limit, idle)
+    return b"".join([chunk async for chunk in body.chunks()])
+
+
+class _Outgoing:
+    """The request as it goes upstream (the same for every try and for a backup)."""
+
+    __slots__ = ("body", "headers", "key", "method", "path_qs")
+
+    def __init__(
+        self,
+        method: str,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes | _Body | None,
+        key: str | None,
+    ) -> None:
+        self.method = method
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+        self.key = key
+
+
+class _Attempt:
+    """One try of an :class:`_Outgoing` on a pool: the function the pipeline calls (and
+    retries). Picks an endpoint (another one than the last try's), reports the outcome to
+    outlier detection, and raises the failures the pipeline must see."""
+
+    __slots__ = ("bounded", "call", "client_host", "error_limit", "out", "pool", "tried")
+
+    def __init__(
+        self, pool: UpstreamPool, call: Call, out: _Outgoing, bounded: bool, error_limit: int
+    ) -> None:
+        self.pool = pool
+        self.call = call
+        self.out = out
+        self.bounded = bounded
+        """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
+        self.error_limit = error_limit
+        self.tried: Endpoint | None = None
+        client = pool.config.host_header == "client"
+        self.client_host = client_host_of(out.headers) if client else None
+
+    async def __call__(self) -> _Live:
+        pool, call, out = self.pool, self.call, self.out
+        endpoint = pool.pick(self.tried)
+        if endpoint is None:
+            raise UpstreamUnavailableError(
+                pool.name, f"no available endpoint in upstream {pool.name!r}", None
+            )
+        body = out.body
+        if isinstance(body, _Body) and body.started:
+            raise call.io_error(ConnectionError("the streamed request body was already sent"))
+        self.tried = endpoint
+        host = self.client_host if self.client_host is not None else endpoint.authority
+        endpoint.in_flight += 1
+        try:
+            answer = await self._send(endpoint, [*out.headers, ("Host", host), *call.headers()])
+        except _CONNECT_ERRORS as exc:
+            raise self._gateway_failure(endpoint, call.connect_error(exc)) from None
+        except TimeoutError as exc:
+            raise self._gateway_failure(endpoint, call.timeout_error(exc)) from None
+        except _IO_ERRORS as exc:
+            if isinstance(body, _Body) and body.error is not None:
+                endpoint.in_flight -= 1
+                raise body.error from None  # the client's body broke a limit, not the upstream
+            raise self._gateway_failure(endpoint, call.io_error(exc)) from None
+        except BaseException:
+            endpoint.in_flight -= 1
+            raise
+        status = answer.status
+        pool.report(endpoint, status)
+        failure = call.check(status, answer.headers.get, None)
+        if failure is None:
+            return _Live(answer, endpoint)
+        try:
+            failure.answer = await _buffered(answer, self.error_limit)
+        finally:
+            endpoint.in_flight -= 1
+        raise failure
+
+    async def _send(
+        self, endpoint: Endpoint, headers: list[tuple[str, str]]
+    ) -> aiohttp.ClientResponse:
+        session = self.pool.session
+        assert session is not None
+        body = self.out.body
+        data: Any = body.chunks() if isinstance(body, _Body) else body
+        url = endpoint.base + self.out.path_qs
+        if self.bounded:
+            return await session.request(
+                self.out.method, url, headers=headers, data=data, allow_redirects=False
+            )
+        async with asyncio.timeout(self.call.attempt_timeout()):
+            return await session.request(
+                self.out.method, url, headers=headers, data=data, allow_redirects=False
+            )
+
+    def _gateway_failure(self, endpoint: Endpoint, error: BaseException) -> BaseException:
+        endpoint.in_flight -= 1
+        self.pool.report(endpoint, None)
+        return error
+
+
+class Proxy:
+    """The gateway's request handler over the current :class:`Table` (see the module)."""
+
+    def __init__(self, table: Table, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.table = table
+        self.clock = clock
+        self.outbound = Outbound(clock=clock)
+        self.in_flight = 0
+        self.requests = 0
+
+    # -- the handler ---------------------------------------------------------------------------
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        table = self.table
+        self.requests += 1
+        method = request.method
+        if method in ("CONNECT", "TRACE"):
+            return _problem(405, "method_not_allowed", f"{method} is not proxied", close=True)
+        headers = request.headers
+        if request.version < aiohttp.HttpVersion11 and "Transfer-Encoding" in headers:
+            return _problem(
+                400, "bad_framing", "Transfer-Encoding in an HTTP/1.0 request", close=True
+            )
+        path = request.path
+        why = unsafe_path(path, request.raw_path)
+        if why is not None:
+            return _problem(400, "bad_path", why)
+        host = normalise_host(request.host)
+        found = table.router.match(method, host, path, headers)
+        if found is None:
+            return _problem(404, "no_route", "no route for this host and path")
+        route, params = found
+        length = request.content_length
+        if length is not None and length > table.limits.max_body:
+            return _problem(
+                413, "body_too_large", f"body larger than {table.limits.max_body} bytes", close=True
+            )
+        stats = route.stats
+        stats.requests += 1
+        stats.in_flight += 1
+        self.in_flight += 1
+        start = self.clock.monotonic()
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._routed(request, table, route, params)
+            return response
+        finally:
+            stats.in_flight -= 1
+            self.in_flight -= 1
+            status = response.status if response is not None else 0
+            stats.done(status, self.clock.monotonic() - start)
+
+    async def _routed(
+        self, request: web.BaseRequest, table: Table, route: Route, params: dict[str, str]
+    ) -> web.StreamResponse:
+        headers = request.headers
+        peer = request.remote
+        trusted = table.trusted(peer)
+        rid = headers.get(table.request_id)
+        if rid is None or not (trusted and valid_request_id(rid)):
+            rid = new_request_id()
+        client = client_address(peer, headers, table.trusted)
+        admitted = route.guard.admit(Inbound(request.method, request.path, headers, peer))
+        if isinstance(admitted, Refusal):
+            route.stats.count(admitted.error.kind)
+            return _tagged(_refused(admitted), table, rid)
+        status: int | None = None
+        try:
+            response = await self._admitted(
+                request, table, route, params=params, admitted=admitted, rid=rid, client=client
+            )
+            status = response.status
+            _tagged(response, table, rid)
+            if isinstance(response, _Streaming):
+                await response.stream(request)
+            return response
+        finally:
+            admitted.close(status)
+
+    async def _admitted(
+        self,
+        request: web.BaseRequest,
+        table: Table,
+        route: Route,
+        *,
+        params: dict[str, str],
+        admitted: Admission,
+        rid: str,
+        client: str | None,
+    ) -> web.StreamResponse:
+        headers = request.headers
+        rate_headers: list[tuple[str, str]] = []
+        if route.limiter is not None:
+            refused = await self._rate_limit(route, client, headers, params, rate_headers)
+            if refused is not None:
+                route.stats.count("rate_limited")
+                return _refused(refused)
+        expect = headers.get("expect")
+        if expect is not None:
+            if expect.lower() != "100-continue":
+                return _problem(417, "expectation_failed", f"Expect: {expect} is not supported")
+            if request.body_exists:
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            with admitted:
+                response = await self._exchange(request, table, route, rid, client)
+        except _BodyError as error:
+            return _problem(error.status, "request_body", str(error), close=True)
+        for name, value in (*rate_headers, *admitted.response_headers(response.status)):
+            response.headers[name] = value
+        return response
+
+    # -- rate limits ----------------------------------------------------------------------------
+
+    async def _rate_limit(
+        self,
+        route: Route,
+        client: str | None,
+        headers: Any,
+        params: dict[str, str],
+        out: list[tuple[str, str]],
+    ) -> Refusal | None:
+        limiter = route.limiter
+        assert limiter is not None
+        key = route.rate_key(client, headers, params)
+        if route.global_limit:
+            decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
+        else:
+            decision = limiter.acquire(key)
+        fields = rate_limit_headers(decision)
+        window = limiter.window
+        if window is not None:
+            fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
+        if decision[0]:
+            out.extend(fields.items())
+            return None
+        retry = decision[3]
+        error = RateLimitedError(
+            f"route {route.name}",
+            f"rate limit of route {route.name!r} exceeded",
+            None if retry == INF else retry,
+        )
+        return refusal(error, list(fields.items()))
+
+    # -- the protected exchange ----------------------------------------------------------------
+
+    async def _outgoing(
+        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+    ) -> _Outgoing:
+        """What goes upstream: method, path, headers, and the body (buffered or streamed)."""
+        trusted = table.trusted(request.remote)
+        headers = _upstream_headers(request, rid, trusted, client, table)
+        body: bytes | _Body | None = None
+        if request.body_exists:
+            length = request.content_length
+            limits = table.limits
+            if length is not None and length <= route.config.retry_body_limit:
+                body = await _read_body(request, limits.max_body, limits.body_timeout)
+            else:
+                body = _Body(request, limits.max_body, limits.body_timeout)
+                if length is not None:
+                    headers.append(("Content-Length", str(length)))
+        path_qs = request.rel_url.raw_path_qs
+        if route.strip is not None:
+            path_qs = _strip(path_qs, route.strip)
+        key = request.headers.get("idempotency-key")
+        return _Outgoing(request.method, path_qs, headers, body, key)
+
+    async def _exchange(
+        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+    ) -> web.StreamResponse:
+        out = await self._outgoing(request, table, route, rid, client)
+        try:
+            result = await self._forward(route.pool, route.resource, out)
+        except RejectedError as error:
+            if error.kind == "rate_limited":
+                route.stats.count("rate_limited")
+                return _refused(refusal(error))
+            return await self._failed(request, route, out, error.kind, error=error)
+        except (TimeoutError, *_CONNECT_ERRORS, *_IO_ERRORS) as error:
+            body = out.body
+            if isinstance(body, _Body) and body.error is not None:
+                raise body.error from None
+            kind = "timeout" if isinstance(error, TimeoutError) else "upstream_unavailable"
+            return await self._failed(request, route, out, kind, error=error)
+        if isinstance(result, _Live):
+            return await self._live(request, route, result, table)
+        if isinstance(result, Answer):
+            if result.status >= 500:
+                return await self._failed(request, route, out, "upstream_5xx", answer=result)
+            return _answer(result)
+        # The resource's own fallback answered with a value: it goes out as JSON.
+        route.stats.count("fallback")
+        answer = Answer(200, [("Content-Type", "application/json")], _json(result))
+        answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
+        return _answer(answer)
+
+    async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
+        """``out`` sent to ``pool`` under ``policy``: a :class:`_Live` answer, a failed
+        :class:`Answer` once retries gave up, or a resource fallback's value."""
+        call = Call(self.outbound, out.method, pool.name, policy, out.key)
+        if isinstance(out.body, _Body):
+            call.retryable = False  # streamed once: nothing to resend
+        bounded = getattr(policy, "timeout", None) is not None
+        attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
+        return await call.run_async(attempt)
+
+    # -- failures and fallbacks ------------------------------------------------------------------
+
+    async def _failed(
+        self,
+        request: web.BaseRequest,
+        route: Route,
+        out: _Outgoing,
+        kind: str,
+        *,
+        error: BaseException | None = None,
+        answer: Answer | None = None,
+    ) -> web.StreamResponse:
+        route.stats.count(kind if kind in route.stats.outcomes else "upstream_unavailable")
+        if kind in route.fallback_on:
+            fallback = await self._fallback(request, route, kind, out)
+            if fallback is not None:
+                route.stats.count("fallback")
+                return _answer(fallback)
+        if answer is not None:
+            return _answer(answer)
+        assert error is not None
+        if isinstance(error, RejectedError):
+            status = _STATUS_OF.get(kind)
+            if status is None:
+                return _refused(refusal(error))
+            return _problem(status, kind, str(error))
+        status = 504 if kind == "timeout" else 502
+        detail = f"upstream {route.config.upstream!r}: {type(error).__name__}"
+        return _problem(status, kind, detail)
+
+    async def _fallback(
+        self, request: web.BaseRequest, route: Route, kind: str, out: _Outgoing
+    ) -> Answer | None:
+        for source in route.fallback_order:
+            if source == "cache" and route.cache is not None:
+                hit = route.cache.get(self._cache_key(request), self.clock.monotonic())
+                if hit is not None:
+                    cached, age = hit
+                    extra = (DEGRADED_HEADER, degraded_value("cache", kind, age))
+                    return Answer(cached.status, [*cached.headers, extra], cached.body)
+            elif source == "backup" and route.backup is not None:
+                answer = await self._backup(route, kind, out)
+                if answer is not None:
+                    return answer
+            elif source == "static" and route.static is not None:
+                static = route.static
+                extra = (DEGRADED_HEADER, degraded_value("static", kind))
+                return Answer(static.status, [*static.headers, extra], static.body)
+        return None
+
+    async def _backup(self, route: Route, kind: str, out: _Outgoing) -> Answer | None:
+        backup = route.backup
+        if backup is None or isinstance(out.body, _Body):
+            return None  # a streamed body is gone: there is nothing to send the backup
+        try:
+            result = await self._forward(backup, route.backup_resource, out)
+        except (RejectedError, TimeoutError, *_CONNECT_ERRORS, *_IO_ERRORS) as exc:
+            log.debug("route %s: backup upstream failed too: %r", route.name, exc)
+            return None
+        if not isinstance(result, _Live):
+            return None
+        response = result.response
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        finally:
+            response.release()
+            result.endpoint.in_flight -= 1
+        headers = _copy_response_headers(response.headers)
+        headers.append((DEGRADED_HEADER, degraded_value("backup", kind)))
+        return Answer(response.status, headers, data)
+
+    def _cache_key(self, request: web.BaseRequest) -> str:
+        return cache_key(normalise_host(request.host), request.rel_url.raw_path_qs, request.headers)
+
+    # -- answering ------------------------------------------------------------------------------
+
+    async def _live(
+        self, request: web.BaseRequest, route: Route, live: _Live, table: Table
+    ) -> web.StreamResponse:
+        upstream = live.response
+        status = upstream.status
+        headers = _copy_response_headers(upstream.headers)
+        if table.proxy.via:
+            headers.append(("Via", "1.1 floodwall"))
+        length = upstream.content_length
+        method = request.method
+        small = length is not None and length <= SMALL_BODY
+        cache = route.cache
+        keep = (
+            cache is not None
+            and cacheable_request(method, request.headers)
+            and cacheable_response(status, upstream.headers, cache.config)
+        )
+        if method == "HEAD" or status in (204, 304) or small or keep:
+            try:
+                if method == "HEAD":
+                    data = b""
+                else:
+                    async with asyncio.timeout(route.pool.config.read_timeout):
+                        data = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                route.stats.count("upstream_unavailable")
+                return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
+            finally:
+                upstream.release()
+                live.endpoint.in_flight -= 1
+            if keep and cache is not None:
+                cache.put(
+                    self._cache_key(request),
+                    Answer(status, list(headers), data),
+                    self.clock.monotonic(),
+                )
+            if method == "HEAD" and length is not None:
+                headers.append(("Content-Length", str(length)))
+            return web.Response(
+                status=status,
+                reason=upstream.reason,
+                body=data or None,
+                headers=CIMultiDict(headers),
+            )
+        return _Streaming(
+            upstream,
+            live.endpoint,
+            status=status,
+            headers=headers,
+            length=length,
+            limits=table.limits,
+            read_timeout=route.pool.config.read_timeout,
+        )
+
+
+class _Streaming(web.StreamResponse):
+    """An answer streamed from the upstream as it arrives (prepared by :meth:`stream`)."""
+
+    def __init__(
+        self,
+        upstream: aiohttp.ClientResponse,
+        endpoint: Endpoint,
+        *,
+        status: int,
+        headers: list[tuple[str, str]],
+        length: int | None,
+        limits: ClientLimits,
+        read_timeout: float,
+    ) -> None:
+        super().__init__(status=status, reason=upstream.reason)
+        _set_headers(self, headers)
+        if length is not None:
+            self.content_length = length
+        self._upstream = upstream
+        self._endpoint = endpoint
+        self._write_timeout = limits.write_timeout
+        self._read_timeout = read_timeout
+
+    async def stream(self, request: web.BaseRequest) -> None:
+        upstream = self._upstream
+        try:
+            await self.prepare(request)
+            content = upstream.content
+            while True:
+                async with asyncio.timeout(self._read_timeout):
+                    chunk = await content.readany()
+                if not chunk:
+                    break
+                async with asyncio.timeout(self._write_timeout):
+                    await self.write(chunk)
+            await self.write_eof()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            log.debug("streaming aborted: %r", exc)
+            transport = request.transport
+            if transport is not None:
+                transport.close()
+        finally:
+            upstream.release()
+            self._endpoint.in_flight -= 1
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _upstream_headers(
+    request: web.BaseRequest, rid: str, trusted: bool, client: str | None, table: Table
+) -> list[tuple[str, str]]:
+    headers = request.headers
+    dropped = REQUEST_DROPPED
+    named = connection_tokens(headers) if "Connection" in headers else None
+    rid_name = table.request_id.lower()
+    out: list[tuple[str, str]] = []
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in dropped or lower == rid_name or (named is not None and lower in named):
+            continue
+        out.append((name, value))
+    host = request.host
+    forwarded = ", ".join(headers.getall("Forwarded", ())) or None
+    out.extend(
+        forwarding_headers(
+            headers,
+            peer=request.remote,
+            client=client,
+            trusted=trusted,
+            proto=request.scheme,
+            host=host,
+            forwarded_all=forwarded,
+        )
+    )
+    out.append((table.request_id, rid))
+    if table.proxy.via:
+        out.append(("Via", "1.1 floodwall"))
+    return out
+
+
+def client_host_of(headers: list[tuple[str, str]]) -> str:
+    """The client's host, as the proxy recorded it in ``X-Forwarded-Host``."""
+    for name, value in headers:
+        if name == "X-Forwarded-Host":
+            return value
+    return ""
+
+
+def _copy_response_headers(headers: Any) -> list[tuple[str, str]]:
+    dropped = RESPONSE_DROPPED
+    named = connection_tokens(headers) if "Connection" in headers else None
+    return [
+        (name, value)
+        for name, value in headers.items()
+        if name.lower() not in dropped and (named is None or name.lower() not in named)
+    ]
+
+
+def _set_headers(response: web.StreamResponse, headers: list[tuple[str, str]]) -> None:
+    target: CIMultiDict[str] = response.headers
+    for name, value in headers:
+        target.add(name, value)
+
+
+def _strip(path_qs: str, prefix: str) -> str:
+    if not path_qs.startswith(prefix):
+        return path_qs
+    rest = path_qs[len(prefix) :]
+    return rest if rest.startswith("/") else "/" + rest
+
+
+async def _buffered(response: aiohttp.ClientResponse, limit: int) -> Answer:
+    """A failed answer, read up to ``limit`` bytes, its connection given back."""
+    try:
+        data = await response.content.read(limit)
+    except (aiohttp.ClientError, TimeoutError):
+        data = b""
+    finally:
+        response.release()
+    return Answer(response.status, _copy_response_headers(response.headers), data)
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, default=str, separators=(",", ":")).encode()
+
+
+def _answer(answer: Answer) -> web.Response:
+    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
+    return web.Response(status=answer.status, body=answer.body or None, headers=headers)
+
+
+def _refused(refused: Refusal) -> web.Response:
+    response = web.Response(status=refused.status, body=refused.body)
+    _set_headers(response, refused.headers)
+    return response
+
+
+def _tagged(response: web.StreamResponse, table: Table, rid: str) -> web.StreamResponse:
+    response.headers[table.request_id] = rid
+    return response
+
+
+def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> web.Response:
+    response = web.Response(status=status, body=problem(status, kind, detail))
+    response.headers["Content-Type"] = PROBLEM_JSON
+    if close:
+        response.force_close()
+    return response

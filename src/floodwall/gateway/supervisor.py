@@ -1,0 +1,459 @@
+"""Running the gateway: workers, the admin listener, signals, config shared through Redis.
+
+``workers: 1`` (the default) runs one :class:`~floodwall.gateway.app.Gateway` in this process.
+``workers: N`` starts N worker processes that each bind the listen port with
+``SO_REUSEPORT`` (the kernel spreads new connections over them) and each serve a control API
+on a Unix socket in a private directory; the supervisor keeps the admin listener, merges the
+workers' figures, fans operator changes and reloads out to all of them, and restarts a worker
+that dies. Workers exit by themselves when the supervisor is gone.
+
+Signals: ``SIGTERM``/``SIGINT`` stop gracefully (stop accepting, finish what is in flight for
+``proxy.shutdown_timeout`` seconds, close); ``SIGHUP`` reloads the file.
+
+**Several gateways** (processes or hosts) with ``sync: {store: NAME}`` share, through that
+Redis store: their configuration (a reload on any admin API is published; every gateway applies
+it, and a gateway that starts later takes the shared one) and operator overrides (breakers
+forced, levels shed). Global rate limits (``scope: global``) share their counters there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from floodwall._core.errors import ConfigError
+from floodwall.config.loader import loads
+from floodwall.config.registry import Registry
+from floodwall.gateway._control import LocalWorker, RemoteWorker, control_app
+from floodwall.gateway._server import listen_socket
+from floodwall.gateway.admin import Admin, admin_token
+from floodwall.gateway.app import RESTART_KEYS, Gateway
+from floodwall.gateway.config import GatewayDocument, load_gateway, parse_gateway_text
+from floodwall.gateway.dashboard import merge_status
+from floodwall.gateway.metrics import merge
+
+__all__ = ["Supervisor", "run", "worker_main"]
+
+log = logging.getLogger("floodwall.gateway")
+
+WORKER_START_TIMEOUT = 30.0
+GC_THRESHOLD = 20_000
+"""Allocations between two young-generation collections (CPython's default: 700)."""
+RESTART_DELAY = 1.0
+
+
+class Supervisor:
+    """The gateway as a whole (see the module docstring); the admin API's :class:`Control`."""
+
+    def __init__(
+        self,
+        document: GatewayDocument,
+        text: str,
+        source: str,
+        *,
+        workers: int | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.document = document
+        self.text = text
+        self.source = source
+        self.workers = workers or document.workers
+        self.environ = dict(os.environ if environ is None else environ)
+        self.handles: list[LocalWorker | RemoteWorker] = []
+        self.admin: Admin | None = None
+        self.port = 0
+        self.gateway: Gateway | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._rundir: Path | None = None
+        self._reserved: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._lock = asyncio.Lock()
+        self._origin = uuid.uuid4().hex
+        self._local = loads(text, source)
+        """The file's own document: its ``listen``, ``workers``, ``admin`` and ``event_loop``
+        belong to this instance and are kept when a shared configuration is applied."""
+
+    # -- starting ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        doc = self.document
+        token = admin_token(doc.admin.token_env, self.environ) if doc.admin is not None else None
+        if doc.sync is not None:
+            await self._adopt_shared()
+            doc = self.document
+        if self.workers == 1:
+            gateway = Gateway(doc, text=self.text, source=self.source)
+            await gateway.start()
+            self.gateway = gateway
+            self.handles = [LocalWorker(gateway)]
+            self.port = gateway.port
+        else:
+            await self._start_workers()
+        if doc.admin is not None and token is not None:
+            self.admin = Admin(self, token, interval=doc.admin.dashboard_interval)
+            await self.admin.start(*doc.admin.listen)
+            log.info("admin listening on %s:%d", doc.admin.listen[0], self.admin.port)
+        if doc.sync is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._follow()))
+
+    async def _start_workers(self) -> None:
+        host, port = self.document.listen
+        if port == 0:  # learn a free port; bound (not listening) so it stays ours
+            self._reserved = listen_socket(host, 0, reuse_port=True, listen=False)
+            port = self._reserved.getsockname()[1]
+        self.port = port
+        self._rundir = Path(tempfile.mkdtemp(prefix="floodwall-gateway-"))
+        self._write_config()
+        self.handles = [
+            RemoteWorker(str(self._rundir / f"worker-{i}.sock"), i) for i in range(self.workers)
+        ]
+        self._procs = [self._spawn(i) for i in range(self.workers)]
+        await asyncio.gather(*(self._wait_ready(i) for i in range(self.workers)))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch()))
+
+    def _write_config(self) -> None:
+        assert self._rundir is not None
+        (self._rundir / "config.json").write_text(
+            json.dumps({"text": self.text, "source": self.source}), encoding="utf-8"
+        )
+
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        assert self._rundir is not None
+        command = [
+            sys.executable,
+            "-m",
+            "floodwall.gateway",
+            "--worker",
+            str(index),
+            "--rundir",
+            str(self._rundir),
+            "--port",
+            str(self.port),
+        ]
+        return subprocess.Popen(command, env=self.environ)  # noqa: S603 - our own interpreter
+
+    async def _wait_ready(self, index: int) -> None:
+        handle = self.handles[index]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + WORKER_START_TIMEOUT
+        while True:
+            proc = self._procs[index]
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway worker {index} exited with {proc.returncode} at start")
+            with contextlib.suppress(OSError, Exception):
+                await handle.status()
+                return
+            if loop.time() > until:
+                raise RuntimeError(f"gateway worker {index} not ready in {WORKER_START_TIMEOUT}s")
+            await asyncio.sleep(0.05)
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(0.5)
+            for index, proc in enumerate(self._procs):
+                if proc.poll() is not None and not self._stopping:
+                    log.warning(
+                        "gateway worker %d exited (%s); restarting it", index, proc.returncode
+                    )
+                    await asyncio.sleep(RESTART_DELAY)
+                    self._procs[index] = self._spawn(index)
+                    with contextlib.suppress(RuntimeError):
+                        await self._wait_ready(index)
+
+    # -- the Control interface ----------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        statuses = await asyncio.gather(*(h.status() for h in self.handles))
+        merged = merge_status(list(statuses))
+        merged["workers"] = len(self.handles)
+        return merged
+
+    async def metrics(self) -> str:
+        return merge(list(await asyncio.gather(*(h.metrics() for h in self.handles))))
+
+    async def reload(
+        self, text: str | None, source: str, *, publish: bool = True
+    ) -> dict[str, Any]:
+        """Apply ``text`` (or re-read the file when ``None``) on every worker; all or nothing
+        as far as validation goes: an invalid document reaches none of them."""
+        async with self._lock:
+            if text is None:
+                if self.source.startswith("<") or not Path(self.source).exists():  # noqa: ASYNC240
+                    raise ConfigError("no body given and the gateway was not started from a file")
+                document, text = load_gateway(self.source)
+                source = self.source
+            else:
+                document = parse_gateway_text(text, source or "<admin>")
+            try:
+                Registry(document, metrics=False)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
+            results = [await h.reload(text, source) for h in self.handles]
+            self.document, self.text = document, text
+            if not source.startswith("<admin") and not source.startswith("redis:"):
+                self.source = source
+            if self._rundir is not None:
+                self._write_config()
+            if publish and self.document.sync is not None:
+                await self._publish({"type": "config", "text": text, "source": source})
+            return {**results[0], "workers": len(results)}
+
+    async def override(
+        self, action: str, target: str, ttl: float | None, reason: str, *, publish: bool = True
+    ) -> None:
+        for handle in self.handles:
+            await handle.override(action, target, ttl, reason)
+        if publish and self.document.sync is not None:
+            await self._publish(
+                {
+                    "type": "override",
+                    "action": action,
+                    "target": target,
+                    "ttl": ttl,
+                    "reason": reason,
+                }
+            )
+
+    # -- sharing through Redis -----------------------------------------------------------------
+
+    def _redis_client(self) -> Any:
+        sync = self.document.sync
+        assert sync is not None
+        url = self.document.stores[sync.store]
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"sync.store: sharing needs a redis:// store, got {url!r}")
+        import redis.asyncio
+
+        return redis.asyncio.Redis.from_url(url)
+
+    async def _adopt_shared(self) -> None:
+        sync = self.document.sync
+        assert sync is not None
+        client = self._redis_client()
+        try:
+            raw = await client.get(f"{sync.key}:config")
+        finally:
+            await client.aclose()
+        if raw is None:
+            return
+        shared = json.loads(raw)
+        try:
+            text = self._localised(shared["text"], shared["source"])
+            self.document = parse_gateway_text(text, f"redis:{sync.key}.json")
+        except ConfigError as exc:
+            log.warning("the shared configuration is invalid, keeping the file's: %s", exc)
+            return
+        self.text, self.source = text, f"redis:{sync.key}.json"
+        log.info("using the shared configuration from %s (not the file's)", sync.key)
+
+    def _localised(self, text: str, source: str) -> str:
+        """A shared document with this instance's own ``listen``, ``workers``, ``admin`` and
+        ``event_loop`` (JSON text)."""
+        raw = loads(text, source)
+        for key in RESTART_KEYS:
+            if key in self._local:
+                raw[key] = self._local[key]
+            else:
+                raw.pop(key, None)
+        return json.dumps(raw)
+
+    async def _publish(self, message: dict[str, Any]) -> None:
+        sync = self.document.sync
+        assert sync is not None
+        payload = json.dumps({**message, "origin": self._origin})
+        client = self._redis_client()
+        try:
+            if message["type"] == "config":
+                await client.set(f"{sync.key}:config", json.dumps(message))
+            await client.publish(f"{sync.key}:events", payload)
+        finally:
+            await client.aclose()
+
+    async def _follow(self) -> None:
+        """Apply what other gateways publish, until stopped (reconnecting after errors)."""
+        import redis.exceptions
+
+        while not self._stopping:
+            sync = self.document.sync
+            if sync is None:
+                return
+            client = self._redis_client()
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(f"{sync.key}:events")
+                while not self._stopping:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        await self._apply_shared(json.loads(message["data"]))
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("config sharing: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                    await client.aclose()
+
+    async def _apply_shared(self, message: dict[str, Any]) -> None:
+        if message.get("origin") == self._origin:
+            return
+        try:
+            if message["type"] == "config":
+                text = self._localised(message["text"], message["source"])
+                await self.reload(text, f"redis:{message['source']}.json", publish=False)
+            elif message["type"] == "override":
+                await self.override(
+                    message["action"],
+                    message["target"],
+                    message.get("ttl"),
+                    message.get("reason", ""),
+                    publish=False,
+                )
+        except ConfigError as exc:
+            log.warning("a shared %s was refused here: %s", message.get("type"), exc)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.admin is not None:
+            await self.admin.stop()
+        if self.gateway is not None:
+            await self.gateway.stop()
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        grace = self.document.proxy.shutdown_timeout + 5.0
+        for proc in self._procs:
+            try:
+                await asyncio.to_thread(proc.wait, grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait, 5.0)
+        for handle in self.handles:
+            if isinstance(handle, RemoteWorker):
+                await handle.close()
+        if self._reserved is not None:
+            self._reserved.close()
+        if self._rundir is not None:
+            shutil.rmtree(self._rundir, ignore_errors=True)
+
+
+# -- entry points --------------------------------------------------------------------------------
+
+
+def _tune_gc() -> None:
+    """Keep the collector's pauses out of the tail latency: what was built at start-up (the
+    configuration, the routes, the imported modules) is frozen out of every collection, and the
+    youngest generation is collected less often (a proxy allocates many short-lived objects,
+    almost all freed by reference counting long before a collection would look at them)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 100)
+
+
+def _loop_factory(choice: str) -> Any:
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("event_loop: uvloop is not installed (pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop
+
+
+async def _serve(supervisor: Supervisor, ready: asyncio.Event | None = None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def hup() -> None:
+        async def again() -> None:
+            try:
+                await supervisor.reload(None, supervisor.source)
+            except ConfigError as exc:
+                log.warning("SIGHUP reload refused: %s", exc)
+
+        reloads.add(task := loop.create_task(again()))
+        task.add_done_callback(reloads.discard)
+
+    reloads: set[asyncio.Task[None]] = set()
+    loop.add_signal_handler(signal.SIGHUP, hup)
+    await supervisor.start()
+    _tune_gc()
+    log.info("gateway up: %d worker(s) on port %d", supervisor.workers, supervisor.port)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("stopping: finishing requests in flight")
+    await supervisor.stop()
+
+
+def run(config: str, workers: int | None = None) -> None:
+    """Run the gateway of file ``config`` until SIGTERM/SIGINT (the CLI's ``gateway``)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    document, text = load_gateway(config)
+    supervisor = Supervisor(document, text, config, workers=workers)
+    factory = _loop_factory(document.event_loop)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(supervisor))
+
+
+async def _worker(index: int, rundir: Path, port: int) -> None:
+    saved = json.loads((rundir / "config.json").read_text(encoding="utf-8"))
+    document = parse_gateway_text(saved["text"], saved["source"])
+    gateway = Gateway(document, text=saved["text"], source=saved["source"])
+    host, _ = document.listen
+    await gateway.start(listen_socket(host, port, reuse_port=True))
+    _tune_gc()
+    from aiohttp import web
+
+    runner = web.AppRunner(control_app(gateway), access_log=None, handle_signals=False)
+    await runner.setup()
+    path = str(rundir / f"worker-{index}.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    await web.UnixSite(runner, path).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    parent = os.getppid()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+        if os.getppid() != parent:  # the supervisor is gone: do not linger as an orphan
+            break
+    await gateway.stop()
+    await runner.cleanup()
+
+
+def worker_main(index: int, rundir: str, port: int) -> None:
+    """A worker process's main (``python -m floodwall.gateway --worker N ...``)."""
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker-{index} %(name)s %(levelname)s %(message)s"
+    )
+    saved = json.loads((Path(rundir) / "config.json").read_text(encoding="utf-8"))
+    choice = parse_gateway_text(saved["text"], saved["source"]).event_loop
+    with asyncio.Runner(loop_factory=_loop_factory(choice)) as runner:
+        runner.run(_worker(index, Path(rundir), port))

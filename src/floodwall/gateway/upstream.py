@@ -1,0 +1,409 @@
+"""Upstreams: endpoints, load balancing, active health checks and passive outlier detection.
+
+An :class:`UpstreamPool` is one service's endpoints behind one connection pool (an aiohttp
+session with a connection limit). Each request asks :meth:`UpstreamPool.pick` for an endpoint
+among the *available* ones (healthy by the active checks and not ejected by outlier
+detection) and reports how it went with :meth:`UpstreamPool.report`.
+
+* **Balancing**: ``round_robin``, or ``least_request``: the power of two choices (Mitzenmacher
+  2001; Envoy's default): two distinct endpoints drawn at random, the one with fewer requests
+  in flight wins. It needs no global scan and avoids the herd that "always the least loaded"
+  causes when many balancers share stale figures. A retry avoids the endpoint that just failed.
+* **Outlier detection** (:class:`OutlierDetector`, pure, Envoy's semantics): consecutive 5xx,
+  or consecutive gateway failures (connect errors, timeouts, 502/503/504), eject an endpoint
+  for ``base × n`` seconds, ``n`` the times it was ejected (capped; ``n`` decays by one per
+  ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
+  least one of two or more). It is the per-endpoint breaker: the route's own breaker sees the
+  upstream as a whole.
+* **Active health checks** (:class:`HealthTracker`, pure thresholds; the pool's task sends the
+  probes): ``unhealthy_threshold`` failed probes in a row mark an endpoint down,
+  ``healthy_threshold`` good ones bring it back. Without health checks every endpoint is
+  healthy.
+
+When no endpoint is available the pool answers ``None`` and the proxy fails fast (503, or the
+route's fallback) instead of queueing requests on a dead service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.events import Event, EventListener, Listeners
+from floodwall.gateway.config import HealthCheckConfig, OutlierConfig, UpstreamConfig
+
+__all__ = [
+    "GATEWAY_FAILURE_STATUSES",
+    "Endpoint",
+    "HealthTracker",
+    "OutlierDetector",
+    "UpstreamPool",
+]
+
+GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})
+"""Upstream answers that count as gateway failures (with connect errors and timeouts)."""
+
+_INF = math.inf
+
+
+class Endpoint:
+    """One endpoint of a pool and its live figures."""
+
+    __slots__ = (
+        "authority",
+        "base",
+        "failures",
+        "healthy",
+        "host",
+        "in_flight",
+        "index",
+        "port",
+        "requests",
+        "url",
+    )
+
+    def __init__(self, index: int, url: str) -> None:
+        parsed = URL(url)
+        self.index = index
+        self.url = url
+        self.base = url.rstrip("/")
+        self.host = parsed.host or ""
+        self.port = parsed.port
+        self.authority = parsed.raw_authority
+        self.in_flight = 0
+        self.requests = 0
+        self.failures = 0
+        self.healthy = True
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.url!r}, in_flight={self.in_flight})"
+
+
+# -- outlier detection (pure) -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Outlier:
+    consecutive_5xx: int = 0
+    consecutive_gateway: int = 0
+    times: int = 0
+    until: float = -_INF
+    last_ejected: float = -_INF
+
+
+class OutlierDetector:
+    """Passive outlier detection over ``size`` endpoints (see the module docstring).
+
+    Pure: every method takes ``now``; :meth:`record` returns the reason when it ejects.
+    """
+
+    def __init__(self, size: int, config: OutlierConfig) -> None:
+        self.size = size
+        self.config = config
+        self._state = [_Outlier() for _ in range(size)]
+        share = math.floor(config.max_ejection_share * size + 1e-9)
+        self.max_ejected = 0 if size < 2 or config.max_ejection_share == 0 else max(1, share)
+        """Endpoints that may be ejected at once."""
+        self.ejections = 0
+
+    def ejected(self, index: int, now: float) -> bool:
+        return self._state[index].until > now
+
+    def ejected_count(self, now: float) -> int:
+        return sum(1 for s in self._state if s.until > now)
+
+    def until(self, index: int) -> float:
+        """When ``index``'s current (or last) ejection ends."""
+        return self._state[index].until
+
+    def record(self, index: int, now: float, status: int | None) -> str | None:
+        """Count one answer (``status``) or gateway failure (``None``) of ``index``; the reason
+        if this ejects it."""
+        state = self._state[index]
+        if status is not None and status < 500:
+            state.consecutive_5xx = 0
+            state.consecutive_gateway = 0
+            return None
+        gateway = status is None or status in GATEWAY_FAILURE_STATUSES
+        state.consecutive_5xx += 1
+        state.consecutive_gateway = state.consecutive_gateway + 1 if gateway else 0
+        config = self.config
+        if state.consecutive_gateway >= config.consecutive_gateway_failures:
+            why = f"{state.consecutive_gateway} consecutive gateway failures"
+        elif state.consecutive_5xx >= config.consecutive_5xx:
+            why = f"{state.consecutive_5xx} consecutive 5xx answers"
+        else:
+            return None
+        if state.until > now or self.ejected_count(now) >= self.max_ejected:
+            return None
+        return self._eject(state, now, why)
+
+    def _eject(self, state: _Outlier, now: float, why: str) -> str:
+        config = self.config
+        base = config.base_ejection_time
+        if state.last_ejected > -_INF:
+            quiet = max(0.0, now - max(state.until, state.last_ejected))
+            state.times = max(0, state.times - int(quiet // base))
+        state.times += 1
+        duration = min(base * state.times, config.max_ejection_time)
+        state.until = now + duration
+        state.last_ejected = now
+        state.consecutive_5xx = 0
+        state.consecutive_gateway = 0
+        self.ejections += 1
+        return f"{why}: ejected for {duration:g}s (ejection #{state.times})"
+
+    def next_return(self, now: float) -> float:
+        """The earliest end of an ejection still in force (``inf`` when none)."""
+        return min((s.until for s in self._state if s.until > now), default=_INF)
+
+
+# -- active health checks (pure thresholds) ---------------------------------------------------
+
+
+class HealthTracker:
+    """Healthy/unhealthy per endpoint from probe results, with thresholds (hysteresis)."""
+
+    def __init__(self, size: int, config: HealthCheckConfig) -> None:
+        self.config = config
+        self.healthy = [True] * size
+        self._streak = [0] * size
+
+    def record(self, index: int, ok: bool) -> bool | None:
+        """Count one probe; the new health when it changed, else ``None``."""
+        healthy = self.healthy[index]
+        if ok == healthy:
+            self._streak[index] = 0
+            return None
+        self._streak[index] += 1
+        needed = self.config.healthy_threshold if ok else self.config.unhealthy_threshold
+        if self._streak[index] < needed:
+            return None
+        self._streak[index] = 0
+        self.healthy[index] = ok
+        return ok
+
+    def probe_ok(self, status: int | None) -> bool:
+        if status is None:
+            return False
+        expect = self.config.expect
+        return status in expect if expect else status < 500
+
+
+# -- the pool --------------------------------------------------------------------------------
+
+
+class UpstreamPool:
+    """One upstream's endpoints, balancer, outlier detection, health checks and connections.
+
+    ``start()`` (in the event loop that will use it) opens the session and starts the probes;
+    ``close()`` stops them and closes the connections. ``rng`` and ``clock`` are injected.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: UpstreamConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+        listeners: Iterable[EventListener] = (),
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.listeners = Listeners(listeners)
+        self.endpoints = [Endpoint(i, url) for i, url in enumerate(config.endpoints)]
+        self.outliers = (
+            OutlierDetector(len(self.endpoints), config.outlier_detection)
+            if config.outlier_detection is not None
+            else None
+        )
+        self.health = (
+            HealthTracker(len(self.endpoints), config.health_check)
+            if config.health_check is not None
+            else None
+        )
+        self.least_request = config.balance == "least_request"
+        self._rr = itertools.count()
+        self._all = tuple(self.endpoints)
+        self._available: tuple[Endpoint, ...] = self._all
+        self._recheck_at = _INF
+        self.session: aiohttp.ClientSession | None = None
+        self._probes: asyncio.Task[None] | None = None
+
+    # -- choosing ------------------------------------------------------------------------------
+
+    def available(self, now: float) -> tuple[Endpoint, ...]:
+        """Endpoints that may take a request now (healthy and not ejected)."""
+        if now >= self._recheck_at:
+            self._refresh(now)
+        return self._available
+
+    def _refresh(self, now: float) -> None:
+        outliers = self.outliers
+        before = self._available
+        self._available = tuple(
+            e
+            for e in self._all
+            if e.healthy and (outliers is None or not outliers.ejected(e.index, now))
+        )
+        self._recheck_at = outliers.next_return(now) if outliers is not None else _INF
+        if self.listeners:
+            for endpoint in self._available:
+                if endpoint not in before:
+                    self._emit("returned", endpoint, "back in the pool", now)
+
+    def pick(self, avoid: Endpoint | None = None) -> Endpoint | None:
+        """An endpoint for the next request (not ``avoid`` if another is available)."""
+        candidates = self.available(self.clock.monotonic())
+        count = len(candidates)
+        if count == 0:
+            return None
+        if count == 1:
+            return candidates[0]
+        if avoid is not None and avoid in candidates:
+            candidates = tuple(e for e in candidates if e is not avoid)
+            count -= 1
+            if count == 1:
+                return candidates[0]
+        if not self.least_request:
+            return candidates[next(self._rr) % count]
+        first, second = self.rng.sample(candidates, 2)
+        return second if second.in_flight < first.in_flight else first
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def report(self, endpoint: Endpoint, status: int | None) -> None:
+        """How a request to ``endpoint`` went: its status, or ``None`` for a gateway failure."""
+        endpoint.requests += 1
+        if status is None or status >= 500:
+            endpoint.failures += 1
+        outliers = self.outliers
+        if outliers is None:
+            return
+        now = self.clock.monotonic()
+        why = outliers.record(endpoint.index, now, status)
+        if why is not None:
+            self._refresh(now)
+            self._emit("ejected", endpoint, why, now)
+
+    def _set_health(self, endpoint: Endpoint, healthy: bool) -> None:
+        endpoint.healthy = healthy
+        now = self.clock.monotonic()
+        self._refresh(now)
+        what = "healthy" if healthy else "unhealthy"
+        self._emit(what, endpoint, f"active health check: {what}", now)
+
+    def _emit(self, kind: str, endpoint: Endpoint, reason: str, now: float) -> None:
+        if self.listeners:
+            self.listeners.emit(
+                Event(kind, "upstream", f"{self.name}/{endpoint.authority}", now, reason)
+            )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        connector = aiohttp.TCPConnector(
+            limit=config.max_connections,
+            limit_per_host=config.max_connections_per_endpoint,
+            keepalive_timeout=config.keepalive,
+            ttl_dns_cache=60,
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+            # No sock_read timer here: re-arming it on every packet costs each request a few
+            # microseconds; the proxy bounds its own reads of an answer (read_timeout).
+            timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout),
+            trust_env=False,
+        )
+        if self.health is not None:
+            self._probes = asyncio.get_running_loop().create_task(
+                self._probe_forever(), name=f"floodwall-health-{self.name}"
+            )
+
+    async def _probe_forever(self) -> None:
+        health = self.health
+        assert health is not None
+        interval = health.config.interval
+        while True:
+            await asyncio.gather(*(self._probe(e) for e in self.endpoints))
+            await self.clock.async_sleep(interval)
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        health = self.health
+        assert health is not None
+        assert self.session is not None
+        status: int | None = None
+        try:
+            async with asyncio.timeout(health.config.timeout):
+                async with self.session.get(
+                    endpoint.base + health.config.path, allow_redirects=False
+                ) as answer:
+                    status = answer.status
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            status = None
+        changed = health.record(endpoint.index, health.probe_ok(status))
+        if changed is not None:
+            self._set_health(endpoint, changed)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(e.in_flight for e in self.endpoints)
+
+    async def close(self, drain: float = 0.0) -> None:
+        """Stop probing, wait up to ``drain`` seconds for requests in flight, then close."""
+        if self._probes is not None:
+            self._probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probes
+            self._probes = None
+        waited = 0.0
+        while self.in_flight and waited < drain:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self.clock.monotonic()
+        outliers = self.outliers
+        endpoints = []
+        for e in self.endpoints:
+            until = outliers.until(e.index) if outliers is not None else -_INF
+            ejected = until > now
+            endpoints.append(
+                {
+                    "url": e.url,
+                    "healthy": e.healthy,
+                    "ejected": ejected,
+                    "ejected_for": round(until - now, 3) if ejected else 0.0,
+                    "in_flight": e.in_flight,
+                    "requests": e.requests,
+                    "failures": e.failures,
+                }
+            )
+        return {
+            "balance": self.config.balance,
+            "endpoints": endpoints,
+            "available": len(self.available(now)),
+            "ejections": outliers.ejections if outliers is not None else 0,
+        }

@@ -1,0 +1,253 @@
+"""The admin API: the token, live status, breaker and level overrides, reloads under load,
+``/metrics``; and the global rate limit shared by two gateway processes on one Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import GATEWAY_TOKEN, GatewayProcess, GatewayThread, Upstream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+Start = Callable[[dict[str, Any]], GatewayThread]
+
+
+def _config(a: Upstream, b: Upstream, *, timeout: str = "1s") -> dict[str, Any]:
+    return {
+        "upstreams": {
+            "one": {"endpoints": [a.url]},
+            "two": {"endpoints": [b.url]},
+        },
+        "resources": {
+            "svc": {
+                "timeout": timeout,
+                "retry": {"attempts": 2, "backoff": {"kind": "none"}},
+                "circuit_breaker": {"minimum_calls": 5},
+                "bulkhead": {"max_concurrent": 50},
+            }
+        },
+        "routes": [
+            {"name": "api", "match": {"path_prefix": "/api"}, "upstream": "one", "resource": "svc"},
+        ],
+    }
+
+
+def test_token_is_required_and_checked(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    a, b = upstreams("a", "b")
+    gw = gateways(_config(a, b))
+    assert httpx.get(gw.admin_url + "/healthz").text == "ok"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": GATEWAY_TOKEN}):
+        answer = httpx.get(gw.admin_url + "/status", headers=headers)
+        assert answer.status_code == 401
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert httpx.post(gw.admin_url + "/shed/3").status_code == 401
+    assert gw.admin("GET", "/status").status_code == 200
+
+
+def test_status_overrides_and_metrics(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    a, b = upstreams("a", "b")
+    gw = gateways(_config(a, b))
+    with httpx.Client(base_url=gw.url, timeout=5) as client:
+        assert client.get("/api/1").status_code == 200
+        assert gw.admin("POST", "/breakers/api/open").status_code == 200  # by route name
+        refused = client.get("/api/2")
+        assert refused.status_code == 503 and refused.json()["kind"] == "circuit_open"
+        status = gw.admin("GET", "/status").json()
+        assert status["routes"]["api"]["breaker"]["state"] == "FORCED_OPEN"
+        assert status["overrides"][0]["action"] == "force_open"
+        assert gw.admin("POST", "/breakers/svc/reset").status_code == 200  # by resource name
+        assert client.get("/api/3").status_code == 200
+        assert gw.admin("POST", "/breakers/nope/open").status_code == 400
+        assert gw.admin("POST", "/shed/1").status_code == 400  # level 1 is never shed
+        metrics = gw.admin("GET", "/metrics").text
+    assert 'floodwall_gateway_requests_total{code="2xx",route="api"} 2.0' in metrics
+    assert 'floodwall_gateway_outcomes_total{outcome="circuit_open",route="api"} 1.0' in metrics
+    assert 'floodwall_circuit_state{resource="svc"} 0.0' in metrics
+    assert "floodwall_gateway_request_duration_seconds_bucket" in metrics
+    assert 'floodwall_gateway_endpoint_up{endpoint="' in metrics
+
+
+def test_reload_good_and_bad_under_load_loses_no_request(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    a, b = upstreams("a", "b")
+    gw = gateways(_config(a, b))
+    statuses: list[int] = []
+    served_by: set[str] = set()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=gw.url, timeout=5) as client:
+            while not stop.is_set():
+                try:
+                    answer = client.get("/api/x")
+                    statuses.append(answer.status_code)
+                    served_by.add(answer.json()["upstream"])
+                except httpx.HTTPError as exc:
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.3)
+        moved = _config(a, b)
+        moved["routes"][0]["upstream"] = "two"
+        moved["listen"] = "127.0.0.1:0"
+        bad = json.loads(json.dumps(moved))
+        bad["routes"][0]["upstream"] = "three"
+        for _ in range(3):
+            good = gw.admin("POST", "/reload?source=good.json", content=json.dumps(moved))
+            assert good.status_code == 200, good.text
+            time.sleep(0.15)
+            refused = gw.admin("POST", "/reload?source=bad.json", content=json.dumps(bad))
+            assert refused.status_code == 422
+            assert "routes[0].upstream: no upstream named 'three'" in refused.json()["detail"]
+            back = gw.admin("POST", "/reload?source=back.json", content=json.dumps(_config(a, b)))
+            assert back.status_code == 200
+            time.sleep(0.15)
+        gw.admin("POST", "/reload?source=good.json", content=json.dumps(moved))
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    assert len(statuses) > 50 and set(statuses) == {200}
+    assert served_by == {"a", "b"}
+    status = gw.admin("GET", "/status").json()
+    assert status["reloads"] == {"applied": 7, "rejected": 0}  # bad ones never reach a worker
+    assert status["routes"]["api"]["upstream"] == "two"
+
+
+def test_global_limit_is_shared_by_two_gateway_processes(
+    upstreams: Callable[..., list[Upstream]], redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    (svc,) = upstreams("svc")
+    config = {
+        "stores": {"default": "memory://", "shared": redis_url},
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [
+            {
+                "name": "limited",
+                "match": {"path_prefix": "/"},
+                "upstream": "svc",
+                "rate_limit": {
+                    "rate": "20/10s",
+                    "algorithm": "fixed",
+                    "scope": "global",
+                    "store": "shared",
+                },
+            }
+        ],
+    }
+    first = GatewayProcess(config, tmp_path / "first.json").start()
+    try:
+        second = GatewayProcess(config, tmp_path / "second.json").start()
+        try:
+            svc.state.requests.clear()
+            admitted = 0
+            with httpx.Client(timeout=5) as client:
+                for i in range(30):
+                    gateway = first if i % 2 else second
+                    answer = client.get(gateway.url + f"/{i}")
+                    assert answer.status_code in (200, 429)
+                    admitted += answer.status_code == 200
+                    if answer.status_code == 429:
+                        assert answer.headers["RateLimit-Limit"] == "20"
+                        assert int(answer.headers["Retry-After"]) >= 1
+            # Each alone would have admitted 15 of its 15; together they share 20 (minus the
+            # probes GatewayProcess.start sent while waiting for the proxy).
+            assert admitted <= 20
+            assert svc.state.count == admitted
+            assert admitted >= 15
+        finally:
+            assert second.stop() == 0
+    finally:
+        assert first.stop() == 0
+
+
+def test_workers_share_the_port_and_stop_gracefully(
+    upstreams: Callable[..., list[Upstream]], tmp_path: Path
+) -> None:
+    (svc,) = upstreams("svc")
+    svc.state.delay = 0.05
+    config = {
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+    gateway = GatewayProcess(config, tmp_path / "workers.json", workers=2).start()
+    try:
+        with httpx.Client(timeout=5) as client:
+            for _ in range(20):
+                client.get(gateway.url + "/x", headers={"Connection": "close"})
+        status = gateway.admin("GET", "/status").json()
+        assert status["workers"] == 2
+        assert status["routes"]["/"]["stats"]["requests"] >= 20
+        assert gateway.admin("POST", "/shed/3").status_code == 200
+        assert gateway.admin("GET", "/status").json()["shed_levels"] == [3]
+        assert "worker=" in gateway.admin("GET", "/metrics").text
+        svc.state.delay = 1.0
+        slow: list[int] = []
+        thread = threading.Thread(
+            target=lambda: slow.append(httpx.get(gateway.url + "/slow", timeout=10).status_code)
+        )
+        thread.start()
+        time.sleep(0.3)
+    finally:
+        code = gateway.stop()
+    thread.join()
+    assert slow == [200]  # the request in flight finished during the graceful stop
+    assert code == 0
+
+
+def test_config_and_overrides_are_shared_through_redis(
+    upstreams: Callable[..., list[Upstream]], redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    a, b = upstreams("a", "b")
+    config = _config(a, b)
+    config["stores"] = {"default": "memory://", "shared": redis_url}
+    config["sync"] = {"store": "shared", "key": f"floodwall:test:{tmp_path.name}"}
+    first = GatewayProcess(config, tmp_path / "first.json").start()
+    try:
+        second = GatewayProcess(config, tmp_path / "second.json").start()
+        try:
+            moved = json.loads(json.dumps(config))
+            moved["routes"][0]["upstream"] = "two"
+            answer = first.admin("POST", "/reload?source=moved.json", content=json.dumps(moved))
+            assert answer.status_code == 200, answer.text
+            assert first.admin("POST", "/shed/3").status_code == 200
+
+            def second_follows() -> bool:
+                status = second.admin("GET", "/status").json()
+                return bool(
+                    status["routes"]["api"]["upstream"] == "two" and status["shed_levels"] == [3]
+                )
+
+            deadline = time.monotonic() + 10
+            while not second_follows():
+                assert time.monotonic() < deadline, "the second gateway never applied the change"
+                time.sleep(0.1)
+            assert httpx.get(second.url + "/api/x", timeout=5).json()["upstream"] == "b"
+            third = GatewayProcess(config, tmp_path / "third.json").start()  # joins later
+            try:
+                assert httpx.get(third.url + "/api/x", timeout=5).json()["upstream"] == "b"
+            finally:
+                assert third.stop() == 0
+        finally:
+            assert second.stop() == 0
+    finally:
+        assert first.stop() == 0

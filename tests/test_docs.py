@@ -1,0 +1,378 @@
+"""Every ```python block of README.md and docs/**/*.md runs, and the site builds without warnings.
+
+How a page runs: its blocks execute top to bottom in one namespace (a reader reads a page in
+order, so a later block may use what an earlier one defined), in a fresh interpreter whose
+working directory is a temporary one. Blocks are compiled with top-level ``await`` allowed (a
+coroutine block runs on the page's event loop) and with postponed annotations, so a signature
+may name a type the page leaves to the reader (``-> Receipt``). Tracebacks point at the
+Markdown file and line.
+
+Two markers in the Markdown, both invisible on the rendered site:
+
+* ``<!-- no-run: why -->`` on the line before a fence skips that block. Only for a block that
+  needs a real server the test cannot start (a reason is required; keep them few).
+* ``<!-- test-setup`` … ``-->`` holds hidden code run at that point of the page: stand-ins for
+  the reader's own code (``legacy_client``, ``fetch_reviews``), or a file the page reads.
+
+Pages whose text mentions ``REDIS_URL`` get a throwaway Redis (``tests/servers.py``) in that
+environment variable, and are integration tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+import types
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGE_TIMEOUT = 60.0
+"""Seconds one page's snippets may take in all (the suite's budget is < 60 s for every page)."""
+MAX_NO_RUN = 8
+"""Blocks allowed to opt out; raising it needs a reason in the commit."""
+BEING_WRITTEN = {
+    "docs/drills.md": "drills: the owner is finishing the page",
+}
+"""Pages whose owners are still writing them: a failing snippet there is an expected failure
+(not strict). Remove a page from here when its owner is done; its snippets then must run."""
+
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>\S.*?)\s*-->\s*$")
+SETUP_OPEN = re.compile(r"^\s*<!--\s*test-(setup|check)\s*$")
+SETUP_CLOSE = re.compile(r"^\s*-->\s*$")
+FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | annotations.compiler_flag
+"""Top-level ``await`` and postponed annotations (``from __future__ import annotations`` binds
+``annotations`` to the feature, whose flag this is)."""
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """One block of Python in a Markdown file."""
+
+    path: Path
+    line: int
+    """1-based line of the block's first code line."""
+    code: str
+    no_run: str | None = None
+    hidden: bool = False
+    info: str = ""
+    """The fence's info string after the language (``title="app.py"``)."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page under docs/, in a stable order."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def _is_python(info: str) -> bool:
+    words = info.strip().lstrip("{").replace(".", " ").split()
+    return bool(words) and words[0] in ("python", "py")
+
+
+def extract(path: Path) -> list[Snippet]:
+    """The Python blocks and hidden setup blocks of ``path``, in document order."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    snippets: list[Snippet] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if SETUP_OPEN.match(line):
+            end = index + 1
+            while end < len(lines) and not SETUP_CLOSE.match(lines[end]):
+                end += 1
+            if end == len(lines):
+                raise ValueError(f"{path}:{index + 1}: unclosed <!-- test-setup")
+            body = textwrap.dedent("\n".join(lines[index + 1 : end]))
+            snippets.append(Snippet(path, index + 2, body, hidden=True))
+            index = end + 1
+            continue
+        opened = FENCE.match(line)
+        if not opened:
+            index += 1
+            continue
+        indent, fence = opened["indent"], opened["fence"]
+        end = index + 1
+        while end < len(lines):
+            closing = FENCE.match(lines[end])
+            if (
+                closing
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+                and not closing["info"].strip()
+            ):
+                break
+            end += 1
+        if _is_python(opened["info"]):
+            body = "\n".join(_unindent(text, indent) for text in lines[index + 1 : end])
+            info = opened["info"].strip()
+            snippets.append(Snippet(path, index + 2, body, _no_run(lines, index), info=info))
+        index = end + 1
+    return snippets
+
+
+def _unindent(text: str, indent: str) -> str:
+    return text[len(indent) :] if text.startswith(indent) else text.lstrip()
+
+
+def _no_run(lines: list[str], fence_index: int) -> str | None:
+    before = fence_index - 1
+    while before >= 0 and not lines[before].strip():
+        before -= 1
+    marker = NO_RUN.match(lines[before]) if before >= 0 else None
+    return marker["reason"] if marker else None
+
+
+def _needs_redis(path: Path) -> bool:
+    return "REDIS_URL" in path.read_text(encoding="utf-8")
+
+
+# -- running one page (in its own interpreter: `python tests/test_docs.py PAGE`) -------------
+
+
+def run_page(path: Path) -> int:
+    """Run every block of ``path``; print one line per block; 1 on the first failure."""
+    module = types.ModuleType("docs_page")
+    module.__file__ = str(path)
+    sys.modules["docs_page"] = module
+    namespace = module.__dict__
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        for snippet in extract(path):
+            if snippet.no_run is not None:
+                print(f"skipped {snippet.where}: {snippet.no_run}")
+                continue
+            started = time.perf_counter()
+            try:
+                _run(snippet, namespace, loop)
+            except BaseException:
+                print(f"FAILED {snippet.where}\n{snippet.code}\n", file=sys.stderr)
+                traceback.print_exc()
+                return 1
+            kind = "setup" if snippet.hidden else "ok"
+            print(f"{kind} {snippet.where} ({time.perf_counter() - started:.2f}s)")
+    finally:
+        _close(loop)
+    return 0
+
+
+def _run(snippet: Snippet, namespace: dict[str, object], loop: asyncio.AbstractEventLoop) -> None:
+    source = "\n" * (snippet.line - 1) + snippet.code + "\n"
+    code = compile(source, str(snippet.path), "exec", flags=FLAGS, dont_inherit=True)
+    if code.co_flags & inspect.CO_COROUTINE:
+        loop.run_until_complete(eval(code, namespace))  # noqa: S307 - the docs' own code
+    else:
+        exec(code, namespace)  # noqa: S102 - the docs' own code
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    with contextlib.suppress(BaseException):
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+
+def _page_params() -> list[object]:
+    params: list[object] = []
+    for path in pages():
+        if not any(not s.hidden for s in extract(path)):
+            continue
+        name = str(path.relative_to(ROOT))
+        marks: list[pytest.MarkDecorator] = []
+        if _needs_redis(path):
+            marks.append(pytest.mark.integration)
+        if name in BEING_WRITTEN:
+            marks.append(pytest.mark.xfail(reason=BEING_WRITTEN[name], strict=False))
+        params.append(pytest.param(path, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("page", _page_params())
+def test_page_snippets_run(page: Path, request: pytest.FixtureRequest) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), FLOODWALL_REPO=str(ROOT))
+    env.pop("PYTEST_CURRENT_TEST", None)
+    if _needs_redis(page):
+        env["REDIS_URL"] = str(request.getfixturevalue("redis_url"))
+    with tempfile.TemporaryDirectory(prefix="floodwall-docs-") as workdir:
+        result = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), str(page)],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PAGE_TIMEOUT,
+            check=False,
+        )
+    assert result.returncode == 0, f"{page.relative_to(ROOT)}:\n{result.stdout}{result.stderr}"
+
+
+def test_snippets_found_and_opt_outs_are_few() -> None:
+    every = [s for path in pages() for s in extract(path) if not s.hidden]
+    skipped = [s for s in every if s.no_run is not None]
+    assert len(every) >= 40, f"only {len(every)} python blocks found: is the extractor broken?"
+    assert len(skipped) <= MAX_NO_RUN, "\n".join(f"{s.where}: {s.no_run}" for s in skipped)
+
+
+def test_extractor_reads_fences_markers_and_setup(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        textwrap.dedent(
+            """\
+            # A page
+
+            ```python
+            x = 1
+            ```
+
+            <!-- test-setup
+            y = 2
+            -->
+
+            * in a list:
+
+              ```python title="indented"
+              z = x + y
+              ```
+
+            ````markdown
+            ```python
+            not_python_here = True
+            ```
+            ````
+
+            <!-- no-run: talks to a real server -->
+            ```py
+            connect()
+            ```
+
+            ```bash
+            echo no
+            ```
+            """
+        ),
+        encoding="utf-8",
+    )
+    found = extract(page)
+    assert [(s.line, s.code, s.hidden, s.no_run) for s in found] == [
+        (4, "x = 1", False, None),
+        (8, "y = 2", True, None),
+        (14, "z = x + y", False, None),
+        (25, "connect()", False, "talks to a real server"),
+    ]
+
+
+def test_a_failing_snippet_points_at_its_markdown_line(tmp_path: Path) -> None:
+    page = tmp_path / "broken.md"
+    page.write_text("text\n\n```python\nvalue = 1\nawait undefined_name()\n```\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), str(page)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=PAGE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f'File "{page}", line 5' in result.stderr
+    assert "NameError" in result.stderr
+
+
+def _http(method: str, url: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method)  # noqa: S310 - loopback http only
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback
+        return int(response.status), response.read().decode()
+
+
+@pytest.mark.integration
+def test_getting_started_app_runs_under_uvicorn_and_shows_its_metrics(tmp_path: Path) -> None:
+    """The walk-through as a person does it: save app.py, run uvicorn, break the dependency,
+    read /metrics."""
+    page = DOCS / "getting-started.md"
+    (app,) = [s for s in extract(page) if 'title="app.py"' in s.info]
+    (tmp_path / "app.py").write_text(app.code + "\n", encoding="utf-8")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                status, body = _http("GET", f"{base}/price/sku-1")
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert (status, body) == (200, '{"sku":"sku-1","price":9.99}')
+        _http("POST", f"{base}/chaos?down=true")
+        answers = [_http("GET", f"{base}/price/sku-1")[1] for _ in range(8)]
+        assert set(answers) == {'{"price":null,"stale":true}'}
+        _, scrape = _http("GET", f"{base}/metrics")
+        assert 'floodwall_circuit_state{resource="prices"} 1.0' in scrape
+        assert 'floodwall_fallbacks_total{resource="prices"} 8.0' in scrape
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=5)
+
+
+def test_site_builds_without_warnings(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: a broken link, a missing page or a docstring the API
+    reference cannot render fails the build."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    if not mkdocs.exists():
+        pytest.fail("mkdocs is not installed in this venv: pip install -e '.[docs]'")
+    started = time.perf_counter()
+    result = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
+    assert elapsed < 60, f"the docs build took {elapsed:.0f} s (budget 60 s)"
+
+
+if __name__ == "__main__":
+    sys.exit(run_page(Path(sys.argv[1]).resolve()))
