@@ -44,6 +44,14 @@ if TYPE_CHECKING:
     from floodwall.breaker import CircuitBreaker, CircuitState
     from floodwall.budget import BudgetSnapshot, RetryBudget, RetryBudgetExhausted
     from floodwall.bulkhead import Bulkhead, ThreadPoolBulkhead, pool_size
+    from floodwall.chaos import (
+        ChaosException,
+        ChaosHang,
+        ChaosLatency,
+        ChaosPolicy,
+        ChaosResult,
+        InjectedFault,
+    )
     from floodwall.classify import Classifier, ErrorClass
     from floodwall.context import (
         CallContext,
@@ -100,6 +108,11 @@ _EXPORTS: dict[str, str] = {
     "BulkheadFullError": "floodwall._core.errors",
     "Cache": "floodwall.degrade",
     "CallContext": "floodwall.context",
+    "ChaosException": "floodwall.chaos",
+    "ChaosHang": "floodwall.chaos",
+    "ChaosLatency": "floodwall.chaos",
+    "ChaosPolicy": "floodwall.chaos",
+    "ChaosResult": "floodwall.chaos",
     "CircuitBreaker": "floodwall.breaker",
     "CircuitOpenError": "floodwall._core.errors",
     "CircuitState": "floodwall.breaker",
@@ -129,6 +142,7 @@ _EXPORTS: dict[str, str] = {
     "IdempotencyKeyReusedError": "floodwall.idempotency",
     "IdempotencyTokenError": "floodwall.idempotency",
     "IdempotencyUnavailableError": "floodwall.idempotency",
+    "InjectedFault": "floodwall.chaos",
     "Kind": "floodwall._core.outcome",
     "LevelGate": "floodwall.degrade",
     "Levels": "floodwall.degrade",
@@ -182,6 +196,11 @@ __all__ = [
     "BulkheadFullError",
     "Cache",
     "CallContext",
+    "ChaosException",
+    "ChaosHang",
+    "ChaosLatency",
+    "ChaosPolicy",
+    "ChaosResult",
     "CircuitBreaker",
     "CircuitOpenError",
     "CircuitState",
@@ -211,6 +230,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "IdempotencyTokenError",
     "IdempotencyUnavailableError",
+    "InjectedFault",
     "Kind",
     "LevelGate",
     "Levels",

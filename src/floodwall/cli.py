@@ -13,11 +13,40 @@ app = typer.Typer(
 
 
 @app.command()
-def demo() -> None:
-    """Watch a dependency fail, the breaker open, the fallback answer, and recovery."""
-    from floodwall._demo import main
+def demo(
+    json_out: str | None = typer.Option(
+        None, "--json", metavar="PATH", help="Also write every figure of the table as JSON."
+    ),
+    html_out: str | None = typer.Option(
+        None, "--html", metavar="PATH", help="Write the HTML report here (default: a temp dir)."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Shorter phases: ~20 s instead of ~1 min."),
+) -> None:
+    """The seeds' two outages, unprotected and protected, side by side (about a minute)."""
+    from floodwall.drill.cli import demo as run
 
-    main()
+    run(json_out, html_out, quick)
+
+
+@app.command()
+def drill(
+    path: str = typer.Argument(..., help="Scenario file (YAML or JSON)."),
+    json_out: str | None = typer.Option(
+        None, "--json", metavar="PATH", help="Write every figure as JSON."
+    ),
+    html_out: str | None = typer.Option(
+        None, "--html", metavar="PATH", help="Write the HTML report here (default: a temp dir)."
+    ),
+) -> None:
+    """Run a chaos drill: detection, blast radius, recovery, data consistency, amplification."""
+    from floodwall._core.errors import ConfigError
+    from floodwall.drill.cli import drill as run
+
+    try:
+        run(path, json_out, html_out)
+    except ConfigError as exc:
+        typer.echo(f"invalid: {exc}", err=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.command("check-config")

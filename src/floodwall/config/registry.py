@@ -55,6 +55,7 @@ from floodwall.backoff import (
 from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
 from floodwall.bulkhead import Bulkhead
+from floodwall.chaos import ChaosPolicy
 from floodwall.config.schema import (
     AdaptiveConfig,
     BackoffConfig,
@@ -176,6 +177,7 @@ class Built:
     sampled: SampledDrop | None = None
     cache: Cache | None = None
     adaptive: AdaptiveLimiter | None = None
+    chaos: ChaosPolicy | None = None
 
     def replace(self, old: Policy, new: Policy, field: str) -> Built:
         """The same policies with ``old`` swapped for the live ``new`` (kept across reloads)."""
@@ -225,6 +227,7 @@ def build(
     budget: Callable[[str, RetryConfig], RetryBudget | None],
     listeners: Listeners,
     store: Callable[[str], Store] = _no_store,
+    allow_chaos: bool = False,
 ) -> Built:
     """Build the policies of one resource, in the order sampled_drop -> fallback -> cache ->
     circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout."""
@@ -321,6 +324,18 @@ def build(
             listeners=listeners,
         )
         policies.append(timeout)
+    chaos = None
+    if config.chaos is not None:
+        from floodwall.chaos import chaos_from_spec
+
+        chaos = chaos_from_spec(
+            f"{name}.chaos",
+            config.chaos.spec(),
+            allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
+            clock=clock,
+            listeners=listeners,
+        )
+        policies.append(chaos)  # innermost: it stands for the dependency
     return Built(
         tuple(policies),
         fallback,
@@ -332,6 +347,7 @@ def build(
         sampled,
         cache,
         adaptive,
+        chaos,
     )
 
 
@@ -370,6 +386,7 @@ class Resource(Policy):
         self.sampled: SampledDrop | None = None
         self.cache: Cache | None = None
         self.adaptive: AdaptiveLimiter | None = None
+        self.chaos: ChaosPolicy | None = None
         self.policies: tuple[Policy, ...] = ()
         self.pipeline = Pipeline(name=name)
         self.meter: Meter | None = Meter() if registry.metrics else None
@@ -551,6 +568,7 @@ class Registry:
             budget=self._budget,
             listeners=self.listeners,
             store=self._store,
+            allow_chaos=self.document.allow_chaos,
         )
         if built.breaker is not None and resource.breaker is not None:
             # Keep the live breaker (its state, window, open timer); give it the new options.
@@ -577,6 +595,7 @@ class Registry:
         resource.sampled = built.sampled
         resource.cache = built.cache
         resource.adaptive = built.adaptive
+        resource.chaos = built.chaos
         resource.policies = built.policies
         resource.pipeline = Pipeline(*built.policies, name=resource.name)
 

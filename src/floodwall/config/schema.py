@@ -209,6 +209,35 @@ class SampledDropConfig(_Model):
     ratio: float = Field(ge=0, le=1)
 
 
+class ChaosConfig(_Model):
+    """A fault injected into the resource's calls (``floodwall.chaos``), innermost in its
+    pipeline: exactly one of ``latency``, ``exception``, ``result``, ``hang``. Inert unless the
+    document says ``allow_chaos: true`` or the process has ``FLOODWALL_CHAOS=1``."""
+
+    latency: Duration | None = None
+    exception: Literal[True] | None = None
+    result: Any = None
+    hang: Duration | None = None
+    rate: float = Field(1.0, ge=0, le=1)
+    enabled: bool = True
+    schedule: tuple[tuple[Duration, Duration | None], ...] | None = None
+    period: Duration | None = None
+
+    @model_validator(mode="after")
+    def _one_fault(self) -> ChaosConfig:
+        kinds = ("latency", "exception", "result", "hang")
+        given = [k for k in kinds if k in self.model_fields_set]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of latency, exception, result, hang, got {given or 'none'}"
+            )
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """The plain data ``floodwall.chaos.chaos_from_spec`` takes."""
+        return self.model_dump(mode="python", exclude_unset=True)
+
+
 class ResourceConfig(_Model):
     """One dependency or endpoint: its level and its pipeline's policies."""
 
@@ -223,6 +252,7 @@ class ResourceConfig(_Model):
     adaptive: AdaptiveConfig | None = None
     idempotency: IdempotencyConfig | None = None
     fallback: FallbackConfig | None = None
+    chaos: ChaosConfig | None = None
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -246,3 +276,5 @@ class Document(_Model):
     defaults: ResourceConfig = ResourceConfig()
     resources: dict[str, ResourceConfig] = Field(default_factory=dict)
     stores: dict[str, str] = Field(default_factory=lambda: {"default": "memory://"})
+    allow_chaos: bool = False
+    """Let ``chaos`` sections inject (else only ``FLOODWALL_CHAOS=1`` in the environment does)."""

@@ -1,0 +1,498 @@
+"""Every figure of a drill, computed from its raw event log and nothing else.
+
+A run records what happened as plain events (:class:`EventLog`): each edge request as the
+caller saw it, each call that reached a mock service, each action the protection took (the
+floodwall events at the edge), each fault window, each applied write (the ledgers) and resource
+samples. :func:`compute` turns a log into :class:`Figures`; the definitions below are the
+contract (docs/drills.md repeats them):
+
+* windows, by request **arrival** time: *before* = ``[warmup, first fault start)``, *during* =
+  ``[first fault start, last fault end)``; a fault without ``until`` ends when the load ends;
+* **healthy routes**: routes none of whose dependencies has a fault; *affected* routes: the
+  others;
+* a request **succeeds** when the caller got a 2xx before its timeout; it is **full** when it
+  succeeded without a fallback answering for part of it (no ``X-Degraded``);
+* **p99**: nearest-rank 99th percentile of the latencies of all requests in the window, failed
+  ones included (a request without an answer counts the caller's timeout);
+* **blast radius**: healthy routes' success rate and p99, before vs during;
+* **detection time**: first fault start → the first protective action at the edge about a
+  faulty dependency at or after it: a breaker opening, a fallback answering, a rejection (full
+  bulkhead, rate limit, shed) or a timeout firing. ``None``: nothing noticed;
+* **recovery time**: last fault end → the earliest ``t`` (0.1 s steps) such that the full-answer
+  rate of all requests arriving in ``[end + t, end + t + 2 s)`` is within 1 percentage point of
+  its *before* value. ``None``: not within the run;
+* **data consistency** (the ledger audit), per write (an order id): *doubled* = applied more
+  than once; *lost* = the caller was told it succeeded but it was never applied; *unconfirmed*
+  = the caller saw a failure but it was applied (the money moved, the answer did not);
+* **amplification** of a dependency: calls that reached it carrying the id of an edge request,
+  per edge request whose route uses it (arrivals *during* the fault for ``amplification``, the
+  whole run for ``amplification_by_dependency``); 1.0 = one call per request, above = retries,
+  below = calls the protection kept away;
+* **resources**: peaks of the samples (threads, open sockets, resident memory, edge workers
+  busy and queued), process-wide, and the event loop's worst lag (how late a 0.25 s sleep
+  woke up: the machine's share of the latency figures).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "DETECTING",
+    "RECOVERY_STEP",
+    "RECOVERY_TOLERANCE",
+    "RECOVERY_WINDOW",
+    "Action",
+    "Call",
+    "EventLog",
+    "FaultWindow",
+    "Figures",
+    "Request",
+    "Sample",
+    "Series",
+    "Write",
+    "compute",
+    "percentile",
+    "series",
+]
+
+RECOVERY_WINDOW = 2.0
+"""Seconds of arrivals whose full-answer rate must be back for recovery to count."""
+RECOVERY_TOLERANCE = 0.01
+"""How far below its *before* value the full-answer rate may be and count as recovered."""
+RECOVERY_STEP = 0.1
+"""Resolution of the recovery time, seconds."""
+DETECTING = frozenset({"fallback", "rejected", "timeout", "shed"})
+"""Event kinds that count as the protection noticing (plus a breaker opening)."""
+_OPEN_STATES = frozenset({"OPEN", "FORCED_OPEN"})
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One edge request as its caller saw it; times in seconds since the run started.
+
+    ``status`` is the HTTP status, ``0`` when no answer came before the caller's timeout, ``-1``
+    when the connection failed. ``order`` is a write's order id.
+    """
+
+    id: int
+    route: str
+    start: float
+    end: float
+    status: int
+    degraded: bool = False
+    order: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def full(self) -> bool:
+        return self.ok and not self.degraded
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request that reached a mock service (``end`` is ``None`` if it never finished)."""
+
+    service: str
+    start: float
+    end: float | None
+    status: int
+    request: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """Something the protection did (a floodwall event at the edge)."""
+
+    time: float
+    kind: str
+    source: str
+    name: str
+    to_state: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """A fault on ``target`` from ``start`` to ``end`` seconds."""
+
+    target: str
+    start: float
+    end: float
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Resources at ``time``: threads, open sockets, resident MB, edge workers and queue, and
+    how late the sampler woke (``loop_lag``, seconds: the run's event loop falling behind)."""
+
+    time: float
+    threads: int
+    sockets: int
+    rss_mb: float
+    workers_busy: int = 0
+    queued: int = 0
+    loop_lag: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One write a service applied (one line of its ledger)."""
+
+    service: str
+    time: float
+    order: str
+    key: str | None = None
+    request: int | None = None
+
+
+@dataclass
+class EventLog:
+    """Everything a run recorded. ``routes`` maps each route to the dependencies it calls;
+    ``timeout`` is the caller's; ``load_end`` when arrivals stopped; ``end`` when the run did."""
+
+    routes: dict[str, tuple[str, ...]]
+    timeout: float
+    warmup: float
+    load_end: float
+    end: float
+    requests: list[Request] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    faults: list[FaultWindow] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A run's figures (``None`` where a figure does not apply or was not reached)."""
+
+    requests: int
+    success_rate: float | None
+    healthy_routes: tuple[str, ...]
+    faulty: tuple[str, ...]
+    fault_start: float | None
+    fault_end: float | None
+    healthy_success_rate_before: float | None
+    healthy_success_rate: float | None
+    healthy_p99_ms_before: float | None
+    healthy_p99_ms_during: float | None
+    healthy_failures: dict[str, int]
+    """What the healthy routes' failed requests during the fault got: HTTP status -> count
+    (``"0"``: no answer before the caller's timeout, ``"-1"``: connection failed)."""
+    detection_time_s: float | None
+    detected_by: str | None
+    recovery_time_s: float | None
+    full_rate_before: float | None
+    accepted_writes: int | None
+    applied_writes: int | None
+    doubled_writes: int | None
+    lost_writes: int | None
+    unconfirmed_writes: int | None
+    amplification: float | None
+    amplification_by_dependency: dict[str, float]
+    peak_threads: int | None
+    peak_sockets: int | None
+    peak_rss_mb: float | None
+    peak_workers_busy: int | None
+    peak_queued: int | None
+    peak_loop_lag_ms: float | None
+    """How far behind the run's event loop fell at worst: above ~100 ms the machine was too
+    busy for the latency figures to be the system's alone."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (floats rounded to what the table shows and a bit more)."""
+        return {k: _rounded(v) for k, v in asdict(self).items()}
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank method; ``None`` if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _rate(requests: Iterable[Request], full: bool = False) -> float | None:
+    total = good = 0
+    for request in requests:
+        total += 1
+        good += request.full if full else request.ok
+    return good / total if total else None
+
+
+def _between(requests: Iterable[Request], start: float, end: float) -> list[Request]:
+    return [r for r in requests if start <= r.start < end]
+
+
+def _p99_ms(requests: Sequence[Request]) -> float | None:
+    value = percentile([r.latency for r in requests], 0.99)
+    return None if value is None else value * 1000
+
+
+def fault_span(log: EventLog) -> tuple[float, float] | None:
+    """``(first fault start, last fault end)``, or ``None`` without faults."""
+    if not log.faults:
+        return None
+    return min(f.start for f in log.faults), max(f.end for f in log.faults)
+
+
+def faulty_dependencies(log: EventLog) -> tuple[str, ...]:
+    return tuple(sorted({f.target for f in log.faults}))
+
+
+def healthy_routes(log: EventLog) -> tuple[str, ...]:
+    faulty = set(faulty_dependencies(log))
+    return tuple(r for r, deps in log.routes.items() if not faulty.intersection(deps))
+
+
+def _relates(name: str, targets: Iterable[str]) -> bool:
+    return any(name == t or name.startswith(t + ".") for t in targets)
+
+
+def detection(log: EventLog) -> tuple[float | None, str | None]:
+    """Seconds from the first fault's start to the first protective action about a faulty
+    dependency (see the module docstring), and a description of that action."""
+    span = fault_span(log)
+    if span is None:
+        return None, None
+    start = span[0]
+    targets = [t for t in faulty_dependencies(log) if t != "edge"]
+    for action in sorted(log.actions, key=lambda a: a.time):
+        if action.time < start:
+            continue
+        noticed = action.kind in DETECTING or (
+            action.kind == "state_change" and action.to_state in _OPEN_STATES
+        )
+        if noticed and (not targets or _relates(action.name, targets)):
+            what = f"{action.kind} {action.source}[{action.name}]"
+            if action.to_state:
+                what += f" -> {action.to_state}"
+            return action.time - start, what
+    return None, None
+
+
+def recovery(log: EventLog, baseline: float | None) -> float | None:
+    """Seconds from the last fault's end until the full-answer rate is back (module docstring)."""
+    span = fault_span(log)
+    if span is None or baseline is None:
+        return None
+    end = span[1]
+    ordered = sorted(log.requests, key=lambda r: r.start)
+    starts = [r.start for r in ordered]
+    steps = int((log.load_end - end - RECOVERY_WINDOW) / RECOVERY_STEP + 1e-9)
+    from bisect import bisect_left
+
+    for step in range(max(steps, -1) + 1):
+        t = end + step * RECOVERY_STEP
+        lo, hi = bisect_left(starts, t), bisect_left(starts, t + RECOVERY_WINDOW)
+        if hi == lo:
+            continue
+        rate = sum(r.full for r in ordered[lo:hi]) / (hi - lo)
+        if rate >= baseline - RECOVERY_TOLERANCE - 1e-12:
+            return round(step * RECOVERY_STEP, 6)
+    return None
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The ledger audit (``None`` fields when the run made no writes)."""
+
+    accepted: int | None
+    applied: int | None
+    doubled: int | None
+    lost: int | None
+    unconfirmed: int | None
+
+
+def audit(log: EventLog) -> Audit:
+    """Compare what callers were told with what the ledgers applied, per order id."""
+    writes = [(r.order, r.ok) for r in log.requests if r.order is not None]
+    if not writes:
+        return Audit(None, None, None, None, None)
+    applied = Counter(w.order for w in log.writes)
+    accepted = {order for order, ok in writes if ok}
+    failed = {order for order, ok in writes if not ok} - accepted
+    return Audit(
+        accepted=len(accepted),
+        applied=sum(applied.values()),
+        doubled=sum(1 for count in applied.values() if count > 1),
+        lost=sum(1 for order in accepted if applied[order] == 0),
+        unconfirmed=sum(1 for order in failed if applied[order] > 0),
+    )
+
+
+def amplification(log: EventLog, window: tuple[float, float] | None = None) -> dict[str, float]:
+    """Calls that reached each dependency per edge request whose route uses it (arrivals in
+    ``window``, default the whole run). Calls are matched to requests by request id."""
+    lo, hi = window if window is not None else (-math.inf, math.inf)
+    requests = [r for r in log.requests if lo <= r.start < hi]
+    calls_by_request: dict[str, Counter[int]] = defaultdict(Counter)
+    for call in log.calls:
+        if call.request is not None:
+            calls_by_request[call.service][call.request] += 1
+    out: dict[str, float] = {}
+    dependencies = sorted({d for deps in log.routes.values() for d in deps})
+    for dependency in dependencies:
+        users = [r for r in requests if dependency in log.routes.get(r.route, ())]
+        if not users:
+            continue
+        counter = calls_by_request.get(dependency, Counter())
+        out[dependency] = sum(counter[r.id] for r in users) / len(users)
+    return out
+
+
+def compute(log: EventLog) -> Figures:
+    """Every figure of a run from its event log (the definitions are the module docstring)."""
+    span = fault_span(log)
+    healthy = set(healthy_routes(log))
+    faulty = faulty_dependencies(log)
+    first = span[0] if span else log.load_end
+    before = _between(log.requests, log.warmup, first)
+    during = _between(log.requests, *span) if span else []
+    healthy_before = [r for r in before if r.route in healthy]
+    healthy_during = [r for r in during if r.route in healthy]
+    detected, how = detection(log)
+    full_before = _rate(before, full=True)
+    books = audit(log)
+    amp_during = amplification(log, span) if span else {}
+    faulty_amp = [amp_during[d] for d in faulty if d in amp_during]
+    samples = log.samples
+    return Figures(
+        requests=len(log.requests),
+        success_rate=_rate(log.requests),
+        healthy_routes=tuple(sorted(healthy)),
+        faulty=faulty,
+        fault_start=span[0] if span else None,
+        fault_end=span[1] if span else None,
+        healthy_success_rate_before=_rate(healthy_before),
+        healthy_success_rate=_rate(healthy_during) if span else None,
+        healthy_p99_ms_before=_p99_ms(healthy_before),
+        healthy_p99_ms_during=_p99_ms(healthy_during) if span else None,
+        healthy_failures=dict(Counter(str(r.status) for r in healthy_during if not r.ok)),
+        detection_time_s=detected,
+        detected_by=how,
+        recovery_time_s=recovery(log, full_before),
+        full_rate_before=full_before,
+        accepted_writes=books.accepted,
+        applied_writes=books.applied,
+        doubled_writes=books.doubled,
+        lost_writes=books.lost,
+        unconfirmed_writes=books.unconfirmed,
+        amplification=max(faulty_amp) if faulty_amp else None,
+        amplification_by_dependency=amplification(log),
+        peak_threads=max((s.threads for s in samples), default=None),
+        peak_sockets=max((s.sockets for s in samples), default=None),
+        peak_rss_mb=max((s.rss_mb for s in samples), default=None),
+        peak_workers_busy=max((s.workers_busy for s in samples), default=None),
+        peak_queued=max((s.queued for s in samples), default=None),
+        peak_loop_lag_ms=max((s.loop_lag * 1000 for s in samples), default=None),
+    )
+
+
+# -- time series for charts ------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """Per-bin values over a run for the report's charts (``None``: no request in the bin)."""
+
+    step: float
+    t: list[float] = field(default_factory=list)
+    healthy_success: list[float | None] = field(default_factory=list)
+    affected_success: list[float | None] = field(default_factory=list)
+    full_rate: list[float | None] = field(default_factory=list)
+    healthy_p50_ms: list[float | None] = field(default_factory=list)
+    healthy_p99_ms: list[float | None] = field(default_factory=list)
+    affected_p99_ms: list[float | None] = field(default_factory=list)
+    throughput: list[float] = field(default_factory=list)
+    workers_busy: list[int | None] = field(default_factory=list)
+    queued: list[int | None] = field(default_factory=list)
+    breakers: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
+    faults: list[tuple[float, float, str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: _rounded(v) for k, v in asdict(self).items()}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000
+
+
+def series(log: EventLog, step: float = 0.5) -> Series:
+    """Bin the log by arrival time in ``step``-second bins, for charts."""
+    healthy = set(healthy_routes(log))
+    bins = max(1, math.ceil(log.end / step))
+    by_bin: list[list[Request]] = [[] for _ in range(bins)]
+    for request in log.requests:
+        index = min(bins - 1, max(0, int(request.start / step)))
+        by_bin[index].append(request)
+    out = Series(step=step)
+    samples = sorted(log.samples, key=lambda s: s.time)
+    cursor = 0
+    for index, requests in enumerate(by_bin):
+        t = index * step
+        good = [r for r in requests if r.route in healthy]
+        bad = [r for r in requests if r.route not in healthy]
+        out.t.append(t)
+        out.healthy_success.append(_rate(good))
+        out.affected_success.append(_rate(bad))
+        out.full_rate.append(_rate(requests, full=True))
+        out.healthy_p50_ms.append(_ms(percentile([r.latency for r in good], 0.5)))
+        out.healthy_p99_ms.append(_ms(percentile([r.latency for r in good], 0.99)))
+        out.affected_p99_ms.append(_ms(percentile([r.latency for r in bad], 0.99)))
+        out.throughput.append(len(requests) / step)
+        while cursor + 1 < len(samples) and samples[cursor + 1].time <= t + step:
+            cursor += 1
+        sample = samples[cursor] if samples and samples[cursor].time <= t + step else None
+        out.workers_busy.append(None if sample is None else sample.workers_busy)
+        out.queued.append(None if sample is None else sample.queued)
+    out.breakers = breaker_intervals(log.actions, log.end)
+    out.faults = [(f.start, f.end, f.target, f.what) for f in log.faults]
+    return out
+
+
+def breaker_intervals(
+    actions: Iterable[Action], end: float
+) -> dict[str, list[tuple[float, float, str]]]:
+    """Each breaker's states as ``(start, end, state)`` intervals, from its state changes
+    (a breaker is CLOSED until its first change)."""
+    changes: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for action in sorted(actions, key=lambda a: a.time):
+        if action.kind == "state_change" and action.to_state and action.source != "chaos":
+            changes[action.name].append((action.time, action.to_state))
+    out: dict[str, list[tuple[float, float, str]]] = {}
+    for name, items in sorted(changes.items()):
+        spans: list[tuple[float, float, str]] = []
+        state, since = "CLOSED", 0.0
+        for time, to_state in items:
+            if time > since:
+                spans.append((since, time, state))
+            state, since = to_state, time
+        spans.append((since, max(end, since), state))
+        out[name] = spans
+    return out

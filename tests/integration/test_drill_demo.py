@@ -1,0 +1,63 @@
+"""``floodwall demo --quick --json``: the issue's "Done when" figures, from the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from floodwall.drill.cli import demo
+from floodwall.drill.demo import DEMO_KEYS, REVIEWS_OPEN_DURATION
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(90),
+    pytest.mark.xdist_group("drill"),  # real servers and real time: one drill at a time
+]
+
+
+def test_the_quick_demo_shows_the_avalanche_and_its_containment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    begun = time.monotonic()
+    demo(str(tmp_path / "demo.json"), str(tmp_path / "report.html"), quick=True)
+    wall = time.monotonic() - begun
+    assert wall < 45
+
+    figures = json.loads((tmp_path / "demo.json").read_text())
+    assert set(figures) == {"product_page", "payments"}
+    for scenario in figures.values():
+        assert set(scenario) == {"unprotected", "protected"}
+        for mode in scenario.values():
+            assert set(DEMO_KEYS) <= set(mode)
+
+    notes = {s: {m: f["notes"] for m, f in modes.items()} for s, modes in figures.items()}
+    page = figures["product_page"]
+    bare, guarded = page["unprotected"], page["protected"]
+    # unprotected: reviews hang, and product and price die with them
+    assert bare["healthy_success_rate"] < 0.5
+    assert bare["detection_time_s"] is None
+    # protected: healthy routes unharmed, the fault noticed fast, recovery within the breaker
+    assert guarded["healthy_success_rate"] >= 0.99, (guarded, notes)
+    assert guarded["healthy_p99_ms_during"] <= 1.5 * guarded["healthy_p99_ms_before"], (
+        guarded,
+        notes,
+    )
+    assert guarded["detection_time_s"] <= 2.0
+    assert guarded["recovery_time_s"] is not None
+    assert guarded["recovery_time_s"] <= REVIEWS_OPEN_DURATION + 2.0
+    for mode in (bare, guarded):
+        assert mode["doubled_writes"] is None and mode["lost_writes"] is None
+
+    pay = figures["payments"]
+    assert pay["unprotected"]["doubled_writes"] > 0  # blind retries charged twice
+    assert pay["protected"]["doubled_writes"] == 0
+    assert pay["protected"]["lost_writes"] == 0
+    assert pay["protected"]["detection_time_s"] <= 2.0
+    assert pay["protected"]["amplification"] >= 1.0  # retries happened, under the budget
+
+    out = capsys.readouterr().out
+    assert "HTML report:" in out and str(tmp_path / "report.html") in out
+    assert (tmp_path / "report.html").stat().st_size > 10_000

@@ -1,0 +1,248 @@
+"""Every drill figure computed from a synthetic raw event log whose answers are known.
+
+The log: routes ``/a -> x`` (healthy), ``/b -> y`` (faulty), ``/w -> pay`` (writes, healthy).
+Requests on ``/a`` and ``/b`` every 0.1 s (at k/10 + 0.05 s) for 40 s; the fault on ``y`` lasts
+from 10 s to 20 s. Each figure below is worked out by hand in its test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from floodwall.drill.metrics import (
+    Action,
+    Call,
+    EventLog,
+    FaultWindow,
+    Request,
+    Sample,
+    Write,
+    breaker_intervals,
+    compute,
+    percentile,
+    series,
+)
+
+
+def at(k: int) -> float:
+    return round(k * 0.1 + 0.05, 6)
+
+
+def healthy_request(k: int) -> Request:
+    start = at(k)
+    if 20 <= k < 100:  # before the fault: 50 ms, one slow request
+        return Request(2 * k + 1, "/a", start, start + (0.2 if k == 50 else 0.05), 200)
+    if 100 <= k < 200:  # during: 60 ms, one fast 503
+        if k == 150:
+            return Request(2 * k + 1, "/a", start, start + 0.01, 503)
+        return Request(2 * k + 1, "/a", start, start + 0.06, 200)
+    return Request(2 * k + 1, "/a", start, start + 0.05, 200)
+
+
+def faulty_request(k: int, degraded_until: float = 23.0) -> Request:
+    start = at(k)
+    degraded = 10 <= start < degraded_until  # a fallback answers for y
+    return Request(2 * k + 2, "/b", start, start + 0.03, 200, degraded=degraded)
+
+
+def calls_for_b(k: int) -> int:
+    if 100 <= k < 120:
+        return 3  # retried twice
+    if 120 <= k < 200:
+        return 0  # the breaker kept them away
+    return 1
+
+
+ORDERS = [  # (order, status seen by the caller, times applied)
+    ("o1", 200, 1),
+    ("o2", 200, 2),  # doubled
+    ("o3", 200, 0),  # lost
+    ("o4", 0, 1),  # unconfirmed: the caller gave up, the money moved
+    ("o5", 502, 0),
+]
+
+
+def make_log(degraded_until: float = 23.0) -> EventLog:
+    requests = [healthy_request(k) for k in range(400)]
+    requests += [faulty_request(k, degraded_until) for k in range(400)]
+    calls = [Call("x", r.start, r.end, 200, r.id) for r in requests if r.route == "/a"]
+    for k in range(400):
+        rid = 2 * k + 2
+        calls += [Call("y", at(k), at(k) + 0.02, 200, rid)] * calls_for_b(k)
+    writes = []
+    for index, (order, status, applied) in enumerate(ORDERS):
+        rid = 10_000 + index
+        start = 30.05 + index
+        requests.append(Request(rid, "/w", start, start + 0.04, status, order=order))
+        calls.append(Call("pay", start, start + 0.03, 200, rid))
+        writes += [Write("pay", start + 0.02, order, None, rid)] * applied
+    actions = [
+        Action(9.0, "timeout", "timeout", "y"),  # before the fault: not a detection
+        Action(10.2, "timeout", "timeout", "x"),  # not about the faulty dependency
+        Action(10.7, "fallback", "fallback", "y.fallback", None, "timeout"),
+        Action(11.0, "state_change", "circuit_breaker", "y", "OPEN"),
+        Action(23.0, "state_change", "circuit_breaker", "y", "HALF_OPEN"),
+        Action(23.05, "state_change", "circuit_breaker", "y", "CLOSED"),
+    ]
+    samples = [
+        Sample(1.0, 5, 10, 50.0, 3, 0),
+        Sample(12.0, 7, 30, 55.5, 100, 50),
+        Sample(30.0, 6, 20, 52.0, 4, 0),
+    ]
+    return EventLog(
+        routes={"/a": ("x",), "/b": ("y",), "/w": ("pay",)},
+        timeout=2.0,
+        warmup=2.0,
+        load_end=40.0,
+        end=41.0,
+        requests=sorted(requests, key=lambda r: r.start),
+        calls=calls,
+        actions=actions,
+        faults=[FaultWindow("y", 10.0, 20.0, "latency +5s")],
+        samples=samples,
+        writes=writes,
+    )
+
+
+def test_windows_and_routes() -> None:
+    f = compute(make_log())
+    assert f.requests == 805
+    assert f.success_rate == pytest.approx(802 / 805)
+    assert f.healthy_routes == ("/a", "/w")
+    assert f.faulty == ("y",)
+    assert (f.fault_start, f.fault_end) == (10.0, 20.0)
+
+
+def test_blast_radius() -> None:
+    f = compute(make_log())
+    assert f.healthy_success_rate_before == 1.0  # 80 requests on /a in [2, 10)
+    assert f.healthy_success_rate == 0.99  # 100 on /a in [10, 20), one 503
+    assert f.healthy_p99_ms_before == pytest.approx(200.0)  # rank 80 of 80: the slow one
+    assert f.healthy_p99_ms_during == pytest.approx(60.0)  # rank 99 of 100
+    assert f.healthy_failures == {"503": 1}
+
+
+def test_detection_is_the_first_action_about_the_faulty_dependency() -> None:
+    f = compute(make_log())
+    assert f.detection_time_s == pytest.approx(0.7)
+    assert f.detected_by == "fallback fallback[y.fallback]"
+
+
+def test_detection_by_a_breaker_when_no_fallback_came_first() -> None:
+    log = make_log()
+    log.actions = [a for a in log.actions if a.kind != "fallback"]
+    f = compute(log)
+    assert f.detection_time_s == pytest.approx(1.0)
+    assert f.detected_by == "state_change circuit_breaker[y] -> OPEN"
+    log.actions = [a for a in log.actions if a.to_state != "OPEN"]
+    assert compute(log).detection_time_s is None  # the x timeout is no detection
+
+
+def test_recovery_is_when_full_answers_are_back() -> None:
+    f = compute(make_log())
+    assert f.full_rate_before == 1.0
+    # /b answered by its fallback until 22.95 s: the first 2 s window of arrivals without a
+    # degraded answer starts at 23.0 s, 3.0 s after the fault ended.
+    assert f.recovery_time_s == pytest.approx(3.0)
+    assert compute(make_log(degraded_until=20.0)).recovery_time_s == 0.0
+    assert compute(make_log(degraded_until=99.0)).recovery_time_s is None  # not in the run
+
+
+def test_recovery_tolerates_one_percentage_point() -> None:
+    log = make_log(degraded_until=20.0)
+    # one degraded answer in a 2 s window of 40 arrivals is 2.5 points: not recovered yet
+    log.requests = [
+        dataclasses.replace(r, degraded=True) if r.route == "/b" and r.start == at(205) else r
+        for r in log.requests
+    ]
+    assert compute(log).recovery_time_s == pytest.approx(0.6)
+
+
+def test_the_ledger_audit() -> None:
+    f = compute(make_log())
+    assert f.accepted_writes == 3
+    assert f.applied_writes == 4
+    assert f.doubled_writes == 1
+    assert f.lost_writes == 1
+    assert f.unconfirmed_writes == 1
+
+
+def test_amplification() -> None:
+    f = compute(make_log())
+    # during the fault: 20 requests x 3 calls + 80 x 0 calls, over 100 requests
+    assert f.amplification == pytest.approx(0.6)
+    # the whole run: 100 + 60 + 200 calls for 400 requests
+    assert f.amplification_by_dependency == pytest.approx({"x": 1.0, "y": 0.9, "pay": 1.0})
+
+
+def test_resources() -> None:
+    f = compute(make_log())
+    assert (f.peak_threads, f.peak_sockets, f.peak_rss_mb) == (7, 30, 55.5)
+    assert (f.peak_workers_busy, f.peak_queued) == (100, 50)
+
+
+def test_a_log_without_faults_or_writes() -> None:
+    log = make_log()
+    log.faults = []
+    log.writes = []
+    log.requests = [r for r in log.requests if r.order is None]
+    f = compute(log)
+    assert f.healthy_routes == ("/a", "/b", "/w")
+    assert f.healthy_success_rate is None
+    assert f.detection_time_s is None and f.recovery_time_s is None
+    assert f.doubled_writes is None and f.lost_writes is None
+    assert f.amplification is None
+    # without a fault, "before" is everything after the warmup: 380 + 380 requests, one 503
+    assert f.healthy_success_rate_before == pytest.approx(759 / 760)
+
+
+def test_an_edge_fault_is_detected_by_any_action() -> None:
+    log = make_log()
+    log.faults = [FaultWindow("edge", 10.0, 20.0, "reload gateway.yaml")]
+    assert compute(log).detection_time_s == pytest.approx(0.2)
+
+
+def test_as_dict_is_plain_json_data() -> None:
+    data = compute(make_log()).as_dict()
+    assert data["healthy_routes"] == ["/a", "/w"]
+    assert data["success_rate"] == round(802 / 805, 4)
+    nan = dataclasses.replace(compute(make_log()), success_rate=math.nan)
+    assert nan.as_dict()["success_rate"] is None
+
+
+def test_breaker_intervals() -> None:
+    spans = breaker_intervals(make_log().actions, 41.0)
+    assert spans == {
+        "y": [
+            (0.0, 11.0, "CLOSED"),
+            (11.0, 23.0, "OPEN"),
+            (23.0, 23.05, "HALF_OPEN"),
+            (23.05, 41.0, "CLOSED"),
+        ]
+    }
+
+
+def test_series_bins() -> None:
+    s = series(make_log(), step=0.5)
+    assert len(s.t) == 82 and s.t[30] == 15.0
+    # bin [15.0, 15.5): 5 requests on /a (one 503), 5 on /b answered by the fallback
+    assert s.healthy_success[30] == pytest.approx(0.8)
+    assert s.affected_success[30] == 1.0
+    assert s.full_rate[30] == pytest.approx(0.4)
+    assert s.throughput[30] == 20.0
+    assert s.healthy_p99_ms[30] == pytest.approx(60.0)
+    assert s.workers_busy[24] == 100 and s.workers_busy[2] == 3
+    assert s.faults == [(10.0, 20.0, "y", "latency +5s")]
+    assert s.breakers["y"][1] == (11.0, 23.0, "OPEN")
+    assert s.as_dict()["step"] == 0.5
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 0.5) == 50.0
+    assert percentile([3.0], 0.99) == 3.0
+    assert percentile([], 0.5) is None

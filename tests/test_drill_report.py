@@ -1,0 +1,78 @@
+"""The drill's report formats: the comparison table, JSON, and the HTML page's structure."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from floodwall.drill.metrics import EventLog, FaultWindow, Request, Write, compute
+from floodwall.drill.report import ScenarioReport, html_report, render_text, table_rows, to_json
+from floodwall.drill.runner import RunResult
+
+
+def run(mode: str, doubled: bool) -> RunResult:
+    requests = [Request(i, "/pay", i * 0.1, i * 0.1 + 0.05, 200, order=f"o{i}") for i in range(50)]
+    requests += [Request(100 + i, "/read", i * 0.1, i * 0.1 + 0.02, 200) for i in range(50)]
+    writes = [Write("pay", r.end, r.order or "") for r in requests if r.order]
+    if doubled:
+        writes += writes[:3]
+    log = EventLog(
+        routes={"/pay": ("pay",), "/read": ("db",)},
+        timeout=1.0,
+        warmup=0.5,
+        load_end=5.0,
+        end=5.2,
+        requests=requests,
+        faults=[FaultWindow("pay", 1.0, 3.0, "hangs 4s")],
+        writes=writes,
+    )
+    return RunResult("payments", mode, log, compute(log), {"pay": "unprotected"}, 6.1)
+
+
+REPORTS = [
+    ScenarioReport(
+        "payments", "charges </script>", [run("unprotected", True), run("protected", False)], 64
+    )
+]
+
+
+def test_the_comparison_table() -> None:
+    header, rows = table_rows(REPORTS)
+    assert header == ["figure", "payments\nunprotected", "payments\nprotected"]
+    by_label = {row[0]: row[1:] for row in rows}
+    assert by_label["doubled / lost writes"] == ["3 / 0", "0 / 0"]
+    assert by_label["detection"] == ["never", "never"]
+    assert by_label["healthy success, fault"] == ["100.0 %", "100.0 %"]
+    assert by_label["healthy p99 before → fault"] == ["20 → 20 ms", "20 → 20 ms"]
+    text = render_text(REPORTS)
+    assert text.splitlines()[0].split() == [
+        "figure",
+        "payments",
+        "·",
+        "unprotected",
+        "payments",
+        "·",
+        "protected",
+    ]
+    assert "3 / 0" in text
+
+
+def test_json_holds_every_figure() -> None:
+    data = to_json(REPORTS)
+    bare = data["payments"]["unprotected"]
+    assert bare["doubled_writes"] == 3 and bare["lost_writes"] == 0
+    assert bare["detection_time_s"] is None
+    assert bare["protection"] == {"pay": "unprotected"} and bare["wall_s"] == 6.1
+    json.dumps(data, allow_nan=False)
+
+
+def test_the_page_is_self_contained_and_escaped() -> None:
+    page = html_report(REPORTS, title="t <i>")
+    assert page.startswith("<!doctype html>")
+    assert "<title>t &lt;i&gt;</title>" in page
+    assert "charges &lt;/script&gt;" in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    payload = page.split('id="drill-data">', 1)[1].split("</script>", 1)[0]
+    data = json.loads(payload)
+    assert [r["mode"] for r in data["scenarios"][0]["runs"]] == ["unprotected", "protected"]
+    assert data["scenarios"][0]["runs"][0]["series"]["faults"] == [[1.0, 3.0, "pay", "hangs 4s"]]
