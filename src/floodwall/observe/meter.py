@@ -20,7 +20,10 @@ from bisect import bisect_right
 from floodwall._core.errors import RejectedError
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS, _value, latency_bin_bounds
 
-__all__ = ["OUTCOMES", "Meter"]
+__all__ = ["EDGES", "OUTCOMES", "Meter"]
+
+EDGES = _EDGES
+"""Upper edges of the latency bins (seconds); a duration's bin is ``bisect_right(EDGES, d)``."""
 
 OUTCOMES = (
     "success",
@@ -53,6 +56,11 @@ class Meter:
         """A call answered after ``duration`` seconds (lock-free)."""
         next(self._successes)
         next(self._bins[bisect_right(_EDGES, duration)])
+
+    def success_counters(self) -> tuple[itertools.count[int], list[itertools.count[int]]]:
+        """The success counter and the latency bins, for callers that inline :meth:`success`
+        on their hot path (bump the first, and the bin ``bisect_right(EDGES, duration)``)."""
+        return self._successes, self._bins
 
     def failure(self, exc: BaseException, duration: float) -> str:
         """A call ended with ``exc``; returns the outcome label it was counted under."""
