@@ -736,3 +736,41 @@ class PostgresServer(_Server):
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         _unregister(self)
+
+
+class RestartableRedis:
+    """A redis-server that can be stopped and started again on the same port (fault tests:
+    "stop Redis mid-load, start it again, and see the callers recover by themselves")."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="floodwall-redis-restartable-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def _answers(self) -> bool:
+        try:
+            return redis_command(self.port, "PING", timeout=0.2) == "PONG"
+        except (OSError, RuntimeError):
+            return False
+
+    def start(self) -> None:
+        cmd = [require_binary("redis-server"), "--port", str(self.port), "--bind", HOST]
+        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        with (self.dir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        if not wait_until(self._answers, 10):
+            raise RuntimeError(f"redis-server did not come up on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            terminate([self.proc])
+            self.proc = None
+
+    def remove(self) -> None:
+        """Stop it and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

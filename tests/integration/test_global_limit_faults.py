@@ -13,12 +13,8 @@ limiter returns to Redis by itself after the restart, with one ``store_down`` an
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +25,7 @@ from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.leasing import LeasedLimiter
 from floodwall.ratelimit.timeslice import TimeSliceLimiter
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
-from servers import HOST, free_port, redis_command, require_binary, terminate, wait_until
+from servers import RestartableRedis
 
 pytestmark = pytest.mark.integration
 
@@ -40,37 +36,6 @@ SHARE = 4
 """``expected_instances``: the local fallback keeps 1/4 of the limit."""
 
 
-class RestartableRedis:
-    """A redis-server that can be stopped and started again on the same port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="floodwall-redis-global-"))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    def _answers(self) -> bool:
-        try:
-            return redis_command(self.port, "PING", timeout=0.2) == "PONG"
-        except (OSError, RuntimeError):
-            return False
-
-    def start(self) -> None:
-        cmd = [require_binary("redis-server"), "--port", str(self.port), "--bind", HOST]
-        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
-        with (self.dir / "redis.log").open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        assert wait_until(self._answers, 10), "redis-server did not come up on its port"
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            terminate([self.proc])
-            self.proc = None
-
-
 @pytest.fixture
 def server() -> Iterator[RestartableRedis]:
     redis = RestartableRedis()
@@ -78,8 +43,7 @@ def server() -> Iterator[RestartableRedis]:
     try:
         yield redis
     finally:
-        redis.stop()
-        shutil.rmtree(redis.dir, ignore_errors=True)
+        redis.remove()
 
 
 def _breaker(name: str) -> CircuitBreaker:

@@ -11,12 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,44 +21,13 @@ from floodwall import CircuitBreaker, CircuitOpenError, Event
 from floodwall.frequency import Frequency, FrequencyDecision
 from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
-from servers import HOST, free_port, redis_command, require_binary, terminate, wait_until
+from servers import RestartableRedis
 
 pytestmark = pytest.mark.integration
 
 MODES: tuple[StoreErrorMode, ...] = ("fail_open", "fail_closed", "local")
 OPEN = 0.25
 """Seconds the guards' breakers stay open (short, to keep the test short)."""
-
-
-class RestartableRedis:
-    """A redis-server that can be stopped and started again on the same port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="floodwall-redis-fault-"))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    def _answers(self) -> bool:
-        try:
-            return redis_command(self.port, "PING", timeout=0.2) == "PONG"
-        except (OSError, RuntimeError):
-            return False
-
-    def start(self) -> None:
-        cmd = [require_binary("redis-server"), "--port", str(self.port), "--bind", HOST]
-        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
-        with (self.dir / "redis.log").open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        assert wait_until(self._answers, 10), "redis-server did not come back on its port"
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            terminate([self.proc])
-            self.proc = None
 
 
 @pytest.fixture
@@ -72,8 +37,7 @@ def server() -> Iterator[RestartableRedis]:
     try:
         yield redis
     finally:
-        redis.stop()
-        shutil.rmtree(redis.dir, ignore_errors=True)
+        redis.remove()
 
 
 def _breaker(name: str) -> CircuitBreaker:
