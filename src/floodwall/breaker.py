@@ -43,6 +43,7 @@ from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
 from floodwall._core.policy import Policy
+from floodwall._core.validate import count as _count
 from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
 from floodwall._core.window import _value as _count_value
 
@@ -106,12 +107,6 @@ def _positive(name: str, value: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
     return float(value)
-
-
-def _count(name: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 class CircuitBreaker(Policy):

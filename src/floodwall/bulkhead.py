@@ -46,6 +46,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock, SystemClock
 from floodwall._core.errors import BulkheadFullError, ConfigError, TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.validate import count as _limit
 from floodwall._core.window import WindowSnapshot
 from floodwall.context import _DEADLINE
 
@@ -58,12 +59,6 @@ _INF = math.inf
 _PENDING, _GRANTED, _GONE = 0, 1, 2
 _POLL = 0.01
 """Real seconds between clock readings of a sync waiter whose clock is not the system clock."""
-
-
-def _limit(name: str, value: int, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _wait_seconds(name: str, value: float | None) -> float:

@@ -58,6 +58,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.validate import count as _int
 from floodwall._core.window import _value as _count_value
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
@@ -153,12 +154,6 @@ def _types(name: str, value: object) -> tuple[type[BaseException], ...]:
         if not (isinstance(item, type) and issubclass(item, BaseException)):
             raise ConfigError(f"{name} must be exception types, got {value!r}")
     return items
-
-
-def _int(name: str, value: object, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 def _seconds(name: str, value: object, *, positive: bool) -> float:

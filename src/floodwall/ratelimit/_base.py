@@ -177,12 +177,6 @@ _new = tuple.__new__
 in C, skipping the Python-level ``NamedTuple.__new__`` (twice as fast on the hot path)."""
 
 
-def _count(name: str, value: int, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")

@@ -50,6 +50,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.validate import count as _count
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import _DEADLINE
 from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, _new, parse_rate
@@ -66,12 +67,6 @@ R = TypeVar("R")
 
 Pair = tuple[int, int]
 """A request as the ops take it: ``(cost_min, cost_max)``."""
-
-
-def _count(name: str, value: int, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _cost(cost: int) -> int:

@@ -40,7 +40,8 @@ from typing import Generic, Literal, TypeVar
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
-from floodwall.ratelimit._base import INF, Decision, RateLimiter, _count, _new
+from floodwall._core.validate import count as _count
+from floodwall.ratelimit._base import INF, Decision, RateLimiter, _new
 
 __all__ = ["Keyed"]
 

@@ -28,12 +28,12 @@ from collections.abc import Iterable
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
+from floodwall._core.validate import count as _count
 from floodwall.ratelimit._base import (
     INF,
     Decision,
     RateLike,
     RateLimiter,
-    _count,
     _new,
     parse_rate,
 )

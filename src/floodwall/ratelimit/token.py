@@ -27,12 +27,12 @@ from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
+from floodwall._core.validate import count as _count
 from floodwall.ratelimit._base import (
     INF,
     Decision,
     RateLike,
     RateLimiter,
-    _count,
     _new,
     parse_rate,
 )
