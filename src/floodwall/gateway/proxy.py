@@ -42,6 +42,7 @@ from multidict import CIMultiDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
+from floodwall.gateway._client import UpstreamConnectError, UpstreamResponse
 from floodwall.gateway._headers import (
     REQUEST_DROPPED,
     RESPONSE_DROPPED,
@@ -76,7 +77,7 @@ log = logging.getLogger("floodwall.gateway")
 SMALL_BODY: Final = 64 * 1024
 """Answers up to this size (declared) are read whole and sent in one write."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
-_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
+_CONNECT_ERRORS = (UpstreamConnectError,)
 _IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 """(After the connect errors, which are a kind of connection error.)"""
 _STATUS_OF: Final = {"upstream_5xx": 502}
@@ -115,7 +116,7 @@ class _Live:
 
     __slots__ = ("endpoint", "response")
 
-    def __init__(self, response: aiohttp.ClientResponse, endpoint: Endpoint) -> None:
+    def __init__(self, response: UpstreamResponse, endpoint: Endpoint) -> None:
         self.response = response
         self.endpoint = endpoint
 
@@ -235,22 +236,16 @@ class _Attempt:
             endpoint.in_flight -= 1
         raise failure
 
-    async def _send(
-        self, endpoint: Endpoint, headers: list[tuple[str, str]]
-    ) -> aiohttp.ClientResponse:
-        session = self.pool.session
-        assert session is not None
-        body = self.out.body
-        data: Any = body.chunks() if isinstance(body, _Body) else body
-        url = endpoint.base + self.out.path_qs
+    async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
+        client = self.pool.client
+        assert client is not None
+        out = self.out
+        body = out.body
+        data = body.chunks() if isinstance(body, _Body) else body
         if self.bounded:
-            return await session.request(
-                self.out.method, url, headers=headers, data=data, allow_redirects=False
-            )
+            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
         async with asyncio.timeout(self.call.attempt_timeout()):
-            return await session.request(
-                self.out.method, url, headers=headers, data=data, allow_redirects=False
-            )
+            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
 
     def _gateway_failure(self, endpoint: Endpoint, error: BaseException) -> BaseException:
         endpoint.in_flight -= 1
@@ -603,7 +598,7 @@ class _Streaming(web.StreamResponse):
 
     def __init__(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         endpoint: Endpoint,
         *,
         status: int,
@@ -710,7 +705,7 @@ def _strip(path_qs: str, prefix: str) -> str:
     return rest if rest.startswith("/") else "/" + rest
 
 
-async def _buffered(response: aiohttp.ClientResponse, limit: int) -> Answer:
+async def _buffered(response: UpstreamResponse, limit: int) -> Answer:
     """A failed answer, read up to ``limit`` bytes, its connection given back."""
     try:
         data = await response.content.read(limit)

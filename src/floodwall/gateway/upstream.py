@@ -1,9 +1,10 @@
 """Upstreams: endpoints, load balancing, active health checks and passive outlier detection.
 
-An :class:`UpstreamPool` is one service's endpoints behind one connection pool (an aiohttp
-session with a connection limit). Each request asks :meth:`UpstreamPool.pick` for an endpoint
-among the *available* ones (healthy by the active checks and not ejected by outlier
-detection) and reports how it went with :meth:`UpstreamPool.report`.
+An :class:`UpstreamPool` is one service's endpoints behind one connection pool
+(:class:`~floodwall.gateway._client.ConnectionPool`: keep-alive HTTP/1.1 with limits). Each
+request asks :meth:`UpstreamPool.pick` for an endpoint among the *available* ones (healthy by
+the active checks and not ejected by outlier detection) and reports how it went with
+:meth:`UpstreamPool.report`.
 
 * **Balancing**: ``round_robin``, or ``least_request``: the power of two choices (Mitzenmacher
   2001; Envoy's default): two distinct endpoints drawn at random, the one with fewer requests
@@ -35,11 +36,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+from aiohttp import ClientError
 from yarl import URL
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall.gateway._client import ConnectionPool, Origin, UpstreamResponse
 from floodwall.gateway.config import HealthCheckConfig, OutlierConfig, UpstreamConfig
 
 __all__ = [
@@ -67,6 +69,7 @@ class Endpoint:
         "host",
         "in_flight",
         "index",
+        "origin",
         "port",
         "requests",
         "url",
@@ -80,6 +83,7 @@ class Endpoint:
         self.host = parsed.host or ""
         self.port = parsed.port
         self.authority = parsed.raw_authority
+        self.origin = Origin(self.host, parsed.port or 80, parsed.scheme == "https")
         self.in_flight = 0
         self.requests = 0
         self.failures = 0
@@ -240,7 +244,7 @@ class UpstreamPool:
         self._all = tuple(self.endpoints)
         self._available: tuple[Endpoint, ...] = self._all
         self._recheck_at = _INF
-        self.session: aiohttp.ClientSession | None = None
+        self.client: ConnectionPool | None = None
         self._probes: asyncio.Task[None] | None = None
 
     # -- choosing ------------------------------------------------------------------------------
@@ -316,21 +320,11 @@ class UpstreamPool:
 
     async def start(self) -> None:
         config = self.config
-        connector = aiohttp.TCPConnector(
+        self.client = ConnectionPool(
             limit=config.max_connections,
-            limit_per_host=config.max_connections_per_endpoint,
-            keepalive_timeout=config.keepalive,
-            ttl_dns_cache=60,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            # No sock_read timer here: re-arming it on every packet costs each request a few
-            # microseconds; the proxy bounds its own reads of an answer (read_timeout).
-            timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout),
-            trust_env=False,
+            limit_per_origin=config.max_connections_per_endpoint,
+            keepalive=config.keepalive,
+            connect_timeout=config.connect_timeout,
         )
         if self.health is not None:
             self._probes = asyncio.get_running_loop().create_task(
@@ -348,16 +342,21 @@ class UpstreamPool:
     async def _probe(self, endpoint: Endpoint) -> None:
         health = self.health
         assert health is not None
-        assert self.session is not None
+        assert self.client is not None
         status: int | None = None
+        answer: UpstreamResponse | None = None
+        fields = [("Host", endpoint.authority), ("User-Agent", "floodwall-health-check")]
         try:
             async with asyncio.timeout(health.config.timeout):
-                async with self.session.get(
-                    endpoint.base + health.config.path, allow_redirects=False
-                ) as answer:
-                    status = answer.status
-        except (aiohttp.ClientError, OSError, TimeoutError):
+                answer = await self.client.request(
+                    endpoint.origin, "GET", health.config.path, fields, None
+                )
+                status = answer.status
+        except (ClientError, OSError, TimeoutError):
             status = None
+        finally:
+            if answer is not None:
+                answer.release()
         changed = health.record(endpoint.index, health.probe_ok(status))
         if changed is not None:
             self._set_health(endpoint, changed)
@@ -377,9 +376,9 @@ class UpstreamPool:
         while self.in_flight and waited < drain:
             await asyncio.sleep(0.05)
             waited += 0.05
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
 
     # -- observing -----------------------------------------------------------------------------
 
