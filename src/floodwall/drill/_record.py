@@ -55,6 +55,10 @@ class Recorder:
         call.status = status
         self._open -= 1
 
+    def imported(self, call: Call) -> None:
+        """A finished call another process recorded (a running service's drill agent)."""
+        self._calls.append(_OpenCall(call.service, call.start, call.request, call.end, call.status))
+
     def request(self, request: Request) -> None:
         self.requests.append(request)
 

@@ -11,6 +11,9 @@ at ``at`` and off at ``until``:
   ``1 - after_apply`` of the hangs before the work, ``after_apply`` of them after a write was
   applied and before the answer is sent.
 
+A running service's :class:`~floodwall.drill.agent.DrillAgent` builds the same policies, from
+the plain form :func:`fault_wire` sends it (its error answers built by the ``answer`` given).
+
 Faults on an external edge (``reload``) patch the configuration file it watches: the drill
 deep-merges the fault's mapping into the file at ``at`` and puts the original text back at
 ``until`` (and always when the run ends).
@@ -24,7 +27,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +36,18 @@ import yaml
 from aiohttp import web
 
 from floodwall._core.errors import ConfigError
-from floodwall.chaos import ChaosLatency, ChaosPolicy, ChaosResult, Schedule
+from floodwall.chaos import ChaosLatency, ChaosPolicy, ChaosResult, Latency, Schedule
 from floodwall.drill.metrics import FaultWindow
 from floodwall.drill.scenario import FaultSpec, HangSpec, Scenario
 
-__all__ = ["ConfigPatch", "service_faults", "windows"]
+__all__ = ["Answer", "ConfigPatch", "fault_wire", "service_faults", "windows"]
+
+Answer = Callable[[int, dict[str, Any]], object]
+"""Builds a service's answer to an ``error`` fault from a status and a JSON body."""
+
+
+def _aiohttp_answer(status: int, body: dict[str, Any]) -> object:
+    return web.json_response(body, status=status)
 
 
 def windows(scenario: Scenario) -> list[FaultWindow]:
@@ -50,9 +60,10 @@ def windows(scenario: Scenario) -> list[FaultWindow]:
 
 
 def service_faults(
-    fault: FaultSpec, index: int, *, origin: float, seed: int
+    fault: FaultSpec, index: int, *, origin: float, seed: int, answer: Answer = _aiohttp_answer
 ) -> tuple[list[ChaosPolicy], list[ChaosPolicy]]:
-    """The chaos policies a service fault puts before and after the work."""
+    """The chaos policies a service fault puts before and after the work; an ``error`` fault
+    answers ``answer(status, body)`` (default: an aiohttp response, for the mock services)."""
     assert fault.service is not None
     schedule = Schedule.between(fault.at, fault.until if fault.until is not None else math.inf)
     name = f"{fault.service}.fault{index}"
@@ -67,13 +78,10 @@ def service_faults(
     if fault.error is not None:
         status = int(fault.error)
         body = {"error": "injected", "service": fault.service}
-        answer = ChaosResult(
-            factory=lambda: web.json_response(body, status=status),
-            name=name,
-            rate=fault.rate,
-            **common,
+        injected = ChaosResult(
+            factory=lambda: answer(status, body), name=name, rate=fault.rate, **common
         )
-        return [answer], []
+        return [injected], []
     hang = fault.hang
     assert isinstance(hang, HangSpec)
     share = fault.rate * (1 - hang.after_apply)
@@ -85,6 +93,35 @@ def service_faults(
         hang.duration, name=f"{name}.after", rate=fault.rate * hang.after_apply, **common
     )
     return [before], [after]
+
+
+def _latency_wire(latency: Latency) -> object:
+    """A :class:`Latency` in the scenario's own notation (what ``parse_latency`` reads)."""
+    cap = {} if math.isinf(latency.cap) else {"cap": latency.cap}
+    if latency.kind == "fixed":
+        return latency.a
+    if latency.kind == "uniform":
+        return {"uniform": {"low": latency.a, "high": latency.b}}
+    if latency.kind == "exponential":
+        return {"exponential": {"mean": latency.a, **cap}}
+    return {"lognormal": {"median": latency.a, "sigma": latency.b, **cap}}
+
+
+def fault_wire(fault: FaultSpec) -> dict[str, Any]:
+    """A service fault as plain JSON in the scenario's notation (seconds), which
+    ``FaultSpec.model_validate`` reads back: how a fault travels to a running service."""
+    if fault.reload is not None:
+        raise ValueError("a reload fault acts on the edge's config, not on a service")
+    wire: dict[str, Any] = {"at": fault.at, "until": fault.until, "rate": fault.rate}
+    wire["service"] = fault.service
+    if fault.latency is not None:
+        wire["latency"] = _latency_wire(fault.latency)
+    elif fault.error is not None:
+        wire["error"] = int(fault.error)
+    else:
+        assert isinstance(fault.hang, HangSpec)
+        wire["hang"] = {"duration": fault.hang.duration, "after_apply": fault.hang.after_apply}
+    return wire
 
 
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,15 +2,18 @@
 
 :func:`run_mode` runs one mode of a scenario on the current event loop:
 
-1. start each mock service on a free 127.0.0.1 port (its ledger in ``workdir``), then the edge
-   (built from the mode's floodwall config, or unprotected) or the external edge's poller;
-2. fix the origin (t = 0), put the fault schedule on the services (chaos policies counted from
-   the origin) and start the config patches, the resource sampler and the progress ticker;
+1. start each mock service on a free 127.0.0.1 port (its ledger in ``workdir``) and check that
+   each running service's drill agent answers (:mod:`floodwall.drill.remote`), then start the
+   edge (built from the mode's floodwall config, or unprotected) or the external edge's poller;
+2. hand the running services their faults (their t = 0), fix the origin (t = 0), put the fault
+   schedule on the mock services (chaos policies counted from the origin) and start the config
+   patches, the resource sampler and the progress ticker;
 3. send the load (open loop, bounded in time and count) and wait for its last answers;
 4. drain: wait (at most the scenario's ``drain``) until the edge and the services have nothing
    in flight, so the ledger audit sees every write that was going to happen;
-5. stop the edge, then the services (handlers still running after 0.5 s are cancelled), read
-   the ledgers and return the :class:`RunResult` with the raw :class:`EventLog`.
+5. read the running services' logs, stop the edge, then the services (handlers still running
+   after 0.5 s are cancelled; running services only drop their faults), read the ledgers and
+   return the :class:`RunResult` with the raw :class:`EventLog`.
 
 :func:`run_jobs` runs several modes (or scenarios) one after the other, or side by side in
 separate processes (``parallel=True``: each has its own interpreter and event loop, so one
@@ -39,7 +42,8 @@ from floodwall.drill._record import Recorder
 from floodwall.drill.edge import ExternalEdge, LocalEdge
 from floodwall.drill.load import LoadGenerator, arrivals
 from floodwall.drill.metrics import EventLog, Figures, Sample, compute
-from floodwall.drill.scenario import Mode, Scenario
+from floodwall.drill.remote import RemoteService
+from floodwall.drill.scenario import FaultSpec, Mode, Scenario
 from floodwall.drill.services import MockService, read_ledger
 
 __all__ = ["DrillError", "Job", "RunResult", "run_jobs", "run_mode"]
@@ -143,22 +147,52 @@ async def _stop(task: asyncio.Task[Any]) -> None:
         await task
 
 
-async def _start_services(job: Job, recorder: Recorder) -> dict[str, MockService]:
-    services: dict[str, MockService] = {}
+Service = MockService | RemoteService
+
+
+async def _start_services(job: Job, recorder: Recorder) -> dict[str, Service]:
+    services: dict[str, Service] = {}
     try:
         for name, spec in job.scenario.services.items():
+            if spec.remote:
+                services[name] = RemoteService(name, spec)
+                await services[name].start()
+                continue
             path = job.workdir / f"{name}.ledger.jsonl"
             path.unlink(missing_ok=True)
-            service = MockService(
-                name, spec, recorder=recorder, ledger=path, seed=job.scenario.seed
-            )
-            services[name] = service
-            await service.start()
+            mock = MockService(name, spec, recorder=recorder, ledger=path, seed=job.scenario.seed)
+            services[name] = mock
+            await mock.start()
     except BaseException:
         for service in services.values():
             await service.stop()
         raise
     return services
+
+
+def _mocks(services: dict[str, Service]) -> dict[str, MockService]:
+    return {name: s for name, s in services.items() if isinstance(s, MockService)}
+
+
+def _remotes(services: dict[str, Service]) -> list[RemoteService]:
+    return [s for s in services.values() if isinstance(s, RemoteService)]
+
+
+async def _begin_remotes(job: Job, services: dict[str, Service]) -> None:
+    """Hand each running service its faults; its t = 0 is when it takes them."""
+    remotes = _remotes(services)
+    faults: dict[str, list[tuple[int, FaultSpec]]] = {r.name: [] for r in remotes}
+    for index, fault in enumerate(job.scenario.faults):
+        if fault.service in faults:
+            faults[fault.service].append((index, fault))
+    seed = job.scenario.seed
+    await asyncio.gather(*(r.begin(faults[r.name], seed) for r in remotes))
+
+
+async def _remote_idle(services: dict[str, Service]) -> bool:
+    remotes = _remotes(services)
+    counts = await asyncio.gather(*(r.in_flight() for r in remotes))
+    return not any(counts)
 
 
 def _edge(job: Job, urls: dict[str, str], recorder: Recorder) -> LocalEdge | ExternalEdge:
@@ -173,11 +207,14 @@ def _edge(job: Job, urls: dict[str, str], recorder: Recorder) -> LocalEdge | Ext
 def _schedule_faults(
     job: Job, services: dict[str, MockService], recorder: Recorder
 ) -> list[asyncio.Task[Any]]:
-    """Put the service faults in place (counted from the origin); start the config patches."""
+    """Put the mock services' faults in place (counted from the origin); start the config
+    patches. (Running services took theirs in :func:`_begin_remotes`.)"""
     tasks = []
     scenario = job.scenario
     for index, fault in enumerate(scenario.faults):
         if fault.service is not None:
+            if fault.service not in services:
+                continue
             before, after = fault_schedule.service_faults(
                 fault, index, origin=recorder.origin, seed=scenario.seed
             )
@@ -188,12 +225,16 @@ def _schedule_faults(
     return tasks
 
 
-async def _drain(edge: LocalEdge | ExternalEdge, recorder: Recorder, seconds: float) -> None:
+async def _drain(
+    edge: LocalEdge | ExternalEdge, recorder: Recorder, seconds: float, services: dict[str, Service]
+) -> None:
     """Wait until nothing is in flight at the edge or the services, at most ``seconds``."""
     until = recorder.now() + seconds
-    # Polling: the two counters belong to other tasks; signalling every decrement would cost
-    # the request path more than four wake-ups a second cost here.
-    while recorder.now() < until and not (edge.idle and recorder.in_flight_calls == 0):  # noqa: ASYNC110
+    # Polling: the counters belong to other tasks (or processes); signalling every decrement
+    # would cost the request path more than a few wake-ups a second cost here.
+    while recorder.now() < until:
+        if edge.idle and recorder.in_flight_calls == 0 and await _remote_idle(services):
+            return
         await asyncio.sleep(0.05)
 
 
@@ -204,14 +245,16 @@ async def run_mode(job: Job, progress: Progress | None = None) -> RunResult:
     job.workdir.mkdir(parents=True, exist_ok=True)
     recorder = Recorder()
     services = await _start_services(job, recorder)
+    mocks = _mocks(services)
     edge: LocalEdge | ExternalEdge | None = None
     background: list[asyncio.Task[Any]] = []
     try:
         edge = _edge(job, {name: s.url for name, s in services.items()}, recorder)
         base_url = await edge.start()
         schedule = arrivals(scenario.load, scenario.edge.routes, scenario.seed)
+        await _begin_remotes(job, services)
         recorder.origin = time.monotonic()
-        background = _schedule_faults(job, services, recorder)
+        background = _schedule_faults(job, mocks, recorder)
         background.append(asyncio.create_task(_sample(recorder, edge)))
         if progress is not None:
             background.append(asyncio.create_task(_tick(recorder, job.total, progress)))
@@ -223,8 +266,10 @@ async def run_mode(job: Job, progress: Progress | None = None) -> RunResult:
             recorder=recorder,
             observe_degraded=scenario.edge.kind == "external",
         ).run()
-        await _drain(edge, recorder, scenario.drain)
+        await _drain(edge, recorder, scenario.drain, services)
         end = recorder.now()
+        for remote in _remotes(services):
+            await remote.collect(recorder)
     finally:
         for task in background:
             await _stop(task)
@@ -234,7 +279,7 @@ async def run_mode(job: Job, progress: Progress | None = None) -> RunResult:
             await service.stop()
     if progress is not None:
         progress(job.total, job.total)
-    log = _log(job, recorder, services, end)
+    log = _log(job, recorder, mocks, end)
     return RunResult(
         scenario=scenario.name,
         mode=job.mode.name,
@@ -242,7 +287,7 @@ async def run_mode(job: Job, progress: Progress | None = None) -> RunResult:
         figures=compute(log),
         protection=edge.protection(),
         wall_s=time.monotonic() - started,
-        ledgers=[str(service.ledger.path) for service in services.values()],
+        ledgers=[str(service.ledger.path) for service in mocks.values()],
         endpoints={**{name: s.url for name, s in services.items()}, "edge": base_url},
         notes=_notes(edge, log),
     )

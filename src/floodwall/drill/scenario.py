@@ -11,6 +11,7 @@ units (``250ms``, ``5s``), rates are requests per second (``150`` or ``"150/s"``
       product: {latency: {lognormal: {median: 50ms, sigma: 0.25}}}
       reviews: {latency: 30ms, error_rate: 0.0, capacity: {concurrency: 50, queue: 100}}
       payments: {latency: 80ms, idempotent: true}      # POSTs go to its ledger
+      users: {url: http://127.0.0.1:8101}   # your running service, with a DrillAgent
     edge:                    # the service under test: `local` (built here) or `external`
       workers: 100           # its worker pool (threads of a servlet container) ...
       queue: 200             # ... and accept queue; beyond both: 503 at once
@@ -157,6 +158,10 @@ class ServiceSpec(_Model):
     is a write: it is applied to the service's ledger (one JSON line per applied write); with
     ``idempotent: true`` a write carrying an ``Idempotency-Key`` is applied once per key and
     repeats get the stored answer.
+
+    With ``url`` it is instead a real service that is already running, wrapped in a
+    :class:`~floodwall.drill.agent.DrillAgent` (which records its calls and takes its faults);
+    the mock's settings then do not apply.
     """
 
     latency: LatencySpec = Latency.fixed(0.01)
@@ -165,6 +170,28 @@ class ServiceSpec(_Model):
     capacity: CapacitySpec | None = None
     idempotent: bool = False
     port: int = Field(0, ge=0, le=65535)
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return None if value is None else value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _remote_or_mock(self) -> ServiceSpec:
+        mock = sorted(self.model_fields_set - {"url"})
+        if self.url is not None and mock:
+            raise ValueError(
+                f"a running service (url) takes no mock settings: drop {', '.join(mock)}"
+            )
+        return self
+
+    @property
+    def remote(self) -> bool:
+        """A running service the drill reaches through its agent (not a mock it starts)."""
+        return self.url is not None
 
 
 class RouteSpec(_Model):
@@ -464,6 +491,12 @@ def _check_references(s: Scenario) -> None:
                 raise ValueError(
                     f"edge.routes[{index}].calls: no service named {call!r} "
                     f"(known: {_known(s.services)})"
+                )
+            spec = s.services.get(call)
+            if route.write and spec is not None and spec.remote:
+                raise ValueError(
+                    f"edge.routes[{index}]: a write calls {call!r}, a running service; the "
+                    "ledger audit counts writes on mock services only"
                 )
     _check_faults_and_mix(s)
     _check_modes(s)
