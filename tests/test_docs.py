@@ -374,3 +374,24 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(run_page(Path(sys.argv[1]).resolve()))
+
+
+MARKDOWN_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def test_readme_links_resolve_on_pypi_too() -> None:
+    """README.md is the package's long description, and PyPI resolves no relative link: every
+    link is absolute, and one into this repository names a file that exists."""
+    import tomllib
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    repository = urls["Source"].rstrip("/")
+    targets = MARKDOWN_LINK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert targets
+    for target in targets:
+        assert target.startswith(("https://", "#")), f"relative link in README.md: {target}"
+        for kind in ("blob", "tree"):
+            prefix = f"{repository}/{kind}/main/"
+            if target.startswith(prefix):
+                path = target.removeprefix(prefix).split("#")[0]
+                assert (ROOT / path).exists(), f"README.md links to a missing file: {target}"
