@@ -15,12 +15,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from redis import exceptions as redis_exceptions
 
 import floodwall
 from floodwall import CircuitBreaker, CircuitOpenError, Event
 from floodwall.frequency import Frequency, FrequencyDecision
 from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
+from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
+from floodwall.stores.redis import RedisStore
 from servers import RestartableRedis
 
 pytestmark = pytest.mark.integration
@@ -169,3 +172,37 @@ def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
         store.close()
         with contextlib.suppress(Exception):
             server.stop()
+
+
+def test_a_restart_between_calls_costs_no_failed_call(server: RestartableRedis) -> None:
+    """The pooled socket dies with the server; the next command retries once on a fresh one."""
+    store = RedisStore(server.url, prefix="restart:")
+    limiter = GlobalLimiter("fixed_window", "1000/s", store=store, name="restart")
+    try:
+        assert limiter.try_acquire()
+        server.stop()
+        server.start()
+        assert limiter.try_acquire()  # NOSCRIPT on the fresh server is answered by one EVAL
+        assert limiter.guard.failures == 0
+        assert limiter.guard.state == "up"
+        pool = store.client().connection_pool
+        assert len(pool._available_connections) + len(pool._in_use_connections) == 1
+    finally:
+        store.close()
+
+
+def test_an_error_reply_keeps_the_pooled_connection(server: RestartableRedis) -> None:
+    """A whole error reply leaves the connection in step: it is reused, not dropped."""
+    store = RedisStore(server.url, prefix="reply:")
+    try:
+        run = store._runner()
+        assert run("SET", "reply:k", "v") == b"OK"
+        with pytest.raises(redis_exceptions.ResponseError):
+            run("INCR", "reply:k")  # not an integer
+        pool = store.client().connection_pool
+        first = pool._available_connections[0]
+        assert run("GET", "reply:k") == b"v"
+        assert pool._available_connections == [first]
+        assert first._sock is not None
+    finally:
+        store.close()

@@ -33,7 +33,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -45,7 +45,9 @@ import redis.asyncio.retry
 import redis.cluster
 import redis.retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
@@ -54,6 +56,8 @@ from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
 __all__ = ["RedisStore", "Script", "load_script"]
 
 _BACKEND_ERRORS = (RedisError, RedisClusterException, OSError)
+_RETRIED = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What redis-py's ``Retry`` retries (a socket timeout is an ``OSError``)."""
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
 
@@ -76,8 +80,27 @@ def load_script(name: str) -> Script:
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())  # noqa: S324 - Redis's id
 
 
-def _argv(args: Sequence[Arg]) -> list[bytes | str]:
-    return [arg if isinstance(arg, bytes) else str(arg) for arg in args]
+def _execute(pool: Any, *command: Any) -> Any:
+    """One command on a connection of a single-node client's ``pool``, with the client's retry
+    (once, on a fresh connection) and none of ``execute_command``'s per-call bookkeeping
+    (observability hooks, closures): about 4 µs less per decision, which on a ~50 µs loopback
+    round trip is what separates a decision from a raw ``EVALSHA``."""
+    conn = pool.get_connection()
+    try:
+        try:
+            conn.send_command(*command)
+            return conn.read_response()
+        except _RETRIED:
+            conn.disconnect()  # a dead pooled socket (a restarted server): one fresh try
+            conn.send_command(*command)
+            return conn.read_response()
+    except ResponseError:
+        raise  # a whole reply was read: the connection is still in step
+    except BaseException:
+        conn.disconnect()  # never hand back a connection with a reply half read
+        raise
+    finally:
+        pool.release(conn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +159,8 @@ class RedisStore(Store):
         self._options = client_options
         self._lock = threading.Lock()
         self._client: Any = None
+        self._run: Any = None
+        """How :meth:`apply` sends one command with the sync client (see :func:`_execute`)."""
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
@@ -208,6 +233,13 @@ class RedisStore(Store):
                 client = self._client
         return client
 
+    def _runner(self) -> Any:
+        """Make the sync client if need be, and how :meth:`apply` sends one command with it."""
+        client = self.client()
+        run = client.execute_command if self.cluster else partial(_execute, client.connection_pool)
+        self._run = run
+        return run
+
     async def async_client(self) -> Any:
         """The running event loop's async redis-py client (made on first use).
 
@@ -232,13 +264,13 @@ class RedisStore(Store):
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         script = load_script(op.script)
         keys = self.keys(op, key)
-        argv = _argv(args)
         try:
-            client = self.client()
+            run = self._run or self._runner()
+            # redis-py encodes every Arg (str, int, float, bytes) as str() would
             try:
-                raw = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+                raw = run("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
-                raw = client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+                raw = run("EVAL", script.source, len(keys), *keys, *args)
         except _BACKEND_ERRORS as exc:
             raise StoreUnavailableError(self.url, op.script) from exc
         return op.parse(raw)
@@ -246,26 +278,25 @@ class RedisStore(Store):
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         script = load_script(op.script)
         keys = self.keys(op, key)
-        argv = _argv(args)
         try:
             client = await self.async_client()
             if self.cluster:
                 # redis-py's async cluster client fails a command (MaxConnectionsError) instead of
                 # waiting when a node's pool is busy: queue here, as the single-node pool does.
                 async with self._cluster_slots():
-                    raw = await self._evalsha(client, script, keys, argv)
+                    raw = await self._evalsha(client, script, keys, args)
             else:
-                raw = await self._evalsha(client, script, keys, argv)
+                raw = await self._evalsha(client, script, keys, args)
         except _BACKEND_ERRORS as exc:
             raise StoreUnavailableError(self.url, op.script) from exc
         return op.parse(raw)
 
     @staticmethod
-    async def _evalsha(client: Any, script: Any, keys: list[str], argv: list[Any]) -> Any:
+    async def _evalsha(client: Any, script: Any, keys: list[str], args: Sequence[Arg]) -> Any:
         try:
-            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+            return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return await client.execute_command("EVAL", script.source, len(keys), *keys, *argv)
+            return await client.execute_command("EVAL", script.source, len(keys), *keys, *args)
 
     def _cluster_slots(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -288,7 +319,7 @@ class RedisStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            client, self._client = self._client, None
+            client, self._client, self._run = self._client, None, None
         if client is not None:
             client.close()
 
