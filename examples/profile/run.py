@@ -12,7 +12,7 @@
    gateway, run by ``floodwall drill``'s own code: its progress, the table of figures
    ``floodwall demo`` prints, the HTML report, the ``expect`` checks;
 5. what the global limits did in Redis; then every process is stopped by its pid (also on
-   Ctrl-C, SIGTERM or a failure), and the exit status is the drill's.
+   Ctrl-C, SIGTERM or a failure), and the exit status is the drill's (130 when interrupted).
 
 Logs of every process are in the work directory printed at the start (kept with ``--keep``).
 """
@@ -278,6 +278,13 @@ def run(args: argparse.Namespace, fleet: Fleet) -> int:
     return status
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM unwinds as Ctrl-C does (the event loop lets only KeyboardInterrupt and
+    SystemExit through, and SystemExit is the drill's verdict), through the ``finally`` that
+    stops every child."""
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="shorter phases (about 20 s in all)")
@@ -288,11 +295,15 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-profile-"))
     print(f"work directory {workdir}", flush=True)
     fleet = Fleet(workdir)
-    # SIGTERM unwinds like Ctrl-C does, through the `finally` that stops every child
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(args, fleet)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every process", flush=True)
+        return 130
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
+            signal.signal(signum, signal.SIG_IGN)
         fleet.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
