@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -214,6 +216,46 @@ def test_workers_share_the_port_and_stop_gracefully(
     assert code == 0
 
 
+def _children(pid: int) -> set[int]:
+    return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def test_a_worker_that_dies_is_restarted(
+    upstreams: Callable[..., list[Upstream]], tmp_path: Path
+) -> None:
+    (svc,) = upstreams("svc")
+    config = {
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+    gateway = GatewayProcess(config, tmp_path / "restart.json", workers=2).start()
+    try:
+        assert gateway.proc is not None
+        workers = _children(gateway.proc.pid)
+        assert len(workers) == 2
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:
+            now = _children(gateway.proc.pid)
+            if len(now) == 2 and victim not in now:
+                status = gateway.admin("GET", "/status")
+                if status.status_code == 200 and status.json()["workers"] == 2:
+                    break
+            assert time.monotonic() < deadline, "the dead worker was not replaced"
+            time.sleep(0.2)
+        with httpx.Client(timeout=5) as client:  # new connections reach both workers again
+            codes = {
+                client.get(gateway.url + "/x", headers={"Connection": "close"}).status_code
+                for _ in range(20)
+            }
+        assert codes == {200}
+        served = gateway.admin("GET", "/status").json()["routes"]["/"]["stats"]["requests"]
+        assert served >= 20
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_config_and_overrides_are_shared_through_redis(
     upstreams: Callable[..., list[Upstream]], redis_url: str, redis_client: Any, tmp_path: Path
 ) -> None:
@@ -242,9 +284,18 @@ def test_config_and_overrides_are_shared_through_redis(
                 assert time.monotonic() < deadline, "the second gateway never applied the change"
                 time.sleep(0.1)
             assert httpx.get(second.url + "/api/x", timeout=5).json()["upstream"] == "b"
+            assert first.admin("POST", "/breakers/svc/closed?ttl=60").status_code == 200
+            assert first.admin("POST", "/shed/2?ttl=60").status_code == 200
+            assert first.admin("DELETE", "/shed/2").status_code == 200  # ended: not replayed
+            assert first.admin("POST", "/breakers/api/open?ttl=0.2").status_code == 200
+            time.sleep(0.5)  # that one expired on Redis's clock before the third gateway came
             third = GatewayProcess(config, tmp_path / "third.json").start()  # joins later
             try:
                 assert httpx.get(third.url + "/api/x", timeout=5).json()["upstream"] == "b"
+                status = third.admin("GET", "/status").json()
+                assert status["shed_levels"] == [3]
+                overrides = {(o["target"], o["action"]) for o in status["overrides"]}
+                assert overrides == {("level:3", "shed"), ("svc", "force_closed")}
             finally:
                 assert third.stop() == 0
         finally:

@@ -13,7 +13,10 @@ Signals: ``SIGTERM``/``SIGINT`` stop gracefully (stop accepting, finish what is 
 **Several gateways** (processes or hosts) with ``sync: {store: NAME}`` share, through that
 Redis store: their configuration (a reload on any admin API is published; every gateway applies
 it, and a gateway that starts later takes the shared one) and operator overrides (breakers
-forced, levels shed). Global rate limits (``scope: global``) share their counters there too.
+forced, levels shed: each also kept as a key ``{sync.key}:override:...`` that expires with the
+override's ``ttl`` on Redis's clock, so a gateway that starts later applies the ones still in
+force, for the time they have left). Global rate limits (``scope: global``) share their counters
+there too.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ class Supervisor:
             self.port = gateway.port
         else:
             await self._start_workers()
+        if doc.sync is not None:
+            await self._replay_overrides()
         if doc.admin is not None and token is not None:
             self.admin = Admin(self, token, interval=doc.admin.dashboard_interval)
             await self.admin.start(*doc.admin.listen)
@@ -217,6 +222,7 @@ class Supervisor:
         for handle in self.handles:
             await handle.override(action, target, ttl, reason)
         if publish and self.document.sync is not None:
+            await self._keep_override(action, target, ttl, reason)
             await self._publish(
                 {
                     "type": "override",
@@ -258,6 +264,51 @@ class Supervisor:
             return
         self.text, self.source = text, f"redis:{sync.key}.json"
         log.info("using the shared configuration from %s (not the file's)", sync.key)
+
+    def _override_key(self, action: str, target: str) -> str:
+        sync = self.document.sync
+        assert sync is not None
+        kind = "level" if action in ("shed", "restore") else "breaker"
+        return f"{sync.key}:override:{kind}:{target}"
+
+    async def _keep_override(
+        self, action: str, target: str, ttl: float | None, reason: str
+    ) -> None:
+        """Record an override for gateways that start later (an ending one is deleted)."""
+        key = self._override_key(action, target)
+        client = self._redis_client()
+        try:
+            if action in ("clear", "restore"):
+                await client.delete(key)
+            else:
+                value = json.dumps({"action": action, "target": target, "reason": reason})
+                await client.set(key, value, px=max(1, round(ttl * 1000)) if ttl else None)
+        finally:
+            await client.aclose()
+
+    async def _replay_overrides(self) -> None:
+        """Apply the shared overrides still in force, each for the time it has left."""
+        sync = self.document.sync
+        assert sync is not None
+        client = self._redis_client()
+        kept: list[tuple[dict[str, Any], int]] = []
+        try:
+            async for key in client.scan_iter(match=f"{sync.key}:override:*"):
+                raw, left = await client.get(key), await client.pttl(key)
+                if raw is not None and left != -2:  # -2: expired meanwhile
+                    kept.append((json.loads(raw), left))
+        finally:
+            await client.aclose()
+        for entry, left in kept:
+            ttl = left / 1000 if left > 0 else None
+            try:
+                await self.override(
+                    entry["action"], entry["target"], ttl, entry.get("reason", ""), publish=False
+                )
+            except ConfigError as exc:
+                log.warning("a shared override was refused here: %s", exc)
+            else:
+                log.info("applied the shared override %s %s", entry["action"], entry["target"])
 
     def _localised(self, text: str, source: str) -> str:
         """A shared document with this instance's own ``listen``, ``workers``, ``admin`` and
