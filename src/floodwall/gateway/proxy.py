@@ -559,6 +559,8 @@ class Proxy:
             try:
                 if method == "HEAD":
                     data = b""
+                elif upstream.content.is_eof():  # all here already: no timer to arm
+                    data = await upstream.read()
                 else:
                     async with asyncio.timeout(route.pool.config.read_timeout):
                         data = await upstream.read()
