@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -176,3 +178,50 @@ def test_forwarding_headers_and_request_ids(setup: tuple[GatewayThread, Upstream
     assert rid != "client-chosen" and seen["X-Request-Id"] == rid
     assert seen["Host"] == svc.url.removeprefix("http://")  # the upstream's own name
     assert json.loads(answer.text)["upstream"] == "svc"
+
+
+SMUGGLED_ANSWERS = [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsmuggle",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 9\r\n\r\nok",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nsmuggle\r\n0\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("reply", SMUGGLED_ANSWERS, ids=range(len(SMUGGLED_ANSWERS)))
+def test_an_upstream_answer_with_ambiguous_framing_never_reaches_the_client(
+    gateways: Callable[[dict[str, Any]], GatewayThread], reply: bytes
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        stop = threading.Event()
+
+        def answer_every_connection() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(2)
+                    with contextlib.suppress(OSError):
+                        conn.recv(65536)
+                        conn.sendall(reply)
+                        time.sleep(0.05)
+
+        thread = threading.Thread(target=answer_every_connection, daemon=True)
+        thread.start()
+        try:
+            gw = gateways(
+                {
+                    "upstreams": {"raw": {"endpoints": [f"http://127.0.0.1:{port}"]}},
+                    "routes": [{"match": {"path_prefix": "/"}, "upstream": "raw"}],
+                }
+            )
+            answer = raw_http(gw.port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        finally:
+            stop.set()
+            thread.join(5)
+    assert _status(answer) == 502, answer[:300]
+    assert b"smuggle" not in answer
