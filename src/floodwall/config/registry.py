@@ -81,6 +81,7 @@ from floodwall.ratelimit import (
     SlidingWindowCounter,
     TokenBucket,
 )
+from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.retry import Retry
 from floodwall.stores import Store, connect
 from floodwall.timeout import Timeout
@@ -139,14 +140,30 @@ def _new_budget(
     return fresh
 
 
+def _no_store(name: str) -> Store:
+    raise ConfigError(f"no store named {name!r} (stores: are resolved by a Registry)")
+
+
 def build_limiter(
-    name: str, config: RateLimitConfig, clock: Clock, listeners: Listeners
-) -> RateLimiter[Any]:
-    """The local limiter a ``rate_limit:`` section describes (``scope: local``)."""
-    if config.scope != "local":
-        raise ConfigError(
-            f"rate_limit.scope {config.scope!r} needs a shared store: not available for "
-            "resources built here yet (use scope: local)"
+    name: str,
+    config: RateLimitConfig,
+    clock: Clock,
+    listeners: Listeners,
+    store: Callable[[str], Store] = _no_store,
+) -> RateLimiter[Any] | GlobalLimiter:
+    """The limiter a ``rate_limit:`` section describes: in-process (``scope: local``) or
+    shared by every process through a store (``scope: global``)."""
+    if config.scope == "global":  # the schema checked the algorithm has a global form
+        return GlobalLimiter(
+            config.algorithm,
+            config.rate,
+            burst=config.burst,
+            store=store(config.store),
+            name=f"{name}.rate_limit",
+            on_store_error=config.on_store_error,
+            expected_instances=config.expected_instances,
+            clock=clock,
+            listeners=listeners,
         )
     kind = config.algorithm
     common: dict[str, Any] = {"name": f"{name}.rate_limit", "clock": clock, "listeners": listeners}
@@ -175,7 +192,7 @@ class Built:
     retry: Retry | None
     timeout: Timeout | None
     bulkhead: Bulkhead | None = None
-    limiter: RateLimiter[Any] | None = None
+    limiter: RateLimiter[Any] | GlobalLimiter | None = None
     sampled: SampledDrop | None = None
     cache: Cache | None = None
     adaptive: AdaptiveLimiter | None = None
@@ -215,10 +232,6 @@ def build_adaptive(
         clock=clock,
         listeners=listeners,
     )
-
-
-def _no_store(name: str) -> Store:
-    raise ConfigError(f"no store named {name!r} (stores: are resolved by a Registry)")
 
 
 def build(
@@ -281,7 +294,7 @@ def build(
         )
         policies.append(bulkhead)
     if config.rate_limit is not None:
-        limiter = build_limiter(name, config.rate_limit, clock, listeners)
+        limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
         policies.append(limiter)
     if config.adaptive is not None:
         adaptive = build_adaptive(name, config.adaptive, clock, listeners)
@@ -384,7 +397,7 @@ class Resource(Policy):
         self.timeout: Timeout | None = None
         self.fallback: Fallback | None = None
         self.bulkhead: Bulkhead | None = None
-        self.limiter: RateLimiter[Any] | None = None
+        self.limiter: RateLimiter[Any] | GlobalLimiter | None = None
         self.sampled: SampledDrop | None = None
         self.cache: Cache | None = None
         self.adaptive: AdaptiveLimiter | None = None
@@ -545,6 +558,13 @@ class Registry:
 
     def __iter__(self) -> Any:
         return iter(dict(self._resources).values())
+
+    def close(self) -> None:
+        """Close the connections of the stores this registry opened for ``stores:`` entries."""
+        with self._lock:
+            stores, self._stores = self._stores, {}
+        for store in stores.values():
+            store.close()
 
     def names(self) -> list[str]:
         return sorted(self._resources)
@@ -825,8 +845,12 @@ class Registry:
                     "queued": resource.bulkhead.queued,
                     "max_concurrent": resource.bulkhead.max_concurrent,
                 }
-            if resource.limiter is not None:
-                entry["rate_limit"] = {"rejected": resource.limiter.rejected}
+            limiter = resource.limiter
+            if isinstance(limiter, GlobalLimiter):
+                entry["rate_limit"] = {"scope": "global", "store": limiter.guard.state}
+                entry["rate_limit"]["rejected"] = limiter.rejected
+            elif limiter is not None:
+                entry["rate_limit"] = {"rejected": limiter.rejected}
             if resource.adaptive is not None:
                 entry["adaptive"] = {
                     "limit": resource.adaptive.limit,

@@ -152,6 +152,10 @@ def _rate_spec(value: object) -> str | float:
 RateSpec = Annotated[str | float, BeforeValidator(_rate_spec)]
 
 
+GLOBAL_ALGORITHMS = ("gcra", "token_bucket", "fixed", "sliding")
+"""The ``rate_limit.algorithm`` values a store can run (``sliding`` is the window counter)."""
+
+
 class RateLimitConfig(_Model):
     """A local or global rate limit."""
 
@@ -162,6 +166,20 @@ class RateLimitConfig(_Model):
     key: str | None = None
     scope: Literal["local", "global"] = "local"
     store: str = "default"
+    """``scope: global``: the ``stores`` entry holding the shared counts."""
+    expected_instances: int = Field(1, ge=1)
+    """``scope: global``: processes sharing the limit; each keeps ``rate ÷ expected_instances``
+    while the store is down (``on_store_error: local``)."""
+    on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
+
+    @model_validator(mode="after")
+    def _global_form(self) -> RateLimitConfig:
+        if self.scope == "global" and self.algorithm not in GLOBAL_ALGORITHMS:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} has no global form "
+                f"(scope: global takes {', '.join(GLOBAL_ALGORITHMS)})"
+            )
+        return self
 
 
 class AdaptiveConfig(_Model):
