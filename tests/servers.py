@@ -559,6 +559,8 @@ class PostgresServer(_Server):
     Durability is off (``--no-sync``, ``fsync=off`` ...), authentication is ``trust`` for the
     superuser ``floodwall``, and the database ``floodwall_test`` is created. As root the server
     runs as the ``postgres`` (else ``nobody``) system user, since PostgreSQL refuses root.
+    :meth:`shutdown` and :meth:`restart` stop it and start it again on the same port and data
+    dir; :meth:`stop` ends it for good.
     """
 
     def __init__(
@@ -670,29 +672,33 @@ class PostgresServer(_Server):
     def _pg_ctl_start(self) -> None:
         for attempt in range(1, START_ATTEMPTS + 1):
             self.port = free_port()
-            options = (
-                f"-p {self.port} -k {self.data_dir} -c listen_addresses={HOST} "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-            )
-            try:
-                code = self._run(
-                    "pg_ctl",
-                    "-D", str(self.data_dir),
-                    "-o", options,
-                    "-l", str(self.log_path),
-                    "-w",
-                    "-t", str(max(1, round(self.start_timeout))),
-                    "start",
-                    timeout=self.start_timeout + 5,
-                )  # fmt: skip
-            except subprocess.TimeoutExpired as exc:
-                raise self._fail(f"pg_ctl start did not return within {exc.timeout:g}s") from exc
+            code = self._pg_ctl_start_once()
             if code == 0:
                 return
             port_taken = _ADDRESS_IN_USE.search(log_tail(self.log_path, 10))
             if not (port_taken and attempt < START_ATTEMPTS):
                 raise self._fail(f"pg_ctl start failed with code {code}")
             self._kill_postmaster(self.postmaster_pid())
+
+    def _pg_ctl_start_once(self) -> int:
+        """``pg_ctl start -w`` on ``self.port``: returns once the server accepts connections."""
+        options = (
+            f"-p {self.port} -k {self.data_dir} -c listen_addresses={HOST} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        try:
+            return self._run(
+                "pg_ctl",
+                "-D", str(self.data_dir),
+                "-o", options,
+                "-l", str(self.log_path),
+                "-w",
+                "-t", str(max(1, round(self.start_timeout))),
+                "start",
+                timeout=self.start_timeout + 5,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise self._fail(f"pg_ctl start did not return within {exc.timeout:g}s") from exc
 
     def _create_database(self) -> None:
         import psycopg
@@ -718,21 +724,42 @@ class PostgresServer(_Server):
             os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not pid_alive(pid), self.stop_grace)
 
+    def _pg_ctl_stop(self, mode: str) -> None:
+        """``pg_ctl stop -m mode``; SIGKILL the postmaster if that fails. Keeps the data dir."""
+        pid = self.postmaster_pid() if self.base is not None else None
+        if pid is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            self._run(
+                "pg_ctl",
+                "-D", str(self.data_dir),
+                "stop",
+                "-m", mode,
+                "-w",
+                "-t", str(max(1, round(self.stop_grace))),
+                timeout=self.stop_grace + 5,
+            )  # fmt: skip
+        self._kill_postmaster(pid)
+
+    def shutdown(self) -> None:
+        """Stop the server (``pg_ctl stop -m fast``: clients are disconnected, open transactions
+        rolled back, a checkpoint written) but keep its data dir and port for :meth:`restart`."""
+        if self.base is None:
+            raise RuntimeError("PostgreSQL was never started")
+        self._pg_ctl_stop("fast")
+
+    def restart(self) -> None:
+        """Start the server again after :meth:`shutdown`, on the same port and data dir; return
+        once it accepts connections. A port taken meanwhile is an error (clients hold the DSN)."""
+        if self.base is None:
+            raise RuntimeError("PostgreSQL was never started")
+        code = self._pg_ctl_start_once()
+        if code != 0:
+            raise self._fail(f"pg_ctl start (restart on the same port) failed with code {code}")
+
     def stop(self) -> None:
         """``pg_ctl stop -m immediate``; SIGKILL the postmaster if that fails; remove the dir."""
-        pid = self.postmaster_pid() if self.base is not None else None
-        if pid is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                self._run(
-                    "pg_ctl",
-                    "-D", str(self.data_dir),
-                    "stop",
-                    "-m", "immediate",
-                    "-w",
-                    "-t", str(max(1, round(self.stop_grace))),
-                    timeout=self.stop_grace + 5,
-                )  # fmt: skip
-            self._kill_postmaster(pid)
+        self._pg_ctl_stop("immediate")
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         _unregister(self)
@@ -774,3 +801,36 @@ class RestartableRedis:
         """Stop it and delete its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RestartablePostgres:
+    """A PostgreSQL that can be stopped and started again on the same port and data dir, so its
+    records survive (fault tests: "stop PostgreSQL mid-load, start it again, and see the callers
+    recover by themselves"). Shaped like :class:`RestartableRedis`."""
+
+    def __init__(self) -> None:
+        self.server = PostgresServer()
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> None:
+        """The first start creates the cluster (:meth:`PostgresServer.start`); later ones restart
+        it on the same port."""
+        if self.server.base is None:
+            self.server.start()
+        else:
+            self.server.restart()
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``, keeping the data."""
+        self.server.shutdown()
+
+    def remove(self) -> None:
+        """Stop it and delete its directory."""
+        self.server.stop()
