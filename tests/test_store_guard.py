@@ -8,6 +8,7 @@ as the Redis and SQL stores do. Fault tests against a real Redis are in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,6 +92,42 @@ async def test_async_shell_follows_the_same_rules(
     clock.advance(1.0)
     assert (await guard.apply_async(ONCE, "k", [1000])).value == (True, 1000)
     assert guard.snapshot()["state"] == "up"
+
+
+class HeldStore(SwitchableStore):
+    """Calls on key ``"slow"`` pass the check, then wait for ``gate``: a call in flight."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        self._check(op)
+        if key == "slow":
+            self.entered.set()
+            await self.gate.wait()
+        return self.inner.apply(op, key, args)
+
+
+async def test_a_call_running_when_the_store_failed_does_not_end_the_outage(
+    clock: FakeClock,
+) -> None:
+    """As PostgreSQL shuts down backend by backend: one outage, not two."""
+    store = HeldStore(clock)
+    events: list[Event] = []
+    guard = StoreGuard(store, on_store_error="fail_open", clock=clock, listeners=[events.append])
+    straggler = asyncio.create_task(guard.apply_async(ONCE, "slow", [1000]))
+    await store.entered.wait()
+    store.down = True
+    assert (await guard.apply_async(ONCE, "k", [1000])).down is not None
+    store.gate.set()
+    assert (await straggler).down is None  # its answer stands...
+    assert guard.state == "down" and guard.recoveries == 0  # ...but it ends no outage
+    store.down = False
+    assert (await guard.apply_async(ONCE, "k", [1000])).down is None
+    assert guard.outages == 1 and guard.recoveries == 1
+    assert [e.kind for e in events] == ["store_down", "store_up"]
 
 
 def test_local_mode_answers_from_memory_with_the_local_args(

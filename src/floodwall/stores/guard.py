@@ -22,8 +22,11 @@ action; failure doubles the open time, up to ``STORE_BREAKER_MAX_OPEN`` = 10 s, 
 long a recovered store can go unnoticed.
 
 Events (``source="store_guard"``) and counters each way: ``"store_down"`` on the first failure
-after a healthy period (``outages`` += 1) and ``"store_up"`` on the first success after it
-(``recoveries`` += 1, ``figures["down_for"]`` in seconds). ``failures``, ``short_circuits`` and
+after a healthy period (``outages`` += 1) and ``"store_up"`` on the first success of a call made
+after it (``recoveries`` += 1, ``figures["down_for"]`` in seconds). A call already running when
+the store failed says nothing about its recovery: PostgreSQL ends its backends one by one on
+shutdown, so such a straggler can succeed between two failures, and would split one outage in
+two. ``failures``, ``short_circuits`` and
 ``degraded`` count calls. An exception that is not a store error (a bug in an op) propagates.
 """
 
@@ -210,6 +213,7 @@ class StoreGuard:
         local_args: Sequence[Arg] | None = None,
     ) -> Guarded[R]:
         """Run ``op`` on the store; when it is down, degrade (never raises a store error)."""
+        was_down = self._down_since is not None
         try:
             value = self.breaker.call(self.store.apply, op, key, args)
         except CircuitOpenError as exc:
@@ -217,7 +221,7 @@ class StoreGuard:
         except StoreUnavailableError as exc:
             down = self._failed(exc)
         else:
-            if self._down_since is not None:
+            if was_down and self._down_since is not None:
                 self._mark_up(self.clock.monotonic())
             return _new(Guarded, (value, None))
         if self._fallback():
@@ -233,6 +237,7 @@ class StoreGuard:
         local_args: Sequence[Arg] | None = None,
     ) -> Guarded[R]:
         """:meth:`apply` for async callers."""
+        was_down = self._down_since is not None
         try:
             value = await self.breaker.call_async(self.store.apply_async, op, key, args)
         except CircuitOpenError as exc:
@@ -240,7 +245,7 @@ class StoreGuard:
         except StoreUnavailableError as exc:
             down = self._failed(exc)
         else:
-            if self._down_since is not None:
+            if was_down and self._down_since is not None:
                 self._mark_up(self.clock.monotonic())
             return _new(Guarded, (value, None))
         if self._fallback():
