@@ -19,8 +19,10 @@ same transaction; expired rows read as absent and are purged in batches every
 
 Connections: a small pool of ``pool_size`` (default 10) autocommit connections for sync callers,
 and one per running event loop for async callers (``psycopg.AsyncConnection``). A connection
-that failed, or whose op was cancelled, is closed rather than reused. ``timeout`` is the connect
-timeout (libpq rounds it up to whole seconds, 2 s at least).
+that failed, or whose op was cancelled, is closed rather than reused; so is an idle one the server
+hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), so a restart
+between ops costs no failed op. ``timeout`` is the connect timeout (libpq rounds it up to whole
+seconds, 2 s at least).
 
 Schema: the migrations in ``floodwall/stores/sql/postgresql/`` are applied on first use
 (``auto_migrate``, default on; serialised across processes by an advisory lock) or by
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import select
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -83,6 +86,27 @@ def _rows(raw: list[tuple[Any, ...]]) -> tuple[dict[str, tuple[bytes | None, flo
     return rows, float(raw[0][3])
 
 
+_poll = getattr(select, "poll", None)
+
+
+def _hung_up(conn: _Conn | _AsyncConn) -> bool:
+    """Whether the server spoke on an idle connection. Unprompted, it only does so to hang up (a
+    FATAL error, then EOF), and a connection it hung up on would fail the next op; one
+    non-blocking poll (about 1 µs, against an op's 350 µs) tells. A rare harmless message (a
+    parameter change) just costs a reconnect."""
+    if conn.closed:
+        return True
+    try:
+        fd = conn.fileno()
+        if _poll is None:  # Windows: select() takes sockets of any number
+            return bool(select.select([fd], [], [], 0)[0])
+        poller = _poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
 class _Pool:
     """At most ``size`` connections; idle ones are reused, failed ones closed."""
 
@@ -97,9 +121,13 @@ class _Pool:
         self._slots.acquire()
         conn: _Conn | None = None
         try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None or conn.closed:
+            while True:
+                with self._lock:
+                    conn = self._idle.pop() if self._idle else None
+                if conn is None or not _hung_up(conn):
+                    break
+                conn.close()
+            if conn is None:
                 conn = self._factory()
             yield conn
         except BaseException:
@@ -136,8 +164,11 @@ class _AsyncPool:
     async def connection(self) -> AsyncIterator[_AsyncConn]:
         async with self._slots:
             conn = self._idle.pop() if self._idle else None
+            while conn is not None and _hung_up(conn):
+                await conn.close()
+                conn = self._idle.pop() if self._idle else None
             try:
-                if conn is None or conn.closed:
+                if conn is None:
                     conn = await psycopg.AsyncConnection.connect(self._url, **self._options)
                 yield conn
             except BaseException:

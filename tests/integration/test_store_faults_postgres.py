@@ -1,0 +1,362 @@
+"""Stop a real PostgreSQL under load, then start it again on the same port and data dir.
+
+The PostgreSQL twin of ``test_store_faults.py``: idempotency (``fail_closed`` and ``fail_open``)
+and a limiter (``local``) share one store, driven by threads (the sync pool) and async tasks (the
+per-loop async pool) at once. From the first failed call on, callers must get their mode, never a
+store exception; the breakers must keep the outage to a few failed store calls; when PostgreSQL
+is back every guard must return to it by itself, and the records written before the outage must
+still be honoured. Figures go to stdout (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+import floodwall
+from floodwall import CircuitBreaker, CircuitOpenError, Event
+from floodwall.frequency import Frequency
+from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
+from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.stores import StoreErrorMode, StoreGuard, StoreUnavailableError, connect
+from floodwall.stores.postgres import PostgresStore
+from servers import RestartablePostgres
+
+pytestmark = pytest.mark.integration
+
+OPEN = 0.25
+"""Seconds the guards' breakers stay open (short, to keep the test short)."""
+THREADS = 2
+TASKS = 2
+WORKERS = THREADS + TASKS
+PAUSE = 0.003
+"""Seconds each worker rests between rounds (one call per policy)."""
+REPLAYED = 40
+"""Keys completed before the outage that are sent again after it."""
+
+_call_events: contextvars.ContextVar[list[str]] = contextvars.ContextVar("call_events")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One call: when it ran, under which mode, and what the caller got (``degraded`` is the
+    mode it was decided by when the store did not decide, else ``None``)."""
+
+    start: float
+    end: float
+    mode: StoreErrorMode
+    key: str
+    ok: bool
+    degraded: str | None
+    cause: type[BaseException] | None = None
+
+
+@pytest.fixture
+def server() -> Iterator[RestartablePostgres]:
+    postgres = RestartablePostgres()
+    postgres.start()
+    try:
+        yield postgres
+    finally:
+        postgres.remove()
+
+
+def _breaker(name: str) -> CircuitBreaker:
+    return CircuitBreaker(
+        name,
+        failure_rate=None,
+        error_count=3,
+        minimum_calls=3,
+        open_duration=OPEN,
+        record=StoreUnavailableError,
+    )
+
+
+class Load:
+    """The three policies on one store, the runs of every key, and every decision."""
+
+    def __init__(self, dsn: str) -> None:
+        self.store = connect(dsn, prefix=f"faults-{uuid.uuid4().hex[:8]}:")
+        self.events: list[tuple[float, Event]] = []
+        self.closed, self.open = (
+            Idempotency(
+                self.store,
+                name=f"pg-{mode}",
+                on_store_error=mode,
+                breaker=_breaker(mode),
+                listeners=[self.listen],
+            )
+            for mode in ("fail_closed", "fail_open")
+        )
+        self.limiter = Frequency(
+            1_000_000,
+            60,
+            store=self.store,
+            name="pg-local",
+            on_store_error="local",
+            expected_instances=4,
+            breaker=_breaker("local"),
+            listeners=[self.listen],
+        )
+        self.runs: list[str] = []
+        self.decisions: list[Decision] = []
+        self.escaped: list[BaseException] = []
+
+    @property
+    def guards(self) -> dict[StoreErrorMode, StoreGuard]:
+        return {
+            "fail_closed": self.closed.guard,
+            "fail_open": self.open.guard,
+            "local": self.limiter.guard,
+        }
+
+    @property
+    def idempotencies(self) -> tuple[tuple[StoreErrorMode, Idempotency], ...]:
+        return (("fail_closed", self.closed), ("fail_open", self.open))
+
+    def listen(self, event: Event) -> None:
+        self.events.append((time.monotonic(), event))
+        if (kinds := _call_events.get(None)) is not None:
+            kinds.append(event.kind)  # the call in this thread or task emitted it
+
+    def write(self, key: str) -> dict[str, str]:
+        self.runs.append(key)
+        return {"key": key}
+
+    async def write_async(self, key: str) -> dict[str, str]:
+        return self.write(key)
+
+    def _idem_decision(
+        self, mode: StoreErrorMode, key: str, start: float, error: BaseException | None
+    ) -> None:
+        kinds = _call_events.get()
+        degraded = None
+        if error is not None:
+            degraded = "fail_closed"
+        elif "unprotected" in kinds:
+            degraded = "fail_open"
+        cause = None if error is None or error.__cause__ is None else type(error.__cause__)
+        self.decisions.append(
+            Decision(start, time.monotonic(), mode, key, error is None, degraded, cause)
+        )
+
+    def round_sync(self, name: str) -> None:
+        for mode, policy in self.idempotencies:
+            key = f"{mode}-{name}"
+            _call_events.set([])
+            start = time.monotonic()
+            error: IdempotencyUnavailableError | None = None
+            with floodwall.idempotency_key(key):
+                try:
+                    assert policy.call(self.write, key) == {"key": key}
+                except IdempotencyUnavailableError as exc:
+                    error = exc
+            self._idem_decision(mode, key, start, error)
+        start = time.monotonic()
+        decision = self.limiter.allow(name)
+        self.decisions.append(
+            Decision(start, time.monotonic(), "local", name, decision.allowed, decision.degraded)
+        )
+
+    async def round_async(self, name: str) -> None:
+        for mode, policy in self.idempotencies:
+            key = f"{mode}-{name}"
+            _call_events.set([])
+            start = time.monotonic()
+            error: IdempotencyUnavailableError | None = None
+            with floodwall.idempotency_key(key):
+                try:
+                    assert await policy.call_async(self.write_async, key) == {"key": key}
+                except IdempotencyUnavailableError as exc:
+                    error = exc
+            self._idem_decision(mode, key, start, error)
+        start = time.monotonic()
+        decision = await self.limiter.allow_async(name)
+        self.decisions.append(
+            Decision(start, time.monotonic(), "local", name, decision.allowed, decision.degraded)
+        )
+
+
+async def test_postgres_outage_and_recovery_under_load(server: RestartablePostgres) -> None:
+    load = Load(server.dsn)
+    done = threading.Event()
+
+    def thread_worker(n: int) -> None:
+        i = 0
+        while not done.is_set():
+            try:
+                load.round_sync(f"t{n}-{i}")
+            except BaseException as exc:
+                load.escaped.append(exc)
+                raise
+            i += 1
+            time.sleep(PAUSE)
+
+    async def task_worker(n: int) -> None:
+        i = 0
+        while not done.is_set():
+            try:
+                await load.round_async(f"a{n}-{i}")
+            except BaseException as exc:
+                load.escaped.append(exc)
+                raise
+            i += 1
+            await asyncio.sleep(PAUSE)
+
+    threads = [threading.Thread(target=thread_worker, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    tasks = [asyncio.create_task(task_worker(n)) for n in range(TASKS)]
+    try:
+        await asyncio.sleep(0.5)
+        stopped_at = time.monotonic()
+        await asyncio.to_thread(server.stop)
+        down_at = time.monotonic()
+        await asyncio.sleep(1.5)
+        restart_began = time.monotonic()  # PostgreSQL may answer before start() returns
+        await asyncio.to_thread(server.start)
+        restarted_at = time.monotonic()
+        await asyncio.sleep(1.5)
+    finally:
+        done.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 10)
+
+    try:
+        assert load.escaped == []
+        _check_decisions(load, stopped_at, down_at, restart_began, restarted_at)
+        _check_guards(load, stopped_at, restarted_at)
+        replayed = await _check_replays(load, stopped_at)
+    finally:
+        await load.store.aclose()
+
+    during = [d for d in load.decisions if down_at < d.start < restart_began]
+    first_degraded = min(d.end for d in load.decisions if d.degraded is not None)
+    ups = {e.name: t for t, e in load.events if e.kind == "store_up"}
+    print(
+        f"\noutage: pg_ctl stop -m fast took {1000 * (down_at - stopped_at):.0f} ms, restart "
+        f"{1000 * (restarted_at - restart_began):.0f} ms; first degraded decision "
+        f"{1000 * (first_degraded - stopped_at):.0f} ms after the stop began; slowest decision "
+        f"while down {1000 * max(d.end - d.start for d in during):.1f} ms; {len(during)} decisions "
+        f"while down, {len(load.decisions)} in all; store calls that failed per guard: "
+        f"{ {m: g.failures for m, g in load.guards.items()} }; short-circuited: "
+        f"{ {m: g.short_circuits for m, g in load.guards.items()} }; back "
+        f"{ {n: round(1000 * (t - restarted_at)) for n, t in ups.items()} } ms after restart; "
+        f"{replayed} keys completed before the outage replayed after it, 0 re-run"
+    )
+
+
+def _check_decisions(
+    load: Load, stopped_at: float, down_at: float, restart_began: float, restarted_at: float
+) -> None:
+    decisions = load.decisions
+    before = [d for d in decisions if d.end < stopped_at]
+    assert {d.mode for d in before} == {"fail_closed", "fail_open", "local"}
+    assert all(d.ok and d.degraded is None for d in before), before[:5]
+
+    runs = Counter(load.runs)
+    during = [d for d in decisions if down_at < d.start < restart_began]
+    assert {d.mode for d in during} == {"fail_closed", "fail_open", "local"}
+    for d in during:
+        assert d.degraded == d.mode, d
+        assert d.ok is (d.mode != "fail_closed"), d
+        if d.mode == "fail_closed":  # typed, with the store's error (or the breaker's) as cause
+            assert d.cause in (StoreUnavailableError, CircuitOpenError), d
+            assert runs[d.key] == 0, d
+        elif d.mode == "fail_open":  # ran, once, unprotected
+            assert runs[d.key] == 1, d
+
+    after = [d for d in decisions if d.start > restarted_at + 2 * OPEN + 0.5]
+    assert {d.mode for d in after} == {"fail_closed", "fail_open", "local"}
+    assert all(d.ok and d.degraded is None for d in after), [d for d in after if not d.ok][:5]
+    assert max(runs.values()) == 1  # no key ever ran twice
+
+
+def _check_guards(load: Load, stopped_at: float, restarted_at: float) -> None:
+    # One failure opens nothing: three do (plus the calls already in flight in every worker),
+    # then one probe per open period while PostgreSQL is away; the outage lasts longer than the
+    # 1.5 s pause when a loaded machine stops and restarts the server slowly.
+    probes = math.ceil((restarted_at - stopped_at) / OPEN) + 2
+    for mode, guard in load.guards.items():
+        timeline = [
+            (e.kind, round(1000 * (t - stopped_at)), e.reason)
+            for t, e in load.events
+            if e.name == guard.name and e.kind in ("store_down", "store_up")
+        ]
+        snapshot = (mode, guard.snapshot(), f"ms after the stop began: {timeline}")
+        assert guard.state == "up" and guard.outages == 1 and guard.recoveries == 1, snapshot
+        assert 1 <= guard.failures <= 3 + WORKERS + probes, snapshot
+        assert guard.short_circuits > guard.failures, snapshot
+    downs = {e.name for _, e in load.events if e.kind == "store_down"}
+    ups = {e.name: t for t, e in load.events if e.kind == "store_up"}
+    assert downs == set(ups) == {"pg-fail_closed", "pg-fail_open", "pg-local"}
+    assert all(t - restarted_at < OPEN + 1.0 for t in ups.values()), ups
+
+
+async def _check_replays(load: Load, stopped_at: float) -> int:
+    """Duplicates of keys completed before the outage replay their result and run nothing."""
+    completed = [
+        d
+        for d in load.decisions
+        if d.end < stopped_at and d.mode in ("fail_closed", "fail_open") and d.ok
+    ]
+    sample = completed[:: max(1, len(completed) // REPLAYED)][:REPLAYED]
+    assert sample
+    runs_before = Counter(load.runs)
+    for d in sample:
+        policy = load.closed if d.mode == "fail_closed" else load.open
+        replays = policy.replays
+        with floodwall.idempotency_key(d.key):
+            if d.key.endswith("0"):  # both shells
+                result = await policy.call_async(load.write_async, d.key)
+            else:
+                result = policy.call(load.write, d.key)
+        assert result == {"key": d.key}
+        assert policy.replays == replays + 1, d
+    assert Counter(load.runs) == runs_before
+    return len(sample)
+
+
+def _fill_pool(store: PostgresStore, size: int) -> None:
+    with contextlib.ExitStack() as stack:
+        for _ in range(size):  # held at once: `size` distinct connections, idle afterwards
+            stack.enter_context(store._pool.connection()).execute("SELECT 1")
+
+
+async def _fill_async_pool(store: PostgresStore, size: int) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(size):
+            conn = await stack.enter_async_context(store._apool().connection())
+            await conn.execute("SELECT 1")
+
+
+async def test_a_restart_between_calls_costs_no_failed_call(server: RestartablePostgres) -> None:
+    """Pooled connections die with the server; the pool drops them instead of failing an op on
+    each (with ``pool_size`` of them idle, that would be enough failures to open the breaker)."""
+    store = PostgresStore(server.dsn, prefix="restart:", pool_size=4)
+    limiter = GlobalLimiter("fixed_window", "1000/s", store=store, name="restart")
+    try:
+        assert limiter.try_acquire() and await limiter.try_acquire_async()
+        _fill_pool(store, 4)
+        await _fill_async_pool(store, 4)
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)
+        for _ in range(4):
+            assert limiter.try_acquire()
+            assert await limiter.try_acquire_async()
+        assert limiter.guard.failures == 0, limiter.guard.snapshot()
+        assert limiter.guard.state == "up" and limiter.guard.outages == 0
+        assert len(store._pool._idle) == 1 and len(store._apool()._idle) == 1
+    finally:
+        await store.aclose()
