@@ -25,25 +25,24 @@ import httpx
 from common import guarded, serve
 from fastapi import FastAPI, HTTPException, Request, Response
 
+from floodwall import RateLimitedError
 from floodwall.asgi import RateLimit
 from floodwall.config import Registry, load
 from floodwall.drill.services import REQUEST_HEADER
 from floodwall.httpx import AsyncResilientTransport
-from floodwall.ratelimit import GlobalLimiter
 
 HERE = Path(__file__).resolve().parent
 USERS = os.environ.get("USERS_URL", "http://127.0.0.1:8102").rstrip("/")
 POSTS = os.environ.get("POSTS_URL", "http://127.0.0.1:8103").rstrip("/")
 
 
-USERS_QUOTA = "1000/s"
-"""What every profile replica together may ask of users."""
-
-
 def registry_for(listeners: list[Any]) -> Registry:
-    """The outbound policies of ``$PROFILE_CONFIG``."""
+    """The outbound policies of ``$PROFILE_CONFIG``, their ``shared`` store at ``$REDIS_URL``
+    (where the global quota on users is counted)."""
     path = Path(os.environ.get("PROFILE_CONFIG", HERE / "profile.floodwall.yaml"))
-    return Registry(load(path), listeners=listeners)
+    document = load(path)
+    document.stores["shared"] = os.environ.get("REDIS_URL", "memory://")
+    return Registry(document, listeners=listeners)
 
 
 def host_port(url: str) -> str:
@@ -57,15 +56,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     routes = {host_port(USERS): "users", host_port(POSTS): "posts"}
     transport = AsyncResilientTransport(registry=registry, routes=routes)
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
-    store = os.environ.get("REDIS_URL", "memory://")
-    quota = GlobalLimiter("gcra", USERS_QUOTA, burst=200, store=store, name="profile->users")
     async with httpx.AsyncClient(transport=transport, limits=limits, timeout=5.0) as client:
         app.state.client = client
-        app.state.quota = quota
         try:
             yield
         finally:
-            await quota.aclose()
+            registry.close()
 
 
 app = FastAPI(title="profile", lifespan=lifespan)
@@ -80,13 +76,12 @@ def forwarded(request: Request) -> dict[str, str]:
 
 async def fetch_user(request: Request, user_id: int) -> Any:
     """The user, or the HTTP error the page answers without one (level 1: no page)."""
-    state = request.app.state
-    permit = await state.quota.acquire_async()
-    if not permit:
-        retry_after = {"Retry-After": str(max(1, round(permit.retry_after)))}
-        raise HTTPException(503, "users quota used up", headers=retry_after)
+    client: httpx.AsyncClient = request.app.state.client
     try:
-        answer = await state.client.get(f"{USERS}/users/{user_id}", headers=forwarded(request))
+        answer = await client.get(f"{USERS}/users/{user_id}", headers=forwarded(request))
+    except RateLimitedError as exc:  # the fleet's quota on users (rate_limit, scope: global)
+        retry_after = {"Retry-After": str(max(1, round(exc.retry_after or 1)))}
+        raise HTTPException(503, "users quota used up", headers=retry_after) from exc
     except Exception as exc:  # an open breaker, a timeout, a refused connection
         raise HTTPException(503, f"users unavailable: {exc}") from exc
     if answer.status_code != 200:
