@@ -31,7 +31,10 @@ class Gradient2Limit(Limit):
     """Gradient of a long-term average RTT over the current RTT (see the module docstring)."""
 
     __slots__ = (
+        "_fixed_queue",
         "_long_rtt",
+        "_max",
+        "_min",
         "_queue_size",
         "estimated_limit",
         "last_rtt",
@@ -58,11 +61,15 @@ class Gradient2Limit(Limit):
                 f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
             )
         self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
+        self._queue_size: Callable[[int], int] | None = None
+        self._fixed_queue = -1
+        """``queue_size`` when it is a constant, else -1 (then ``_queue_size`` is called)."""
         if isinstance(queue_size, int):
-            fixed = check_int("queue_size", queue_size, 0)
-            self._queue_size: Callable[[int], int] = lambda _limit: fixed
+            self._fixed_queue = check_int("queue_size", queue_size, 0)
         else:
             self._queue_size = queue_size
+        self._min = float(self.min_limit)
+        self._max = float(self.max_concurrency)
         self._long_rtt = ExpAvgMeasurement(
             check_int("long_window", long_window), defaults.GRADIENT2_WARMUP
         )
@@ -75,16 +82,34 @@ class Gradient2Limit(Limit):
         return self._long_rtt.value
 
     def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
+        # ExpAvgMeasurement.add and the clamps are written out: this runs once per request
+        # behind a LoadShedder, and calls cost more than the arithmetic (same results).
         estimated = self.estimated_limit
-        queue = self._queue_size(int(estimated))
+        fixed = self._fixed_queue
+        queue = fixed if fixed >= 0 else self._queue_size(int(estimated))  # type: ignore[misc]
         self.last_rtt = short = rtt
-        long = self._long_rtt.add(rtt)
+        avg = self._long_rtt
+        if avg._count < avg.warmup:
+            avg._count += 1
+            avg._sum += rtt
+            avg.value = long = avg._sum / avg._count
+        else:
+            factor = avg._factor
+            avg.value = long = avg.value * (1 - factor) + rtt * factor
         if short > 0 and long / short > 2:
-            self._long_rtt.update(lambda value: value * 0.9)
+            avg.value *= 0.9  # a stale long RTT decays by 10 % (Gradient2Limit.java)
         if inflight < estimated / 2:
             return int(estimated)
-        gradient = max(0.5, min(1.0, long / short)) if short > 0 else 1.0
-        new = estimated * gradient + queue
-        new = estimated * (1 - self.smoothing) + new * self.smoothing
-        self.estimated_limit = max(float(self.min_limit), min(float(self.max_concurrency), new))
-        return max(1, int(self.estimated_limit))
+        gradient = long / short if short > 0 else 1.0
+        if gradient > 1.0:
+            gradient = 1.0
+        elif gradient < 0.5:
+            gradient = 0.5
+        smoothing = self.smoothing
+        new = estimated * (1 - smoothing) + (estimated * gradient + queue) * smoothing
+        if new < self._min:
+            new = self._min
+        elif new > self._max:
+            new = self._max
+        self.estimated_limit = new
+        return max(1, int(new))

@@ -19,6 +19,7 @@ exception: far less than the work it saves, which is the point under overload.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -52,6 +53,13 @@ class Permit(Protocol):
 
 Limiter = AdaptiveLimiter | BBRLimiter | QueueingTimeAdmission
 
+_NONE, _ADAPTIVE, _BBR, _DAGOR = 0, 1, 2, 3
+
+
+def _value(counter: itertools.count[int]) -> int:
+    """The next number ``counter`` would give, without taking it (``count(7)`` → 7)."""
+    return int(repr(counter)[6:-1])
+
 
 @dataclass(frozen=True, slots=True)
 class ShedderStats:
@@ -81,13 +89,17 @@ class Ticket:
         if not self._open:
             return False
         self._open = False
-        self._shedder._finished()
+        next(self._shedder._finished)
         return True
 
     def success(self) -> bool:
-        if not self._close():
+        # _close written out: one frame less on every admitted request's way out
+        if not self._open:
             return False
-        return self._permit is None or self._permit.success()
+        self._open = False
+        next(self._shedder._finished)
+        permit = self._permit
+        return permit is None or permit.success()
 
     def dropped(self) -> bool:
         if not self._close():
@@ -145,6 +157,19 @@ class LoadShedder(Policy):
         if retry_after is not None and not retry_after >= 0:
             raise ConfigError(f"retry_after must be >= 0 seconds, got {retry_after!r}")
         self.limiter = limiter
+        # The limiter's kind, decided once: admit() branches on an int, not on isinstance.
+        self._adaptive = limiter if isinstance(limiter, AdaptiveLimiter) else None
+        self._bbr = limiter if isinstance(limiter, BBRLimiter) else None
+        self._dagor = limiter if isinstance(limiter, QueueingTimeAdmission) else None
+        self._kind = (
+            _NONE
+            if limiter is None
+            else _ADAPTIVE
+            if self._adaptive is not None
+            else _BBR
+            if self._bbr is not None
+            else _DAGOR
+        )
         self.name = name
         self.max_queue_time = max_queue_time
         self.retry_after = retry_after
@@ -152,34 +177,31 @@ class LoadShedder(Policy):
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
-        self._inflight = 0
-        self._admitted = 0
+        # Admissions and completions are counted lock-free (next() on a count is one C call,
+        # atomic under the GIL); in flight is their difference. The lock guards the rest.
+        self._admitted = itertools.count()
+        self._finished = itertools.count()
         self._shed = 0
         self._stale = 0
         self._queued = 0.0
 
     # -- the decision -------------------------------------------------------------------------
 
-    def _queue_time(self, arrived_at: float | None, queue_time: float | None) -> float:
-        if queue_time is not None:
-            return max(0.0, queue_time)
-        if arrived_at is not None:
-            return max(0.0, self._now() - arrived_at)
-        return 0.0
-
     def _permit(
         self, waited: float, known: bool, partition: str | None, business: int, user: int
     ) -> tuple[bool, Permit | None]:
         """The limiter's verdict: ``(admitted, permit)``; no limiter admits without a permit."""
-        limiter = self.limiter
-        if limiter is None:
+        kind = self._kind
+        if kind == _NONE:
             return True, None
-        if isinstance(limiter, AdaptiveLimiter):
-            permit: Permit | None = limiter.acquire(partition)
-        elif isinstance(limiter, BBRLimiter):
-            permit = limiter.acquire()
+        if kind == _ADAPTIVE:
+            permit: Permit | None = self._adaptive.acquire(partition)  # type: ignore[union-attr]
+        elif kind == _BBR:
+            permit = self._bbr.acquire()  # type: ignore[union-attr]
         else:
-            permit = limiter.acquire(waited if known else None, business, user)
+            permit = self._dagor.acquire(  # type: ignore[union-attr]
+                waited if known else None, business, user
+            )
         return permit is not None, permit
 
     def admit(
@@ -195,22 +217,35 @@ class LoadShedder(Policy):
 
         ``arrived_at`` is the arrival on this guard's clock (or pass ``queue_time`` directly);
         ``partition`` selects an :class:`AdaptiveLimiter` partition; ``business``/``user`` are
-        DAGOR priorities (0 = most important).
+        DAGOR priorities (0 = most important). Cost: no clock read unless ``arrived_at`` is
+        given; one lock round trip here and one in the limiter.
         """
-        known = arrived_at is not None or queue_time is not None
-        waited = self._queue_time(arrived_at, queue_time)
-        if self.max_queue_time is not None and waited > self.max_queue_time:
+        if queue_time is not None:
+            waited = max(0.0, queue_time)
+            known = True
+        elif arrived_at is not None:
+            waited = max(0.0, self._now() - arrived_at)
+            known = True
+        else:
+            waited = 0.0
+            known = False
+        limit = self.max_queue_time
+        if limit is not None and waited > limit:
             raise self._refuse(
-                f"queued {waited * 1000:.0f} ms > {self.max_queue_time * 1000:.0f} ms",
+                f"queued {waited * 1000:.0f} ms > {limit * 1000:.0f} ms",
                 stale=True,
             )
-        admitted, permit = self._permit(waited, known, partition, business, user)
+        if self._kind == _ADAPTIVE:  # the common case, without the dispatch below
+            permit = self._adaptive.acquire(partition)  # type: ignore[union-attr]
+            admitted = permit is not None
+        else:
+            admitted, permit = self._permit(waited, known, partition, business, user)
         if not admitted:
             raise self._refuse(self._why())
-        with self._lock:
-            self._inflight += 1
-            self._admitted += 1
-            self._queued += waited
+        next(self._admitted)
+        if waited:
+            with self._lock:
+                self._queued += waited
         return Ticket(self, permit, waited)
 
     def _why(self) -> str:
@@ -237,25 +272,26 @@ class LoadShedder(Policy):
                     self.name,
                     self._now(),
                     reason,
-                    figures={"inflight": self._inflight, "stale": stale},
+                    figures={"inflight": self.inflight, "stale": stale},
                 )
             )
         return OverloadedError(self.name, reason, self.retry_after)
-
-    def _finished(self) -> None:
-        with self._lock:
-            self._inflight -= 1
 
     # -- figures ------------------------------------------------------------------------------
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        """Tickets handed out and not yet closed."""
+        finished = _value(self._finished)  # read first: the difference is never negative
+        return _value(self._admitted) - finished
 
     def stats(self) -> ShedderStats:
         with self._lock:
-            average = self._queued / self._admitted if self._admitted else 0.0
-            return ShedderStats(self._inflight, self._admitted, self._shed, self._stale, average)
+            finished = _value(self._finished)
+            admitted = _value(self._admitted)
+            average = self._queued / admitted if admitted else 0.0
+            inflight = admitted - finished
+            return ShedderStats(inflight, admitted, self._shed, self._stale, average)
 
     # -- policy shells ------------------------------------------------------------------------
 

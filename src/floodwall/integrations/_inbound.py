@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Protocol, TypedDict
+from typing import Any, Final, NamedTuple, Protocol, TypedDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
@@ -112,10 +112,11 @@ UPSTREAM: Final = "upstream"
 Headers = list[tuple[str, str]]
 
 
-@dataclass(slots=True)
-class Inbound:
+class Inbound(NamedTuple):
     """One request as the guard sees it: ``headers`` maps lower-case names to values (repeated
-    headers joined with ``", "``); ``client`` is the peer's IP address, if known."""
+    headers joined with ``", "``); ``client`` is the peer's IP address, if known.
+
+    A tuple, so a shell can build one in C (``tuple.__new__(Inbound, (...))``) per request."""
 
     method: str
     path: str
@@ -150,11 +151,21 @@ def _networks(
         raise ConfigError(f"trusted_proxies: {exc}") from None
 
 
+def _peer(request: Inbound) -> Hashable | None:
+    """The peer address: :func:`client_ip` without trusted proxies (the guard inlines it)."""
+    return request.client
+
+
+_peer.headers = ()  # type: ignore[attr-defined]
+
+
 def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
     """Key by client IP: the peer address, or, when the peer is a trusted proxy (addresses or
     networks such as ``"10.0.0.0/8"``), the right-most ``X-Forwarded-For`` entry that is not a
     trusted proxy. Untrusted peers cannot spoof their address with the header."""
     nets = _networks(trusted_proxies)
+    if not nets:
+        return _peer
 
     def trusted(address: str) -> bool:
         try:
@@ -165,7 +176,7 @@ def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
 
     def key(request: Inbound) -> Hashable | None:
         peer = request.client
-        if not nets or peer is None or not trusted(peer):
+        if peer is None or not trusted(peer):
             return peer
         forwarded = request.headers.get("x-forwarded-for", "")
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
@@ -174,7 +185,7 @@ def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
                 return hop
         return hops[0] if hops else peer
 
-    key.headers = ("x-forwarded-for",) if nets else ()  # type: ignore[attr-defined]
+    key.headers = ("x-forwarded-for",)  # type: ignore[attr-defined]
     return key
 
 
@@ -199,9 +210,13 @@ class RateLimit:
     :data:`KeyFunc`; with a key the limiter is wrapped in :class:`~floodwall.ratelimit.Keyed`
     (one state per key, bounded memory) unless it already is. ``cost`` is the permits a request
     takes.
+
+    What a request needs is worked out here, once: whether the limit applies everywhere (no
+    route, no methods: no matching per request), and the limiter's admission without figures
+    (``RateLimit-*`` figures are computed only for refusals, unless the guard reports them).
     """
 
-    __slots__ = ("cost", "key", "limiter", "methods", "prefix", "route")
+    __slots__ = ("cost", "everywhere", "key", "limiter", "methods", "prefix", "route", "take")
 
     def __init__(
         self,
@@ -229,6 +244,9 @@ class RateLimit:
         self.route = route
         self.prefix = route is not None and route.endswith("*")
         self.methods = None if methods is None else frozenset(m.upper() for m in methods)
+        self.everywhere = route is None and methods is None
+        self.take: Callable[[Hashable, float], Decision | None] = limiter._admit
+        """``take(key, cost)``: ``None`` when admitted, else the refusal with its figures."""
 
     def matches(self, method: str, path: str) -> bool:
         if self.methods is not None and method not in self.methods:
@@ -311,6 +329,7 @@ class Admission:
     """
 
     __slots__ = (
+        "_extra",
         "_guard",
         "_tokens",
         "attempt",
@@ -342,6 +361,7 @@ class Admission:
         self.hop = Hop()
         self.call = CallContext()
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
+        self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
 
     def remaining(self) -> float | None:
         """Seconds left before the request's deadline, or ``None`` without one."""
@@ -363,29 +383,50 @@ class Admission:
         )
 
     def __enter__(self) -> Admission:
+        self._tokens = (_ADMISSION.set(self), _HOP.set(self.hop), _CALL.set(self.call))
         deadline, attempt, level = self.deadline, self.attempt, self.priority
-        self._tokens = (
-            _ADMISSION.set(self),
-            _HOP.set(self.hop),
-            _CALL.set(self.call),
-            _DEADLINE.set(deadline) if deadline is not None else None,
-            _RETRY.set(RetryMarker(attempt, UPSTREAM)) if attempt is not None else None,
-            _PRIORITY.set(level) if level is not None else None,
-        )  # type: ignore[assignment]
+        if deadline is not None or attempt is not None or level is not None:
+            self._extra = self._set_extra(deadline, attempt, level)
         return self
+
+    @staticmethod
+    def _set_extra(
+        deadline: Deadline | None, attempt: int | None, level: tuple[int, int] | None
+    ) -> tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...]:
+        """Set the ambient values the request brought (most requests bring none)."""
+        extra: list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]] = []
+        if deadline is not None:
+            extra.append((_DEADLINE, _DEADLINE.set(deadline)))
+        if attempt is not None:
+            extra.append((_RETRY, _RETRY.set(RetryMarker(attempt, UPSTREAM))))
+        if level is not None:
+            extra.append((_PRIORITY, _PRIORITY.set(level)))
+        return tuple(extra)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tokens = self._tokens
-        self._tokens = ()
-        for var, token in zip(_VARS, tokens, strict=False):
-            if token is not None:
+        extra = self._extra
+        if extra:
+            self._extra = ()
+            for var, token in extra:
                 var.reset(token)
+        tokens = self._tokens
+        if tokens:
+            self._tokens = ()
+            _ADMISSION.reset(tokens[0])
+            _HOP.reset(tokens[1])
+            _CALL.reset(tokens[2])
 
     def response_headers(self, status: int) -> Headers:
         """What to add to the handler's answer (``status``): see the module docstring."""
         out = self.rate_headers
+        if (
+            not self._guard.adds_headers
+            and self.call.degraded_by is None
+            and (status < 500 or not self.hop.final)
+        ):
+            return out  # the common answer: nothing to add
         extra: Headers = []
         level = self._guard._level()
         if level is not None:
@@ -402,27 +443,17 @@ class Admission:
         ticket = self.ticket
         if ticket is None:
             return
-        if error is not None:
+        if error is None and (status is None or status < 500):
+            ticket.success()
+        elif error is not None:
             if isinstance(error, TimeoutError | RejectedError):
                 ticket.dropped()
             else:
                 ticket.ignore()
-        elif status is None or status < 500:
-            ticket.success()
         elif status in (503, 504):
             ticket.dropped()
         else:
             ticket.ignore()
-
-
-_VARS: Final[tuple[contextvars.ContextVar[Any], ...]] = (
-    _ADMISSION,
-    _HOP,
-    _CALL,
-    _DEADLINE,
-    _RETRY,
-    _PRIORITY,
-)
 
 
 # -- captured answers (idempotency) ------------------------------------------------------------
@@ -530,6 +561,10 @@ class InboundGuard:
             if value is not None and not 0 < value < INF:
                 raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         self.limits = tuple(limits)
+        self._quiet_limits = () if rate_limit_headers else self.limits
+        """The limits taken without figures (all of them, unless answers report figures)."""
+        self._nothing_read = (deadline, None, None, None)
+        """What :meth:`_read` finds in a request without any of the guard's headers."""
         self.shedder = shedder
         self.idempotency = idempotency
         self.idempotency_methods = frozenset(m.upper() for m in idempotency_methods)
@@ -543,6 +578,10 @@ class InboundGuard:
         self.wall = wall
         limiter = shedder.limiter if shedder is not None else None
         self._dagor = limiter if isinstance(limiter, QueueingTimeAdmission) else None
+        self.adds_headers = rate_limit_headers or self._dagor is not None
+        """Whether every answer may get headers; when False, :meth:`Admission.response_headers`
+        is empty for a status below 500 unless a fallback answered (``call.degraded_by``), so a
+        shell can skip asking."""
         self.wanted_headers = self._wanted()
         """Lower-case names of the request headers the guard reads, or ``None`` for all (a
         key or priority function that does not list its headers)."""
@@ -562,34 +601,50 @@ class InboundGuard:
     # -- admission --------------------------------------------------------------------------
 
     def admit(self, request: Inbound) -> Admission | Refusal:
-        """Admit ``request`` (an :class:`Admission`) or refuse it (a :class:`Refusal`)."""
+        """Admit ``request`` (an :class:`Admission`) or refuse it (a :class:`Refusal`).
+
+        A request that carries none of the guard's headers (the shells pass only those, when
+        they can) skips every parser: the usual request costs its rate limits and its shedding
+        ticket, little else.
+        """
         headers = request.headers
+        seconds, attempt, level, start = self._read(headers) if headers else self._nothing_read
         deadline = None
-        seconds = parse_deadline(headers.get("x-request-deadline"))
-        if seconds is None:
-            seconds = parse_grpc_timeout(headers.get("grpc-timeout"))
-        if seconds is None:
-            seconds = self.deadline
-        elif self.max_deadline is not None:
-            seconds = min(seconds, self.max_deadline)
         if seconds is not None:
             if seconds <= 0:
                 return self._refuse(_expired(), [])
             clock = self.clock
             deadline = Deadline(clock.monotonic() + seconds, clock)
         rate_headers: Headers = []
-        if self.limits:
-            refused = self._rate_limits(request, rate_headers)
-            if refused is not None:
-                return refused
-        level = self._priority(request)
+        for limit in self._quiet_limits:  # the common case, inline: no figures unless refused
+            if limit.everywhere or limit.matches(request.method, request.path):
+                key_of = limit.key
+                key = (
+                    request.client
+                    if key_of is _peer
+                    else None
+                    if key_of is None
+                    else key_of(request)
+                )
+                refused = limit.take(key, limit.cost)
+                if refused is not None:
+                    return self._rate_refusal(limit, refused)
+        if self.rate_limit_headers and self.limits:
+            reported = self._rate_limits(request, rate_headers)
+            if reported is not None:
+                return reported
+        if self.priority is not None:
+            level = self.priority(request)
         ticket = None
-        if self.shedder is not None:
+        shedder = self.shedder
+        if shedder is not None:
             try:
-                ticket = self._shed(request, level)
+                if start is None and level is None:
+                    ticket = shedder.admit()
+                else:
+                    ticket = self._shed(start, level)
             except RejectedError as error:
                 return self._refuse(error, self._level_headers())
-        attempt = parse_attempt(headers.get("x-retry-attempt"))
         return Admission(
             self,
             deadline=deadline,
@@ -599,32 +654,51 @@ class InboundGuard:
             ticket=ticket,
         )
 
+    def _read(
+        self, headers: Mapping[str, str]
+    ) -> tuple[float | None, int | None, tuple[int, int] | None, str | None]:
+        """``(deadline seconds, retry attempt, priority, X-Request-Start)`` from the headers;
+        the deadline is the received one capped at ``max_deadline``, else ``deadline``."""
+        seconds = parse_deadline(headers.get("x-request-deadline"))
+        if seconds is None:
+            seconds = parse_grpc_timeout(headers.get("grpc-timeout"))
+        if seconds is None:
+            seconds = self.deadline
+        elif self.max_deadline is not None:
+            seconds = min(seconds, self.max_deadline)
+        attempt = parse_attempt(headers.get("x-retry-attempt"))
+        level = (
+            None if self.priority is not None else parse_level(headers.get("x-request-priority"))
+        )
+        return seconds, attempt, level, headers.get("x-request-start")
+
     def _rate_limits(self, request: Inbound, out: Headers) -> Refusal | None:
+        """The limits with their figures, for ``rate_limit_headers=True``: the most depleted
+        limit's ``RateLimit-*`` go into ``out``."""
         method, path = request.method, request.path
         tightest: tuple[Decision, RateLimit] | None = None
-        report = self.rate_limit_headers
         for limit in self.limits:
-            if not limit.matches(method, path):
+            if not limit.everywhere and not limit.matches(method, path):
                 continue
-            decision = limit.acquire(request)
+            key_of = limit.key
+            key = request.client if key_of is _peer else None if key_of is None else key_of(request)
+            decision = limit.limiter.acquire(key, limit.cost)
             if not decision[0]:
-                headers = rate_limit_headers(decision, limiter=limit.limiter)
-                return self._refuse(_rate_limited(limit, decision), list(headers.items()))
-            if report and (tightest is None or decision[1] < tightest[0][1]):
+                return self._rate_refusal(limit, decision)
+            if tightest is None or decision[1] < tightest[0][1]:
                 tightest = (decision, limit)
         if tightest is not None:
             decision, limit = tightest
             out.extend(rate_limit_headers(decision, limiter=limit.limiter).items())
         return None
 
-    def _priority(self, request: Inbound) -> tuple[int, int] | None:
-        if self.priority is not None:
-            return self.priority(request)
-        return parse_level(request.headers.get("x-request-priority"))
+    def _rate_refusal(self, limit: RateLimit, decision: Decision) -> Refusal:
+        headers = rate_limit_headers(decision, limiter=limit.limiter)
+        return self._refuse(_rate_limited(limit, decision), list(headers.items()))
 
-    def _shed(self, request: Inbound, level: tuple[int, int] | None) -> Ticket:
+    def _shed(self, start: str | None, level: tuple[int, int] | None) -> Ticket:
         assert self.shedder is not None
-        queued = parse_request_start(request.headers.get("x-request-start"), self.wall())
+        queued = None if start is None else parse_request_start(start, self.wall())
         business, user = level if level is not None else (0, 0)
         return self.shedder.admit(queue_time=queued, business=business, user=user)
 

@@ -38,7 +38,6 @@ import contextvars
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
@@ -273,7 +272,6 @@ class priority:  # noqa: N801 - used like a function, in `with`
 # -- the per-request record --------------------------------------------------------------------
 
 
-@dataclass(slots=True)
 class Hop:
     """What happened to one inbound request's own outbound calls, for its response headers.
 
@@ -281,9 +279,15 @@ class Hop:
     to retry, or the callee said not to retry: the request is already retried as much as it
     will be, and a failure answer carries ``X-Retry-Pushback-Ms: -1`` so the caller does not
     retry it again (the cross-process form of "retried below").
+
+    A plain class with a class-level default and no ``__init__``: one is made per inbound
+    request, and ``Hop()`` then runs no Python code at all.
     """
 
     final: bool = False
+
+    def __repr__(self) -> str:
+        return f"Hop(final={self.final})"
 
 
 _HOP: contextvars.ContextVar[Hop | None] = contextvars.ContextVar("floodwall_hop", default=None)

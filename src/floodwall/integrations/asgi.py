@@ -22,7 +22,8 @@ and websocket scopes pass through.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from types import MappingProxyType
 from typing import Any, Unpack
 
 from floodwall.integrations._inbound import (
@@ -44,16 +45,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _inbound(scope: Scope, wanted: frozenset[bytes] | None) -> Inbound:
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
-        if wanted is not None and raw_name not in wanted:
-            continue
-        name = raw_name.decode("latin-1")  # ASGI servers send names lower-cased
-        value = raw_value.decode("latin-1")
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    client = scope.get("client")
-    return Inbound(scope["method"], scope["path"], headers, client[0] if client else None)
+_new_inbound: Callable[[type[Inbound], tuple[str, str, Mapping[str, str], str | None]], Inbound]
+_new_inbound = tuple.__new__
+"""Builds an :class:`Inbound` in C, without the Python-level ``NamedTuple.__new__``."""
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+"""What a request carrying none of the wanted headers is given (most requests: nothing to
+decode, no dict to build)."""
 
 
 _NAMES: dict[str, bytes] = {}
@@ -98,8 +96,22 @@ class FloodwallMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = _inbound(scope, self._wanted)
-        admitted = self.guard.admit(request)
+        guard = self.guard
+        wanted = self._wanted
+        headers: Mapping[str, str] = _NO_HEADERS
+        for raw_name, raw_value in scope["headers"]:  # only the headers the guard reads
+            if wanted is not None and raw_name not in wanted:
+                continue
+            if headers is _NO_HEADERS:
+                headers = {}
+            name = raw_name.decode("latin-1")  # ASGI servers send names lower-cased
+            value = raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value  # type: ignore[index]
+        client = scope.get("client")
+        request = _new_inbound(
+            Inbound, (scope["method"], scope["path"], headers, client[0] if client else None)
+        )
+        admitted = guard.admit(request)
         if isinstance(admitted, Refusal):
             await _answer(send, admitted.status, admitted.headers, admitted.body)
             return
@@ -108,19 +120,25 @@ class FloodwallMiddleware:
             scope["state"] = state = {}
         state["floodwall"] = admitted
         with admitted:
-            if self.guard.idempotency_key(request) is not None:
+            if guard.idempotency is not None and guard.idempotency_key(request) is not None:
                 await self._idempotent(request, admitted, scope, receive=receive, send=send)
                 return
             status = 0
+            ask = guard.adds_headers
+            call = admitted.call
 
-            async def sender(message: Message) -> None:
+            def sender(message: Message) -> Awaitable[None]:
+                # A plain function handing back send's awaitable: no coroutine of its own per
+                # message. It learns the status (for the shedding ticket) and adds headers,
+                # asking the admission only when it may have some (see adds_headers).
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    extra = admitted.response_headers(status)
-                    if extra:
-                        message["headers"] = [*message.get("headers", ()), *_encode(extra)]
-                await send(message)
+                    if ask or status >= 500 or call.degraded_by is not None:
+                        extra = admitted.response_headers(status)
+                        if extra:
+                            message["headers"] = [*message.get("headers", ()), *_encode(extra)]
+                return send(message)
 
             try:
                 await self.app(scope, receive, sender)

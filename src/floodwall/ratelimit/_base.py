@@ -433,22 +433,23 @@ class RateLimiter(Policy, Generic[S]):
         retry = result[3]
         return RateLimitedError(self.name, self._reason, None if retry == INF else retry)
 
-    def _admit(self, key: Hashable) -> Decision | None:
-        """The policy's immediate admission of one call: ``None`` if admitted, else the
-        refusal, its figures taken under the same lock as the decision."""
+    def _admit(self, key: Hashable, cost: float = 1) -> Decision | None:
+        """Immediate admission without figures (the policy's and the inbound guard's hot path):
+        ``None`` if admitted, else the refusal, its figures taken under the same lock as the
+        decision. ``cost`` must be >= 0 (callers check it once, at construction)."""
         self._lock_acquire()
         try:
             now = self._now()
             st = self._state if key is None else self._state_for(key, now)
             if st is None:
                 result = self._no_room(now)
-            elif self._decide(st, now, 1):
+            elif self._decide(st, now, cost):
                 return None
             else:
-                result = self._figures(st, now, 1, False)
+                result = self._figures(st, now, cost, False)
         finally:
             self._lock_release()
-        self._rejected(key, 1, result)
+        self._rejected(key, cost, result)
         return result
 
     def _call_key(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Hashable:

@@ -220,22 +220,19 @@ class Keyed(RateLimiter[S], Generic[S]):
             self._rejected(key, cost, result)
         return result
 
-    def _admit(self, key: Hashable) -> Decision | None:
-        self._lock_acquire()
-        try:
+    def _admit(self, key: Hashable, cost: float = 1) -> Decision | None:
+        with self._lock:
             now = self._now()
             st = self._table.get(key)
             if st is None:
                 st = self._admit_key(key, now)
             if st is None:
                 result = self._no_room(now)
-            elif self._inner_decide(st, now, 1):
+            elif self._inner_decide(st, now, cost):
                 return None
             else:
-                result = self._inner_figures(st, now, 1, False)
-        finally:
-            self._lock_release()
-        self._rejected(key, 1, result)
+                result = self._inner_figures(st, now, cost, False)
+        self._rejected(key, cost, result)
         return result
 
     def _call_key(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Hashable:
