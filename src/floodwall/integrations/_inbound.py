@@ -306,25 +306,22 @@ class ResourceSource(Protocol):
     def is_shed(self, level: int) -> bool: ...
 
 
-_ADMISSION: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
-    "floodwall_admission", default=None
-)
-
-
 def current_admission() -> Admission | None:
     """The :class:`Admission` of the inbound request being served, or ``None``."""
-    return _ADMISSION.get()
+    hop = _HOP.get()  # an admission is its request's Hop
+    return hop if isinstance(hop, Admission) else None
 
 
 _UNSET: Any = object()
 
 
-class Admission:
+class Admission(Hop):
     """An admitted request: the context its handler runs in, and what its answer carries.
 
     Enter it (``with``) around the handler: it sets the deadline, the retry marker, the
-    priority, a fresh call context and the :class:`~floodwall.integrations._wire.Hop`, and resets
-    them on exit. Read by handlers: :attr:`deadline`, :meth:`remaining`, :attr:`attempt`,
+    priority and a fresh call context, and makes itself the request's
+    :class:`~floodwall.integrations._wire.Hop` (its outbound calls mark ``final`` on it); it
+    resets them on exit. Read by handlers: :attr:`deadline`, :meth:`remaining`, :attr:`attempt`,
     :attr:`priority`, :meth:`degraded`.
     """
 
@@ -335,16 +332,14 @@ class Admission:
         "attempt",
         "call",
         "deadline",
-        "hop",
         "priority",
         "rate_headers",
         "ticket",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built per request: positional arguments cost less
         self,
         guard: InboundGuard,
-        *,
         deadline: Deadline | None,
         attempt: int | None,
         priority: tuple[int, int] | None,
@@ -358,10 +353,15 @@ class Admission:
         self.priority = priority
         self.rate_headers = rate_headers
         self.ticket = ticket
-        self.hop = Hop()
+        self.final = False
         self.call = CallContext()
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
         self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
+
+    @property
+    def hop(self) -> Hop:
+        """The request's :class:`~floodwall.integrations._wire.Hop`: the admission itself."""
+        return self
 
     def remaining(self) -> float | None:
         """Seconds left before the request's deadline, or ``None`` without one."""
@@ -383,7 +383,7 @@ class Admission:
         )
 
     def __enter__(self) -> Admission:
-        self._tokens = (_ADMISSION.set(self), _HOP.set(self.hop), _CALL.set(self.call))
+        self._tokens = (_HOP.set(self), _CALL.set(self.call))
         deadline, attempt, level = self.deadline, self.attempt, self.priority
         if deadline is not None or attempt is not None or level is not None:
             self._extra = self._set_extra(deadline, attempt, level)
@@ -414,9 +414,8 @@ class Admission:
         tokens = self._tokens
         if tokens:
             self._tokens = ()
-            _ADMISSION.reset(tokens[0])
-            _HOP.reset(tokens[1])
-            _CALL.reset(tokens[2])
+            _HOP.reset(tokens[0])
+            _CALL.reset(tokens[1])
 
     def response_headers(self, status: int) -> Headers:
         """What to add to the handler's answer (``status``): see the module docstring."""
@@ -424,14 +423,14 @@ class Admission:
         if (
             not self._guard.adds_headers
             and self.call.degraded_by is None
-            and (status < 500 or not self.hop.final)
+            and (status < 500 or not self.final)
         ):
             return out  # the common answer: nothing to add
         extra: Headers = []
         level = self._guard._level()
         if level is not None:
             extra.append((ADMISSION_LEVEL, level))
-        if status >= 500 and self.hop.final:
+        if status >= 500 and self.final:
             extra.append((RETRY_PUSHBACK, "-1"))
         if self.call.degraded_by is not None:
             extra.append((DEGRADED, self.call.degraded_by))
@@ -645,14 +644,7 @@ class InboundGuard:
                     ticket = self._shed(start, level)
             except RejectedError as error:
                 return self._refuse(error, self._level_headers())
-        return Admission(
-            self,
-            deadline=deadline,
-            attempt=attempt,
-            priority=level,
-            rate_headers=rate_headers,
-            ticket=ticket,
-        )
+        return Admission(self, deadline, attempt, level, rate_headers, ticket)
 
     def _read(
         self, headers: Mapping[str, str]

@@ -280,11 +280,14 @@ class Hop:
     will be, and a failure answer carries ``X-Retry-Pushback-Ms: -1`` so the caller does not
     retry it again (the cross-process form of "retried below").
 
-    A plain class with a class-level default and no ``__init__``: one is made per inbound
-    request, and ``Hop()`` then runs no Python code at all.
+    The inbound guard's :class:`~floodwall.integrations._inbound.Admission` is itself the Hop
+    of its request (one ambient value per request instead of two).
     """
 
-    final: bool = False
+    __slots__ = ("final",)
+
+    def __init__(self, final: bool = False) -> None:
+        self.final = final
 
     def __repr__(self) -> str:
         return f"Hop(final={self.final})"
