@@ -1,6 +1,6 @@
 """The floodwall gateway against a bare aiohttp proxy, nginx, and no proxy at all.
 
-Standalone: ``python benchmarks/gateway.py [--seconds 5] [--write docs/gateway.md]``.
+Standalone: ``python benchmarks/gateway.py [--seconds 5] [--rounds 5] [--write docs/gateway.md]``.
 Starts, on loopback free ports, a fast upstream, the gateway with a typical policy set (route
 timeout, breaker, retry with budget, per-try timeout, bulkhead, per-client rate limit, outlier
 detection), a bare 30-line aiohttp pass-through proxy and nginx (when installed), then:
@@ -10,7 +10,18 @@ detection), a bare 30-line aiohttp pass-through proxy and nginx (when installed)
    noisy shared machine);
 2. **latency at a fixed rate**: half of the bare proxy's saturation rate, open-loop (requests
    are sent on a schedule, latency counted from the scheduled time: no coordinated omission),
-   p50/p99, and the latency each proxy adds over calling the upstream directly.
+   after a warm-up at the same rate; p50/p99, and the latency each proxy adds over calling the
+   upstream directly *in the same round*.
+
+Both run in ``--rounds`` rounds, the targets interleaved (the order rotates each round), so a
+burst of outside load hits one round of every target rather than all of one target; the table
+gives the median over rounds, and each measurement first waits (a while) for the rest of the
+machine to be quiet. The load generator runs with its garbage collector off: it is the
+instrument, its pauses are not the proxy's. By default every process may use every CPU, as in
+the earlier runs; ``--pin`` puts the proxies on one CPU and the upstream and load generator on
+another (a proxy then saturates higher, and half of that rate is a harder latency test: at low
+concurrency a Python proxy spends ~1.5x the CPU per request it spends when saturated, since
+nothing is batched).
 
 Targets (issue): gateway throughput >= 0.8 x the bare proxy; added p99 <= 2 ms at half the bare
 proxy's saturation rate. Every process is stopped at the end, whatever happens.
@@ -21,17 +32,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
+import math
 import os
 import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -177,15 +191,33 @@ class Target:
     pid: int | None  # the proxy process whose CPU we count (None: the upstream itself)
 
 
+def cpu_sets(pin: bool) -> tuple[set[int], set[int]] | None:
+    """``(load CPUs, proxy CPUs)`` when pinning: the first CPU we may use for the upstream and
+    the load generators, the next for the proxies; ``None`` to let the kernel place them."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None
+    return {cpus[0]}, {cpus[1]}
+
+
 @contextlib.contextmanager
-def processes(workdir: Path, with_nginx: bool) -> Iterator[list[Target]]:
+def processes(
+    workdir: Path, with_nginx: bool, cpus: tuple[set[int], set[int]] | None = None
+) -> Iterator[list[Target]]:
     started: list[subprocess.Popen[bytes]] = []
     log = (workdir / "processes.log").open("wb")
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus[0])  # this process, the upstream and wrk: the load CPU
 
     def spawn(*command: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         started.append(proc)
         return proc
+
+    def proxy(pid: int) -> int:
+        if cpus is not None:
+            os.sched_setaffinity(pid, cpus[1])
+        return pid
 
     try:
         upstream = free_port()
@@ -195,13 +227,13 @@ def processes(workdir: Path, with_nginx: bool) -> Iterator[list[Target]]:
         bare = free_port()
         proc = spawn(sys.executable, "-c", BARE_PROXY, str(bare), f"http://127.0.0.1:{upstream}")
         wait_port(bare)
-        targets.append(Target("bare aiohttp proxy", bare, proc.pid))
+        targets.append(Target("bare aiohttp proxy", bare, proxy(proc.pid)))
         gateway = free_port()
         config = workdir / "gateway.json"
         config.write_text(json.dumps(gateway_config(gateway, upstream)))
         proc = spawn(sys.executable, "-m", "floodwall.gateway", "-c", str(config))
         wait_port(gateway)
-        targets.append(Target("floodwall gateway", gateway, proc.pid))
+        targets.append(Target("floodwall gateway", gateway, proxy(proc.pid)))
         nginx = shutil.which("nginx") or (
             "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
         )
@@ -211,7 +243,8 @@ def processes(workdir: Path, with_nginx: bool) -> Iterator[list[Target]]:
             conf.write_text(NGINX.format(dir=workdir, upstream=upstream, port=port))
             proc = spawn(nginx, "-c", str(conf), "-p", str(workdir))
             wait_port(port)
-            targets.append(Target("nginx", port, _nginx_worker(proc.pid)))
+            proxy(proc.pid)
+            targets.append(Target("nginx", port, proxy(_nginx_worker(proc.pid))))
         yield targets
     finally:
         for proc in started:
@@ -239,6 +272,56 @@ def cpu_ticks(pid: int | None) -> int:
         return 0
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return int(fields[11]) + int(fields[12])
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and its descendants (the benchmark's own processes)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        with contextlib.suppress(OSError, ValueError):
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            queue.extend(int(c) for c in children)
+    return found
+
+
+def _busy_ticks() -> int:
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def outside_load(interval: float = 0.5) -> float:
+    """CPUs kept busy by processes other than the benchmark's over ``interval`` seconds."""
+    ours = _family(os.getpid())
+    busy, mine = _busy_ticks(), sum(_ticks(p) for p in ours)
+    time.sleep(interval)
+    busy, mine = _busy_ticks() - busy, sum(_ticks(p) for p in ours) - mine
+    return max(0.0, (busy - mine) / os.sysconf("SC_CLK_TCK") / interval)
+
+
+def _ticks(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        return cpu_ticks(pid)
+    return 0
+
+
+QUIET_LOAD = 0.25
+"""Outside load (CPUs) under which a round may start."""
+QUIET_PATIENCE = 20.0
+"""Seconds a round waits for the machine to be quiet before it runs anyway."""
+
+
+def wait_quiet() -> float:
+    """Wait (at most ``QUIET_PATIENCE``) until other work on the machine keeps less than
+    ``QUIET_LOAD`` CPUs busy; the outside load when the round starts."""
+    deadline = time.monotonic() + QUIET_PATIENCE
+    load = outside_load()
+    while load > QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(1.0)
+        load = outside_load()
+    return load
 
 
 def saturate(port: int, seconds: float) -> tuple[float, int]:
@@ -316,9 +399,10 @@ class _Client(asyncio.Protocol):
         self.idle.put_nowait(self)
 
 
-async def fixed_rate(port: int, rate: float, seconds: float) -> list[float]:
-    """Open-loop load at ``rate`` requests/s; latencies from each request's scheduled time
-    (a request waiting for a free connection waits on the clock too: no coordinated omission)."""
+async def fixed_rate(port: int, rate: float, seconds: float, warmup: float = 1.0) -> list[float]:
+    """Open-loop load at ``rate`` requests/s for ``warmup + seconds``; the latencies of the last
+    ``seconds``, each from its request's scheduled time (a request waiting for a free connection
+    waits on the clock too: no coordinated omission)."""
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
     idle: asyncio.Queue[_Client] = asyncio.Queue()
@@ -335,7 +419,7 @@ async def fixed_rate(port: int, rate: float, seconds: float) -> list[float]:
         idle.put_nowait(await connection())
     clock = time.perf_counter  # (uvloop's loop.time() ticks in whole milliseconds)
     start = clock() + 0.05
-    total = int(rate * seconds)
+    total = int(rate * (warmup + seconds))
     for index in range(total):
         scheduled = start + index / rate
         delay = scheduled - clock()
@@ -357,7 +441,7 @@ async def fixed_rate(port: int, rate: float, seconds: float) -> list[float]:
     for client in opened:
         if client.transport is not None:
             client.transport.close()
-    return latencies
+    return latencies[int(rate * warmup) :]
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -375,59 +459,116 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def run(seconds: float, with_nginx: bool) -> str:
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """``items`` starting at ``by`` (mod its length): each round its own order."""
+    by %= len(items)
+    return [*items[by:], *items[:by]]
+
+
+def latency_round(port: int, rate: float, seconds: float) -> tuple[float, float]:
+    """``(p50, p99)`` in ms of one open-loop measurement, the generator's collector off."""
+    gc.disable()
+    try:
+        latencies = _run(fixed_rate(port, rate, seconds))
+    finally:
+        gc.enable()
+    return pct(latencies, 0.5), pct(latencies, 0.99)
+
+
+Rounds = dict[str, dict[str, list[float]]]
+"""target → figure → one value per round."""
+
+
+def run(seconds: float, rounds: int, with_nginx: bool, pin: bool) -> str:
+    cpus = cpu_sets(pin)
     with (
         tempfile.TemporaryDirectory(prefix="floodwall-bench-") as tmp,
-        processes(Path(tmp), with_nginx) as targets,
+        processes(Path(tmp), with_nginx, cpus) as targets,
     ):
-        rows: dict[str, dict[str, float]] = {}
+        data: Rounds = {t.name: {} for t in targets}
         for target in targets:
             saturate(target.port, 1.0)  # warm-up
-            before = cpu_ticks(target.pid)
-            rate, count = saturate(target.port, seconds)
-            ticks = cpu_ticks(target.pid) - before
-            cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / count if target.pid else float("nan")
-            rows[target.name] = {"rps": rate, "cpu_us": cpu}
-        half = rows["bare aiohttp proxy"]["rps"] / 2
-        for target in targets:
-            latencies = _run(fixed_rate(target.port, half, seconds))
-            rows[target.name]["p50"] = pct(latencies, 0.5)
-            rows[target.name]["p99"] = pct(latencies, 0.99)
-    return report(rows, half, seconds)
+        outside: list[float] = []
+        for index in range(rounds):
+            for target in rotated(targets, index):
+                outside.append(wait_quiet())
+                before = cpu_ticks(target.pid)
+                rate, count = saturate(target.port, seconds)
+                ticks = cpu_ticks(target.pid) - before
+                cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / count if target.pid else math.nan
+                data[target.name].setdefault("rps", []).append(rate)
+                data[target.name].setdefault("cpu_us", []).append(cpu)
+        half = statistics.median(data["bare aiohttp proxy"]["rps"]) / 2
+        for index in range(rounds):
+            for target in rotated(targets, index):
+                outside.append(wait_quiet())
+                before = cpu_ticks(target.pid)
+                p50, p99 = latency_round(target.port, half, seconds)
+                ticks = cpu_ticks(target.pid) - before
+                sent = half * (seconds + 1.0)  # with the warm-up
+                cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / sent if target.pid else math.nan
+                data[target.name].setdefault("cpu_fixed", []).append(cpu)
+                data[target.name].setdefault("p50", []).append(p50)
+                data[target.name].setdefault("p99", []).append(p99)
+    return report(data, half, seconds, rounds, cpus, outside)
 
 
-def report(rows: dict[str, dict[str, float]], half: float, seconds: float) -> str:
-    direct = rows["direct (no proxy)"]
-    bare = rows["bare aiohttp proxy"]
-    gateway = rows["floodwall gateway"]
+def report(  # noqa: PLR0917 - one figure per argument, from run() only
+    data: Rounds,
+    half: float,
+    seconds: float,
+    rounds: int,
+    cpus: tuple[set[int], set[int]] | None,
+    outside: list[float],
+) -> str:
+    direct = data["direct (no proxy)"]
+    for row in data.values():  # added latency: against the direct figure of the same round
+        row["added50"] = [a - b for a, b in zip(row["p50"], direct["p50"], strict=True)]
+        row["added99"] = [a - b for a, b in zip(row["p99"], direct["p99"], strict=True)]
+    med = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in data.items()}
+    placement = (
+        f"proxies pinned to CPU {min(cpus[1])}, upstream and load generator to CPU {min(cpus[0])}"
+        if cpus is not None
+        else "load generator, upstream and proxies sharing every CPU"
+    )
+    tool = "wrk -t1 -c32" if shutil.which("wrk") else "a Python closed loop (32)"
     lines = [
-        f"Loopback, one run, {os.cpu_count()} CPU(s) shared by load generator, upstream and "
-        f"proxies; saturation with "
-        f"{'wrk -t1 -c32' if shutil.which('wrk') else 'a Python closed loop (32)'} "
-        f"for {seconds:g} s; latency open-loop at {half:.0f} req/s (half the bare proxy's "
-        f"saturation) for {seconds:g} s.",
+        f"Loopback, one run of {rounds} interleaved round(s), {os.cpu_count()} CPU(s) "
+        f"({placement}); per round: saturation with {tool} for {seconds:g} s, then latency "
+        f"open-loop at {half:.0f} req/s (half the bare proxy's median saturation) for "
+        f"{seconds:g} s after a 1 s warm-up. Medians over the rounds. Each measurement waits "
+        f"(up to {QUIET_PATIENCE:g} s) for other work on the machine to fall under "
+        f"{QUIET_LOAD:g} CPU; "
+        f"outside load at the starts: median {statistics.median(outside):.2f}, "
+        f"max {max(outside):.2f} CPU.",
         "",
-        "| target | req/s (saturation) | CPU µs/req | p50 ms | p99 ms "
-        "| added p50 ms | added p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| target | req/s (saturation) | CPU µs/req | CPU µs/req at the fixed rate | p50 ms "
+        "| p99 ms | added p50 ms | added p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name, row in rows.items():
-        cpu = "–" if row["cpu_us"] != row["cpu_us"] else f"{row['cpu_us']:.0f}"
-        added50 = "–" if row is direct else f"{row['p50'] - direct['p50']:+.2f}"
-        added99 = "–" if row is direct else f"{row['p99'] - direct['p99']:+.2f}"
+    for name, fig in med.items():
+        cpu = "–" if math.isnan(fig["cpu_us"]) else f"{fig['cpu_us']:.0f}"
+        fixed = "–" if math.isnan(fig["cpu_fixed"]) else f"{fig['cpu_fixed']:.0f}"
+        first = name == "direct (no proxy)"
+        added50 = "–" if first else f"{fig['added50']:+.2f}"
+        added99 = "–" if first else f"{fig['added99']:+.2f}"
         lines.append(
-            f"| {name} | {row['rps']:.0f} | {cpu} | {row['p50']:.2f} | {row['p99']:.2f} "
+            f"| {name} | {fig['rps']:.0f} | {cpu} | {fixed} | {fig['p50']:.2f} | {fig['p99']:.2f} "
             f"| {added50} | {added99} |"
         )
-    ratio = gateway["rps"] / bare["rps"]
-    cpu_ratio = bare["cpu_us"] / gateway["cpu_us"]
-    added = gateway["p99"] - direct["p99"]
+    gateway, bare = data["floodwall gateway"], data["bare aiohttp proxy"]
+    ratios = [g / b for g, b in zip(gateway["rps"], bare["rps"], strict=True)]
+    ratio = statistics.median(gateway["rps"]) / statistics.median(bare["rps"])
+    cpu_ratio = med["bare aiohttp proxy"]["cpu_us"] / med["floodwall gateway"]["cpu_us"]
+    added = med["floodwall gateway"]["added99"]
+    rounds_added = ", ".join(f"{a:+.2f}" for a in gateway["added99"])
     lines += [
         "",
         f"* throughput, gateway / bare proxy: **{ratio:.2f}** (target >= 0.80: "
-        f"**{'PASS' if ratio >= 0.8 else 'FAIL'}**); by CPU per request: {cpu_ratio:.2f}",
+        f"**{'PASS' if ratio >= 0.8 else 'FAIL'}**); per round: "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}; by CPU per request: {cpu_ratio:.2f}",
         f"* added p99 at {half:.0f} req/s: **{added:.2f} ms** (target <= 2 ms: "
-        f"**{'PASS' if added <= 2.0 else 'FAIL'}**)",
+        f"**{'PASS' if added <= 2.0 else 'FAIL'}**); per round: {rounds_added}",
     ]
     return "\n".join(lines)
 
@@ -447,10 +588,12 @@ def write(path: Path, table: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    parser.add_argument("--pin", action="store_true", help="proxies on one CPU, load on another")
     parser.add_argument("--write", type=Path, help="put the table into this Markdown file")
     args = parser.parse_args()
-    table = run(args.seconds, not args.no_nginx)
+    table = run(args.seconds, args.rounds, not args.no_nginx, args.pin)
     print(table)
     if args.write is not None:
         write(args.write, table)

@@ -131,6 +131,8 @@ def build_limiter_for(
             clock=clock,
         )
     local = build_limiter(f"gateway:{name}", config, clock, Listeners())
+    if isinstance(local, GlobalLimiter):  # (not reached: scope global is built above)
+        return local
     return Keyed(local) if config.key is not None else local
 
 
