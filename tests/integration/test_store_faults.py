@@ -23,7 +23,7 @@ from floodwall.frequency import Frequency, FrequencyDecision
 from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
-from floodwall.stores.redis import RedisStore
+from floodwall.stores.redis import RedisStore, _execute_async
 from servers import RestartableRedis
 
 pytestmark = pytest.mark.integration
@@ -206,3 +206,21 @@ def test_an_error_reply_keeps_the_pooled_connection(server: RestartableRedis) ->
         assert first._sock is not None
     finally:
         store.close()
+
+
+async def test_a_cancelled_async_command_never_leaves_its_reply_behind(
+    server: RestartableRedis,
+) -> None:
+    """Cancelled mid-reply, the connection is dropped: the next command reads its own reply."""
+    store = RedisStore(server.url, prefix="cancel:", max_connections=1)
+    try:
+        pool = (await store.async_client()).connection_pool
+        waiting = asyncio.create_task(_execute_async(pool, "BLPOP", "cancel:list", "1"))
+        await asyncio.sleep(0.1)  # the BLPOP is on the server, its reply not yet sent
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert await _execute_async(pool, "SET", "cancel:k", "v") == b"OK"
+        assert await _execute_async(pool, "GET", "cancel:k") == b"v"
+    finally:
+        await store.aclose()
