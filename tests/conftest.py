@@ -15,7 +15,13 @@ import redis
 
 from floodwall import FakeClock, Policy
 from floodwall.stores import Store, connect
-from servers import PostgresServer, RedisCluster, RedisServer
+from servers import (
+    PostgresServer,
+    RedisCluster,
+    RedisServer,
+    RestartablePostgres,
+    RestartableRedis,
+)
 
 T = TypeVar("T")
 
@@ -68,6 +74,28 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RestartableRedis]:
+    """A redis-server of this test's own, to stop and start again (fault tests)."""
+    server = RestartableRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def restartable_postgres() -> Iterator[RestartablePostgres]:
+    """A PostgreSQL of this test's own, to stop and start again with its records (fault tests)."""
+    server = RestartablePostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
 
+from floodwall.breaker import CircuitBreaker
+from floodwall.stores import StoreUnavailableError
+
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
 """Seconds a server gets to answer after it was launched."""
@@ -763,6 +766,23 @@ class PostgresServer(_Server):
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         _unregister(self)
+
+
+FAULT_OPEN = 0.25
+"""Seconds a fault test's store breaker stays open: short, to keep outages short."""
+
+
+def store_breaker(name: str) -> CircuitBreaker:
+    """A store guard's breaker for fault tests: opens on 3 store errors, open
+    :data:`FAULT_OPEN` seconds at a time (no growth), so probe counts are easy to bound."""
+    return CircuitBreaker(
+        name,
+        failure_rate=None,
+        error_count=3,
+        minimum_calls=3,
+        open_duration=FAULT_OPEN,
+        record=StoreUnavailableError,
+    )
 
 
 class RestartableRedis:

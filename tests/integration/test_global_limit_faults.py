@@ -14,55 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from floodwall import CircuitBreaker, Event
+from floodwall import Event
 from floodwall.ratelimit import Decision
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.leasing import LeasedLimiter
 from floodwall.ratelimit.timeslice import TimeSliceLimiter
-from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
-from servers import RestartableRedis
+from floodwall.stores import StoreErrorMode, connect
+from servers import FAULT_OPEN, RestartableRedis, store_breaker
 
 pytestmark = pytest.mark.integration
 
-OPEN = 0.25
-"""Seconds the guards' breakers stay open: one breaker window."""
+OPEN = FAULT_OPEN
 DOWN = 1.5
 SHARE = 4
 """``expected_instances``: the local fallback keeps 1/4 of the limit."""
 
 
-@pytest.fixture
-def server() -> Iterator[RestartableRedis]:
-    redis = RestartableRedis()
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.remove()
-
-
-def _breaker(name: str) -> CircuitBreaker:
-    return CircuitBreaker(
-        name,
-        failure_rate=None,
-        error_count=3,
-        minimum_calls=3,
-        open_duration=OPEN,
-        open_duration_growth=1.0,
-        record=StoreUnavailableError,
-    )
-
-
 Limiter = GlobalLimiter | LeasedLimiter | TimeSliceLimiter
 
 
-async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) -> None:
-    store = connect(server.url)
+async def test_redis_outage_and_recovery_under_load(restartable_redis: RestartableRedis) -> None:
+    store = connect(restartable_redis.url)
     events: list[tuple[float, Event]] = []
 
     def listen(event: Event) -> None:
@@ -73,16 +49,16 @@ async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) ->
     limiters: dict[str, Limiter] = {
         f"global-{mode}": GlobalLimiter(
             "gcra", "2000/s", name=f"global-{mode}", on_store_error=mode,
-            breaker=_breaker(mode), **common,
+            breaker=store_breaker(mode), **common,
         )
         for mode in modes
     }  # fmt: skip
     limiters["leased-local"] = LeasedLimiter(
-        "gcra", "2000/s", name="leased-local", lease=20, breaker=_breaker("leased"), **common
+        "gcra", "2000/s", name="leased-local", lease=20, breaker=store_breaker("leased"), **common
     )
     timeslice = TimeSliceLimiter(
         "100000/s", name="timeslice", slice_length=0.2, on_store_error="fail_closed",
-        breaker=_breaker("timeslice"), **common,
+        breaker=store_breaker("timeslice"), **common,
     )  # fmt: skip
     limiters["timeslice-fail_closed"] = timeslice
     decisions: list[tuple[float, str, Decision, float, str]] = []
@@ -107,11 +83,11 @@ async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) ->
     try:
         await asyncio.sleep(0.5)
         stopped_at = time.monotonic()
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(restartable_redis.stop)
         down_at = time.monotonic()
         await asyncio.sleep(DOWN)
         restart_began = time.monotonic()  # Redis may answer before start() returns
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(restartable_redis.start)
         restarted_at = time.monotonic()
         await asyncio.sleep(1.0)
     finally:

@@ -12,50 +12,27 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Iterator
 
 import pytest
 from redis import exceptions as redis_exceptions
 
 import floodwall
-from floodwall import CircuitBreaker, CircuitOpenError, Event
+from floodwall import CircuitOpenError, Event
 from floodwall.frequency import Frequency, FrequencyDecision
 from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
 from floodwall.stores.redis import RedisStore, _execute_async
-from servers import RestartableRedis
+from servers import FAULT_OPEN, RestartableRedis, store_breaker
 
 pytestmark = pytest.mark.integration
 
 MODES: tuple[StoreErrorMode, ...] = ("fail_open", "fail_closed", "local")
-OPEN = 0.25
-"""Seconds the guards' breakers stay open (short, to keep the test short)."""
+OPEN = FAULT_OPEN
 
 
-@pytest.fixture
-def server() -> Iterator[RestartableRedis]:
-    redis = RestartableRedis()
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.remove()
-
-
-def _breaker(name: str) -> CircuitBreaker:
-    return CircuitBreaker(
-        name,
-        failure_rate=None,
-        error_count=3,
-        minimum_calls=3,
-        open_duration=OPEN,
-        record=StoreUnavailableError,
-    )
-
-
-async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) -> None:
-    store = connect(server.url)
+async def test_redis_outage_and_recovery_under_load(restartable_redis: RestartableRedis) -> None:
+    store = connect(restartable_redis.url)
     events: list[tuple[float, Event]] = []
 
     def listen(event: Event) -> None:
@@ -69,7 +46,7 @@ async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) ->
             name=f"load-{mode}",
             on_store_error=mode,
             expected_instances=4,
-            breaker=_breaker(mode),
+            breaker=store_breaker(mode),
             listeners=[listen],
         )
         for mode in MODES
@@ -94,11 +71,11 @@ async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) ->
     try:
         await asyncio.sleep(0.3)
         stopped_at = time.monotonic()
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(restartable_redis.stop)
         down_at = time.monotonic()
         await asyncio.sleep(1.5)
         restart_began = time.monotonic()  # Redis may answer before start() returns
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(restartable_redis.start)
         restarted_at = time.monotonic()
         await asyncio.sleep(1.0)
     finally:
@@ -141,10 +118,10 @@ async def test_redis_outage_and_recovery_under_load(server: RestartableRedis) ->
 
 
 def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
-    server: RestartableRedis,
+    restartable_redis: RestartableRedis,
 ) -> None:
-    store = connect(server.url)
-    idem = Idempotency(store, breaker=_breaker("idem"))
+    store = connect(restartable_redis.url)
+    idem = Idempotency(store, breaker=store_breaker("idem"))
     runs: list[int] = []
 
     def write(n: int) -> str:
@@ -154,7 +131,7 @@ def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
     try:
         with floodwall.idempotency_key("k1"):
             assert idem.call(write, 1) == "ok"
-        server.stop()
+        restartable_redis.stop()
         for attempt in range(6):
             with (
                 floodwall.idempotency_key(f"down-{attempt}"),
@@ -163,7 +140,7 @@ def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
                 idem.call(write, 2)
             assert isinstance(caught.value.__cause__, StoreUnavailableError | CircuitOpenError)
         assert runs == [1] and idem.guard.failures == 3
-        server.start()
+        restartable_redis.start()
         time.sleep(OPEN + 0.05)
         with floodwall.idempotency_key("k2"):
             assert idem.call(lambda: "back") == "back"
@@ -171,17 +148,17 @@ def test_idempotency_fails_closed_with_a_typed_error_and_recovers(
     finally:
         store.close()
         with contextlib.suppress(Exception):
-            server.stop()
+            restartable_redis.stop()
 
 
-def test_a_restart_between_calls_costs_no_failed_call(server: RestartableRedis) -> None:
+def test_a_restart_between_calls_costs_no_failed_call(restartable_redis: RestartableRedis) -> None:
     """The pooled socket dies with the server; the next command retries once on a fresh one."""
-    store = RedisStore(server.url, prefix="restart:")
+    store = RedisStore(restartable_redis.url, prefix="restart:")
     limiter = GlobalLimiter("fixed_window", "1000/s", store=store, name="restart")
     try:
         assert limiter.try_acquire()
-        server.stop()
-        server.start()
+        restartable_redis.stop()
+        restartable_redis.start()
         assert limiter.try_acquire()  # NOSCRIPT on the fresh server is answered by one EVAL
         assert limiter.guard.failures == 0
         assert limiter.guard.state == "up"
@@ -191,9 +168,9 @@ def test_a_restart_between_calls_costs_no_failed_call(server: RestartableRedis) 
         store.close()
 
 
-def test_an_error_reply_keeps_the_pooled_connection(server: RestartableRedis) -> None:
+def test_an_error_reply_keeps_the_pooled_connection(restartable_redis: RestartableRedis) -> None:
     """A whole error reply leaves the connection in step: it is reused, not dropped."""
-    store = RedisStore(server.url, prefix="reply:")
+    store = RedisStore(restartable_redis.url, prefix="reply:")
     try:
         run = store._runner()
         assert run("SET", "reply:k", "v") == b"OK"
@@ -209,10 +186,10 @@ def test_an_error_reply_keeps_the_pooled_connection(server: RestartableRedis) ->
 
 
 async def test_a_cancelled_async_command_never_leaves_its_reply_behind(
-    server: RestartableRedis,
+    restartable_redis: RestartableRedis,
 ) -> None:
     """Cancelled mid-reply, the connection is dropped: the next command reads its own reply."""
-    store = RedisStore(server.url, prefix="cancel:", max_connections=1)
+    store = RedisStore(restartable_redis.url, prefix="cancel:", max_connections=1)
     try:
         pool = (await store.async_client()).connection_pool
         waiting = asyncio.create_task(_execute_async(pool, "BLPOP", "cancel:list", "1"))

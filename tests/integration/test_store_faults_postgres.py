@@ -18,24 +18,22 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 import floodwall
-from floodwall import CircuitBreaker, CircuitOpenError, Event
+from floodwall import CircuitOpenError, Event
 from floodwall.frequency import Frequency
 from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.stores import StoreErrorMode, StoreGuard, StoreUnavailableError, connect
 from floodwall.stores.postgres import PostgresStore
-from servers import RestartablePostgres
+from servers import FAULT_OPEN, RestartablePostgres, store_breaker
 
 pytestmark = pytest.mark.integration
 
-OPEN = 0.25
-"""Seconds the guards' breakers stay open (short, to keep the test short)."""
+OPEN = FAULT_OPEN
 THREADS = 2
 TASKS = 2
 WORKERS = THREADS + TASKS
@@ -61,27 +59,6 @@ class Decision:
     cause: type[BaseException] | None = None
 
 
-@pytest.fixture
-def server() -> Iterator[RestartablePostgres]:
-    postgres = RestartablePostgres()
-    postgres.start()
-    try:
-        yield postgres
-    finally:
-        postgres.remove()
-
-
-def _breaker(name: str) -> CircuitBreaker:
-    return CircuitBreaker(
-        name,
-        failure_rate=None,
-        error_count=3,
-        minimum_calls=3,
-        open_duration=OPEN,
-        record=StoreUnavailableError,
-    )
-
-
 class Load:
     """The three policies on one store, the runs of every key, and every decision."""
 
@@ -93,7 +70,7 @@ class Load:
                 self.store,
                 name=f"pg-{mode}",
                 on_store_error=mode,
-                breaker=_breaker(mode),
+                breaker=store_breaker(mode),
                 listeners=[self.listen],
             )
             for mode in ("fail_closed", "fail_open")
@@ -105,7 +82,7 @@ class Load:
             name="pg-local",
             on_store_error="local",
             expected_instances=4,
-            breaker=_breaker("local"),
+            breaker=store_breaker("local"),
             listeners=[self.listen],
         )
         self.runs: list[str] = []
@@ -187,8 +164,10 @@ class Load:
         )
 
 
-async def test_postgres_outage_and_recovery_under_load(server: RestartablePostgres) -> None:
-    load = Load(server.dsn)
+async def test_postgres_outage_and_recovery_under_load(
+    restartable_postgres: RestartablePostgres,
+) -> None:
+    load = Load(restartable_postgres.dsn)
     done = threading.Event()
 
     def thread_worker(n: int) -> None:
@@ -220,11 +199,11 @@ async def test_postgres_outage_and_recovery_under_load(server: RestartablePostgr
     try:
         await asyncio.sleep(0.5)
         stopped_at = time.monotonic()
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(restartable_postgres.stop)
         down_at = time.monotonic()
         await asyncio.sleep(1.5)
         restart_began = time.monotonic()  # PostgreSQL may answer before start() returns
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(restartable_postgres.start)
         restarted_at = time.monotonic()
         await asyncio.sleep(1.5)
     finally:
@@ -341,17 +320,19 @@ async def _fill_async_pool(store: PostgresStore, size: int) -> None:
             await conn.execute("SELECT 1")
 
 
-async def test_a_restart_between_calls_costs_no_failed_call(server: RestartablePostgres) -> None:
+async def test_a_restart_between_calls_costs_no_failed_call(
+    restartable_postgres: RestartablePostgres,
+) -> None:
     """Pooled connections die with the server; the pool drops them instead of failing an op on
     each (with ``pool_size`` of them idle, that would be enough failures to open the breaker)."""
-    store = PostgresStore(server.dsn, prefix="restart:", pool_size=4)
+    store = PostgresStore(restartable_postgres.dsn, prefix="restart:", pool_size=4)
     limiter = GlobalLimiter("fixed_window", "1000/s", store=store, name="restart")
     try:
         assert limiter.try_acquire() and await limiter.try_acquire_async()
         _fill_pool(store, 4)
         await _fill_async_pool(store, 4)
-        await asyncio.to_thread(server.stop)
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(restartable_postgres.stop)
+        await asyncio.to_thread(restartable_postgres.start)
         for _ in range(4):
             assert limiter.try_acquire()
             assert await limiter.try_acquire_async()
