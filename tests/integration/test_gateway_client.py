@@ -99,6 +99,22 @@ async def test_a_chunked_answer_and_a_head_answer() -> None:
         await client.close()
 
 
+async def test_an_answer_without_length_ends_with_its_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello, ")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"world")
+        writer.close()
+
+    async with serve(handler) as origin:
+        client = pool()
+        assert await get(client, origin) == (200, b"hello, world")
+        assert client.open == 0  # never reused
+        await client.close()
+
+
 async def test_a_stale_connection_is_retried_once_for_idempotent_requests_only() -> None:
     served = 0
 

@@ -241,6 +241,7 @@ class ConnectionPool:
         limits = self._limits
         connection.set_response_params(
             skip_payload=head_mode,
+            read_until_eof=True,  # no length, no chunks: the answer ends with the connection
             auto_decompress=False,
             max_line_size=limits.max_line,
             max_field_size=limits.max_field,
