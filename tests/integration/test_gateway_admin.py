@@ -302,3 +302,27 @@ def test_config_and_overrides_are_shared_through_redis(
             assert second.stop() == 0
     finally:
         assert first.stop() == 0
+
+
+def test_chaos_is_switched_on_and_off_through_the_admin_api(
+    upstreams: Callable[..., list[Upstream]], gateways: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLOODWALL_CHAOS", raising=False)
+    a, b = upstreams("a", "b")
+    config = _config(a, b)
+    config["resources"]["svc"]["chaos"] = {"exception": True, "enabled": False}
+    refused = gateways(config)
+    answer = refused.admin("POST", "/chaos/api")
+    assert answer.status_code == 400
+    assert "FLOODWALL_CHAOS" in answer.json()["detail"]  # not allowed: a loud no
+    gw = gateways({**config, "allow_chaos": True})
+    with httpx.Client(timeout=5) as client:
+        assert client.get(gw.url + "/api/x").status_code == 200
+        assert gw.admin("POST", "/chaos/api").status_code == 200
+        status = gw.admin("GET", "/status").json()["routes"]["api"]["chaos"]
+        assert status == {"fault": "exception", "enabled": True, "allowed": True, "rate": 1.0}
+        broken = client.get(gw.url + "/api/x")
+        assert broken.status_code == 502, broken.text  # the injected connection failure
+        assert gw.admin("DELETE", "/chaos/api").status_code == 200
+        assert client.get(gw.url + "/api/x").status_code == 200
+    assert gw.admin("POST", "/chaos/api?ttl=5").status_code == 400  # a switch, not a timer

@@ -7,6 +7,8 @@
 ``POST /breakers/NAME/closed``   force it closed
 ``POST /breakers/NAME/reset``    end the override, back to CLOSED
 ``POST /shed/LEVEL``             shed dependency level 2 or 3 (``?ttl=``); ``DELETE`` restores it
+``POST /chaos/NAME``             turn on the ``chaos`` section of route or resource NAME (where
+                                 chaos is allowed); ``DELETE`` turns it off
 ``POST /reload``                 apply the body (YAML/JSON), or re-read the file when empty;
                                  an invalid one is refused (422) and the running one kept
 ``GET /metrics``                 Prometheus text format
@@ -161,6 +163,8 @@ class Admin:
         app.router.add_post("/breakers/{name}/{action}", self._breaker)
         app.router.add_post("/shed/{level}", self._shed)
         app.router.add_delete("/shed/{level}", self._restore)
+        app.router.add_post("/chaos/{name}", self._chaos_on)
+        app.router.add_delete("/chaos/{name}", self._chaos_off)
         app.router.add_post("/reload", self._reload)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/dashboard", self._dashboard)
@@ -187,6 +191,12 @@ class Admin:
 
     async def _restore(self, request: web.Request) -> web.Response:
         return await self._override("restore", request.match_info["level"], request)
+
+    async def _chaos_on(self, request: web.Request) -> web.Response:
+        return await self._override("chaos_on", request.match_info["name"], request)
+
+    async def _chaos_off(self, request: web.Request) -> web.Response:
+        return await self._override("chaos_off", request.match_info["name"], request)
 
     async def _override(self, action: str, target: str, request: web.Request) -> web.Response:
         reason = request.query.get("reason", f"{action} by admin API")

@@ -267,8 +267,13 @@ class Gateway:
         self, action: str, target: str, ttl: float | None = None, reason: str = ""
     ) -> None:
         """``force_open`` / ``force_closed`` / ``clear`` a resource's breaker (a route name
-        also works: its resource), or ``shed`` / ``restore`` a dependency level (``"2"``)."""
+        also works: its resource), ``shed`` / ``restore`` a dependency level (``"2"``), or
+        ``chaos_on`` / ``chaos_off`` a resource's ``chaos`` section (until the next reload,
+        which takes the file's switch again; on only where chaos is allowed)."""
         registry = self.registry
+        if action in ("chaos_on", "chaos_off"):
+            self._chaos(action == "chaos_on", target, ttl)
+            return
         if action in ("shed", "restore"):
             level = _level(target)
             if action == "shed":
@@ -289,11 +294,23 @@ class Gateway:
         else:
             raise ConfigError(f"unknown action {action!r}")
 
+    def _chaos(self, on: bool, target: str, ttl: float | None) -> None:
+        if ttl is not None:
+            raise ConfigError("a chaos switch takes no ttl: turn it off with DELETE /chaos/NAME")
+        name = self._resource_name(target)
+        chaos = self.registry.get(name).chaos
+        if chaos is None:
+            raise ConfigError(f"resources.{name} has no chaos section to switch")
+        if on:
+            chaos.enable()  # ConfigError when this process does not allow chaos
+        else:
+            chaos.disable()
+
     def _resource_name(self, target: str) -> str:
         route = self._routes.get(target)
         if route is not None:
             if route.config.resource is None:
-                raise ConfigError(f"route {target!r} has no resource (and so no breaker)")
+                raise ConfigError(f"route {target!r} has no resource (no breaker, no chaos)")
             return route.config.resource
         if target in self.registry.names():
             return target

@@ -257,6 +257,14 @@ class Route:
                     "max_concurrent": bulkhead.max_concurrent,
                     "rejected": bulkhead.rejected,
                 }
+            chaos = resource.chaos
+            if chaos is not None:
+                entry["chaos"] = {
+                    "fault": chaos.fault,
+                    "enabled": chaos.options.enabled,
+                    "allowed": chaos.allowed,
+                    "rate": chaos.options.rate,
+                }
             retry = resource.retry
             if retry is not None:
                 entry["retry"] = {

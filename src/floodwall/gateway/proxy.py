@@ -80,6 +80,9 @@ _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _CONNECT_ERRORS = (UpstreamConnectError,)
 _IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 """(After the connect errors, which are a kind of connection error.)"""
+_FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
+"""What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
+``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
 _STATUS_OF: Final = {"upstream_5xx": 502}
 """Statuses of gateway rejections the integrations' table does not know (a missing endpoint
 is a 503 like any rejection; an unreachable one, not a rejection, is a 502)."""
@@ -432,7 +435,7 @@ class Proxy:
                 route.stats.count("rate_limited")
                 return _refused(refusal(error))
             return await self._failed(request, route, out, error.kind, error=error)
-        except (TimeoutError, *_CONNECT_ERRORS, *_IO_ERRORS) as error:
+        except _FAILURES as error:
             body = out.body
             if isinstance(body, _Body) and body.error is not None:
                 raise body.error from None
@@ -516,7 +519,7 @@ class Proxy:
             return None  # a streamed body is gone: there is nothing to send the backup
         try:
             result = await self._forward(backup, route.backup_resource, out)
-        except (RejectedError, TimeoutError, *_CONNECT_ERRORS, *_IO_ERRORS) as exc:
+        except (RejectedError, *_FAILURES) as exc:
             log.debug("route %s: backup upstream failed too: %r", route.name, exc)
             return None
         if not isinstance(result, _Live):

@@ -268,7 +268,12 @@ class Supervisor:
     def _override_key(self, action: str, target: str) -> str:
         sync = self.document.sync
         assert sync is not None
-        kind = "level" if action in ("shed", "restore") else "breaker"
+        if action in ("shed", "restore"):
+            kind = "level"
+        elif action in ("chaos_on", "chaos_off"):
+            kind = "chaos"
+        else:
+            kind = "breaker"
         return f"{sync.key}:override:{kind}:{target}"
 
     async def _keep_override(
@@ -278,7 +283,7 @@ class Supervisor:
         key = self._override_key(action, target)
         client = self._redis_client()
         try:
-            if action in ("clear", "restore"):
+            if action in ("clear", "restore", "chaos_off"):
                 await client.delete(key)
             else:
                 value = json.dumps({"action": action, "target": target, "reason": reason})
