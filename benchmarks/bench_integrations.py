@@ -9,12 +9,16 @@ Two parts:
 
       .venv/bin/python benchmarks/bench_integrations.py [--seconds 4] [--rounds 3] [--json out]
 
-  1. **requests per second** of a FastAPI "hello" app under uvicorn (one worker, in a
-     subprocess on a free 127.0.0.1 port), without and with ``FloodwallMiddleware`` (a per-IP
+  1. **requests per second** of a FastAPI "hello" app under uvicorn (one worker each, in
+     subprocesses on free 127.0.0.1 ports), without and with ``FloodwallMiddleware`` (a per-IP
      rate limit that never refuses, and a ``LoadShedder`` over an adaptive Gradient2 limit
-     whose minimum, 20, is above the load's 16 connections, so it never sheds): ``rounds``
-     alternating runs of each, load from ``wrk`` (``apt-get install wrk``) when installed, else
-     an httpx async closed loop; the overhead is the median over rounds. Target: <= 10 %.
+     whose minimum, 20, is above the load's 16 connections, so it never sheds). Both servers
+     are started and warmed once and stay up; ``rounds`` rounds load each in turn, the order
+     alternating (ABBA), with ``wrk`` (``apt-get install wrk``) when installed, else an httpx
+     async closed loop. The overhead is one minus the median of the per-round ratios, in
+     requests per second and in requests per *server CPU-second* (user + system time of the
+     server process: what one worker serves with a core to itself, unmoved by other load on
+     the machine). Target: <= 10 %.
   2. **httpx transport overhead**: a sync ``httpx.Client`` doing sequential GETs to the plain
      server, bare and through ``ResilientTransport`` (breaker + retry), interleaved in rounds;
      the overhead per request as a share of the bare loopback round trip (median of rounds).
