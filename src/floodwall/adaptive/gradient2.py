@@ -81,9 +81,10 @@ class Gradient2Limit(Limit):
         """The long-term average RTT, seconds."""
         return self._long_rtt.value
 
-    def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
-        # ExpAvgMeasurement.add and the clamps are written out: this runs once per request
-        # behind a LoadShedder, and calls cost more than the arithmetic (same results).
+    def on_sample(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
+        # Limit.on_sample, _update, ExpAvgMeasurement.add and the clamps in one frame: this
+        # runs once per request behind a LoadShedder, and calls cost more than the arithmetic
+        # (same arithmetic in the same order: same results).
         estimated = self.estimated_limit
         fixed = self._fixed_queue
         queue = fixed if fixed >= 0 else self._queue_size(int(estimated))  # type: ignore[misc]
@@ -99,17 +100,28 @@ class Gradient2Limit(Limit):
         if short > 0 and long / short > 2:
             avg.value *= 0.9  # a stale long RTT decays by 10 % (Gradient2Limit.java)
         if inflight < estimated / 2:
-            return int(estimated)
-        gradient = long / short if short > 0 else 1.0
-        if gradient > 1.0:
-            gradient = 1.0
-        elif gradient < 0.5:
-            gradient = 0.5
-        smoothing = self.smoothing
-        new = estimated * (1 - smoothing) + (estimated * gradient + queue) * smoothing
-        if new < self._min:
-            new = self._min
-        elif new > self._max:
-            new = self._max
-        self.estimated_limit = new
-        return max(1, int(new))
+            limit = int(estimated)  # app-limited: nothing learned about capacity
+        else:
+            gradient = long / short if short > 0 else 1.0
+            if gradient > 1.0:
+                gradient = 1.0
+            elif gradient < 0.5:
+                gradient = 0.5
+            smoothing = self.smoothing
+            new = estimated * (1 - smoothing) + (estimated * gradient + queue) * smoothing
+            if new < self._min:
+                new = self._min
+            elif new > self._max:
+                new = self._max
+            self.estimated_limit = new
+            limit = max(1, int(new))
+        if limit != self._limit:  # Limit.on_sample's own ending
+            self._limit = limit
+            for listener in self._listeners:
+                listener(limit)
+        return limit
+
+    def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
+        # Limit's contract, kept for callers of Limit.on_sample: this on_sample stores and
+        # publishes the limit itself, so the base class then sees no change.
+        return self.on_sample(start, rtt, inflight, dropped)

@@ -105,6 +105,9 @@ class Token:
         return f"<Token {state} start={self.start:.6f} inflight={self.inflight}>"
 
 
+_new_token = object.__new__
+
+
 class _Partition:
     __slots__ = ("busy", "name", "share", "weight")
 
@@ -267,9 +270,18 @@ class AdaptiveLimiter(Policy):
         """A token, or ``None`` when the limit (or the partition's entitlement) is used up."""
         with self._lock:
             if self._unknown is None:
-                if self._inflight < self._limit:
-                    self._inflight += 1
-                    return Token(self, self._now(), self._inflight, None)
+                inflight = self._inflight
+                if inflight < self._limit:
+                    # Token.__init__ written out (the common, unpartitioned case): on CPython
+                    # 3.11 a class call with a Python __init__ re-enters the interpreter from C.
+                    self._inflight = inflight = inflight + 1
+                    token = _new_token(Token)
+                    token._limiter = self
+                    token._state = _OPEN
+                    token.start = self._now()
+                    token.inflight = inflight
+                    token.partition = None
+                    return token
             else:
                 part = self._resolve(partition)
                 if self._admissible(part):
