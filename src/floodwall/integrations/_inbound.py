@@ -313,6 +313,7 @@ def current_admission() -> Admission | None:
 
 
 _UNSET: Any = object()
+_new = object.__new__
 
 
 class Admission(Hop):
@@ -354,7 +355,11 @@ class Admission(Hop):
         self.rate_headers = rate_headers
         self.ticket = ticket
         self.final = False
-        self.call = CallContext()
+        # CallContext() written out: on CPython 3.11 a class call with a Python __init__
+        # re-enters the interpreter from C, which costs more than these stores.
+        call = self.call = _new(CallContext)
+        call.degraded_by = None
+        call.degraded_reason = None
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
         self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
 
