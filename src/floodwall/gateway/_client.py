@@ -55,7 +55,14 @@ _REPLAYABLE: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELET
 
 
 class UpstreamConnectError(aiohttp.ClientConnectionError):
-    """No connection to the endpoint could be opened (refused, unreachable, TLS, timeout)."""
+    """No connection to the endpoint could be opened (refused, unreachable, TLS, timeout).
+
+    ``reason``: why, without the endpoint's address (what a client may be told), or empty.
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class UpstreamProtocolError(aiohttp.ClientConnectionError):
@@ -161,6 +168,7 @@ class ConnectionPool:
         max_field: int = 8190,
         max_headers: int = 128,
         ssl_context: ssl.SSLContext | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.limit = limit
         self.limit_per_origin = limit_per_origin or limit
@@ -168,6 +176,9 @@ class ConnectionPool:
         self.connect_timeout = connect_timeout
         self._limits = _Limits(max_line, max_field, max_headers)
         self._ssl = ssl_context
+        """TLS origins' context (default: the system's trust store, made on first use)."""
+        self._server_name = server_name
+        """The name TLS origins are asked for and checked against (default: their host)."""
         self._loop = asyncio.get_running_loop()
         self._idle: dict[Origin, deque[_Connection]] = {}
         self._open: dict[Origin, int] = {}
@@ -312,18 +323,26 @@ class ConnectionPool:
 
     async def _connect(self, origin: Origin) -> _Connection:
         loop = self._loop
-        context = None
+        context = name = None
         if origin.tls:
-            context = self._ssl if self._ssl is not None else ssl.create_default_context()
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context, name = self._ssl, self._server_name or origin.host
         try:
             _, connection = await loop.create_connection(
                 lambda: _Connection(loop, origin),
                 origin.host,
                 origin.port,
                 ssl=context,
-                server_hostname=origin.host if context is not None else None,
+                server_hostname=name,
             )
-        except (OSError, ssl.SSLError) as exc:
+        except ssl.SSLCertVerificationError as exc:
+            why = f"TLS: the upstream's certificate is not trusted ({exc.verify_message})"
+            raise UpstreamConnectError(f"{origin.host}:{origin.port}: {why}", why) from exc
+        except ssl.SSLError as exc:
+            why = f"TLS handshake failed ({exc.reason or exc})"
+            raise UpstreamConnectError(f"{origin.host}:{origin.port}: {why}", why) from exc
+        except OSError as exc:
             raise UpstreamConnectError(f"{origin.host}:{origin.port}: {exc}") from exc
         self.connects += 1
         return connection

@@ -102,6 +102,10 @@ class Gateway:
             if old is not None and old.config == config:
                 pools[name] = old
                 continue
+            if config.tls is not None and not config.tls.verify:
+                log.warning(
+                    "upstream %s: tls.verify is false, its certificates are not checked", name
+                )
             pool = UpstreamPool(name, config, clock=self.clock, listeners=self.events)
             await pool.start()
             pools[name] = pool

@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -43,6 +46,7 @@ from floodwall._core.errors import ConfigError
 from floodwall.config.loader import _path, loads, resolve
 from floodwall.config.schema import Document, RateLimitConfig
 from floodwall.config.units import Duration
+from floodwall.gateway._tls import ClientTls, build_client_tls
 
 __all__ = [
     "AdminConfig",
@@ -59,6 +63,7 @@ __all__ = [
     "RouteRateLimitConfig",
     "SheddingConfig",
     "SyncConfig",
+    "TlsConfig",
     "UpstreamConfig",
     "load_gateway",
     "parse_gateway",
@@ -144,6 +149,52 @@ class OutlierConfig(_Model):
     max_ejection_share: float = Field(0.5, ge=0, le=1)
 
 
+def _file(value: Path | None) -> Path | None:
+    if value is not None and not value.is_file():
+        raise ValueError(f"no such file {str(value)!r}")
+    return value
+
+
+class TlsConfig(_Model):
+    """How the gateway connects to an upstream's ``https://`` endpoints.
+
+    ``ca_file``: a PEM bundle of the certificates to trust, instead of the system's (a private
+    CA). ``verify: false`` accepts any certificate and any name: unsafe, for tests only.
+    ``server_name``: the name sent in SNI and checked against the certificate, instead of the
+    endpoint's host (endpoints given by address, certificates issued for a name).
+    ``cert_file`` (and ``key_file`` unless the key is in the same file): the client certificate
+    presented to upstreams that require one (mTLS); keys must be unencrypted. Relative paths
+    are from the gateway's working directory. The files are read when the configuration is
+    loaded or reloaded.
+    """
+
+    ca_file: Annotated[Path | None, AfterValidator(_file)] = None
+    verify: bool = True
+    server_name: str | None = Field(None, min_length=1)
+    cert_file: Annotated[Path | None, AfterValidator(_file)] = None
+    key_file: Annotated[Path | None, AfterValidator(_file)] = None
+    _built: ClientTls = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _build(self) -> TlsConfig:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError(f"key_file {str(self.key_file)!r} needs a cert_file")
+        if not self.verify and self.ca_file is not None:
+            raise ValueError("ca_file has no effect with verify: false (drop one of them)")
+        self._built = build_client_tls(
+            ca_file=self.ca_file,
+            verify=self.verify,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+        )
+        return self
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        """The context built from these settings when they were loaded."""
+        return self._built.context
+
+
 class UpstreamConfig(_Model):
     """A pool of endpoints serving one service."""
 
@@ -163,6 +214,8 @@ class UpstreamConfig(_Model):
     """``Host`` sent upstream: the endpoint's host (default) or the client's."""
     health_check: HealthCheckConfig | None = None
     outlier_detection: OutlierConfig | None = OutlierConfig()
+    tls: TlsConfig | None = None
+    """TLS settings of the ``https://`` endpoints (default: the system's trust store)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -170,6 +223,15 @@ class UpstreamConfig(_Model):
         if isinstance(data, dict):
             return {k: (None if v is False else v) for k, v in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> UpstreamConfig:
+        if self.tls is not None and not any(e.startswith("https://") for e in self.endpoints):
+            raise ValueError(
+                f"tls: applies to https:// endpoints, and this upstream has none "
+                f"(endpoints: {', '.join(self.endpoints)})"
+            )
+        return self
 
 
 def _methods(value: object) -> object:
@@ -542,7 +604,10 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
     for item in error.errors(include_url=False):
         message = item["msg"].removeprefix("Value error, ")
         got = item.get("input")
-        shown = "" if isinstance(got, dict) or "got " in message else f" (got {got!r})"
+        said = (
+            isinstance(got, dict) or "got " in message or (got is not None and repr(got) in message)
+        )
+        shown = "" if said else f" (got {got!r})"
         path = _path(item["loc"])
         lines.append(f"{source}: {path + ': ' if path else ''}{message}{shown}")
     return ConfigError("\n".join(lines))

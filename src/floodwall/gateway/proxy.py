@@ -491,6 +491,8 @@ class Proxy:
             return _problem(status, kind, str(error))
         status = 504 if kind == "timeout" else 502
         detail = f"upstream {route.config.upstream!r}: {type(error).__name__}"
+        if isinstance(error, UpstreamConnectError) and error.reason:
+            detail = f"{detail}: {error.reason}"
         return _problem(status, kind, detail)
 
     async def _fallback(

@@ -320,11 +320,14 @@ class UpstreamPool:
 
     async def start(self) -> None:
         config = self.config
+        tls = config.tls
         self.client = ConnectionPool(
             limit=config.max_connections,
             limit_per_origin=config.max_connections_per_endpoint,
             keepalive=config.keepalive,
             connect_timeout=config.connect_timeout,
+            ssl_context=tls.context if tls is not None else None,
+            server_name=tls.server_name if tls is not None else None,
         )
         if self.health is not None:
             self._probes = asyncio.get_running_loop().create_task(
