@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -347,3 +348,24 @@ def test_unknown_schemes_and_bad_options_are_config_errors() -> None:
 def test_store_repr_never_shows_a_password() -> None:
     store: Store = connect("redis://user:pw@127.0.0.1:1/0")
     assert "pw" not in repr(store) and "***" in store.url
+
+
+@pytest.mark.integration
+async def test_a_cluster_connection_closed_under_a_command_is_a_store_error(
+    redis_cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's async cluster client can close a connection another command is writing on
+    (re-initialising after a timeout); that command failed on the store: StoreUnavailableError."""
+    store = RedisStore(redis_cluster_url, prefix=f"closed-{uuid.uuid4().hex[:8]}:")
+    try:
+        client = await store.async_client()
+
+        async def closed_under_us(*args: object, **kwargs: object) -> object:
+            raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+        monkeypatch.setattr(client, "execute_command", closed_under_us)
+        with pytest.raises(StoreUnavailableError) as caught:
+            await store.apply_async(ONCE, "k", [1000])
+        assert isinstance(caught.value.__cause__, AttributeError)
+    finally:
+        await store.aclose()

@@ -316,6 +316,13 @@ class RedisStore(Store):
                 raw = await _evalsha(run, script, keys, args)
         except _BACKEND_ERRORS as exc:
             raise StoreUnavailableError(self.url, op.script) from exc
+        except AttributeError as exc:
+            if not self.cluster:
+                raise
+            # After a timeout, redis-py's async cluster client re-initialises and may close a
+            # connection another command is still writing on ("'NoneType' object has no
+            # attribute 'writelines'"): that command failed on the store, not in the caller.
+            raise StoreUnavailableError(self.url, op.script) from exc
         return op.parse(raw)
 
     def _slots(self) -> asyncio.Semaphore:
