@@ -488,3 +488,37 @@ def test_public_modules_export_what_they_promise(module: str) -> None:
     loaded = importlib.import_module(f"floodwall.{module}")
     for name in loaded.__all__:
         assert getattr(loaded, name) is not None, name
+
+
+def test_the_call_record_is_the_innermost_of_admissions_and_call_contexts() -> None:
+    guard = InboundGuard()
+    first, second = guard.admit(_request()), guard.admit(_request())
+    assert isinstance(first, Admission)
+    assert isinstance(second, Admission)
+    assert fw.current_call() is None
+    with fw.call_context() as outside:
+        with first:
+            assert fw.current_call() is first.call  # admitted inside: the request's record
+            with fw.call_context() as inside:
+                assert fw.current_call() is inside
+                with second:
+                    assert fw.current_call() is second.call
+                assert fw.current_call() is inside
+            assert fw.current_call() is first.call
+            fw.Fallback(1, name="fb").call(_fail)
+            assert first.call.degraded_by == "fb"
+            assert first.response_headers(200) == [(wire.DEGRADED, "fb")]
+        assert fw.current_call() is outside
+        assert outside.degraded_by is None
+    hop = wire.Hop()  # a bare Hop has no call record of its own
+    token = wire._HOP.set(hop)
+    try:
+        with fw.call_context() as opened:
+            assert fw.current_call() is opened
+        assert fw.current_call() is None
+    finally:
+        wire._HOP.reset(token)
+
+
+def _fail() -> int:
+    raise RuntimeError("down")

@@ -52,8 +52,8 @@ V = TypeVar("V")
 class _Scope(Generic[V]):
     """Sets a context variable on entry and restores it on exit, in ``with`` and ``async with``.
 
-    Every ambient value here (deadline, call record, retry marker, idempotency key) is one of
-    these: subclasses only say which variable (``_var``) and which value (:meth:`_value`).
+    Every ambient value here but the call record (deadline, retry marker, idempotency key) is
+    one of these: subclasses only say which variable (``_var``) and which value (:meth:`_value`).
     """
 
     __slots__ = ("_token",)
@@ -182,27 +182,72 @@ class CallContext:
         return self.degraded_by is not None
 
 
-_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("floodwall_hop", default=None)
+"""The inbound request being served (an integration's ``Hop``; typed there, in
+:mod:`floodwall.integrations._wire`). An admitted request's record carries its own
+:class:`CallContext` as ``call``, so a server shell sets one variable per request, not two."""
+
+_CALL: contextvars.ContextVar[tuple[CallContext, object] | None] = contextvars.ContextVar(
     "floodwall_call", default=None
 )
+"""The innermost :func:`call_context` opened, with the request record current when it was opened.
+When the request record changed since (a request was admitted inside it), the request's own call
+record is the innermost one: the same answer as if the admission had set this variable too."""
 
 
 def current_call() -> CallContext | None:
-    """The innermost open :class:`CallContext`, or ``None`` outside ``call_context()``."""
-    return _CALL.get()
+    """The innermost open :class:`CallContext`, or ``None`` outside ``call_context()``.
+
+    That is the one of the inbound request being served, unless a ``call_context()`` was opened
+    inside it (O(1), two context reads).
+    """
+    opened = _CALL.get()
+    request = _REQUEST.get()
+    if request is not None and (opened is None or opened[1] is not request):
+        call: CallContext | None = getattr(request, "call", None)
+        if call is not None:
+            return call
+    return None if opened is None else opened[0]
 
 
-class call_context(_Scope[CallContext]):  # noqa: N801 - used like a function, in `with`
-    """Context manager (sync and async) that opens a fresh :class:`CallContext`."""
+class call_context:  # noqa: N801 - used like a function, in `with`
+    """Context manager (sync and async) that opens a fresh :class:`CallContext`.
 
-    __slots__ = ("context",)
-    _var = _CALL
+    Not a :class:`_Scope`: the variable holds the context with the request record of the moment
+    (see ``_CALL``), while ``with`` hands out the context alone.
+    """
+
+    __slots__ = ("_token", "context")
 
     def __init__(self) -> None:
         self.context = CallContext()
+        self._token: contextvars.Token[tuple[CallContext, object] | None] | None = None
 
-    def _value(self) -> CallContext:
+    def __enter__(self) -> CallContext:
+        self._token = _CALL.set((self.context, _REQUEST.get()))
         return self.context
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token = self._token
+        if token is not None:
+            _CALL.reset(token)
+            self._token = None
+
+    async def __aenter__(self) -> CallContext:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
 
 
 # -- retry marker ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
-from floodwall.context import _CALL
+from floodwall.context import current_call
 
 __all__ = ["Fallback"]
 
@@ -83,7 +83,7 @@ class Fallback(Policy):
     def _mark(self, exc: BaseException | None) -> None:
         self.degraded += 1
         reason = self._reason(exc)
-        context = _CALL.get()
+        context = current_call()
         if context is not None:
             context.degraded_by = self.name
             context.degraded_reason = reason

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from floodwall._core.errors import BacklogFullError, ConfigError, RejectedError
-from floodwall.context import _CALL
+from floodwall.context import current_call
 
 __all__ = ["BacklogFullError", "Matcher", "mark_degraded", "reason_of"]
 
@@ -48,7 +48,7 @@ def reason_of(exc: BaseException) -> str:
 def mark_degraded(name: str, reason: str) -> None:
     """Record in the open :func:`floodwall.call_context` that ``name`` answered instead of the
     dependency, and why."""
-    context = _CALL.get()
+    context = current_call()
     if context is not None:
         context.degraded_by = name
         context.degraded_reason = reason

@@ -56,7 +56,6 @@ from floodwall.adaptive.dagor import QueueingTimeAdmission
 from floodwall.adaptive.shedding import LoadShedder, Ticket
 from floodwall.breaker import CircuitState
 from floodwall.context import (
-    _CALL,
     _DEADLINE,
     _IDEMPOTENCY_KEY,
     _RETRY,
@@ -329,7 +328,7 @@ class Admission(Hop):
     __slots__ = (
         "_extra",
         "_guard",
-        "_tokens",
+        "_token",
         "attempt",
         "call",
         "deadline",
@@ -360,7 +359,7 @@ class Admission(Hop):
         call = self.call = _new(CallContext)
         call.degraded_by = None
         call.degraded_reason = None
-        self._tokens: tuple[contextvars.Token[Any], ...] = ()
+        self._token: contextvars.Token[Hop | None] | None = None
         self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
 
     @property
@@ -388,7 +387,8 @@ class Admission(Hop):
         )
 
     def __enter__(self) -> Admission:
-        self._tokens = (_HOP.set(self), _CALL.set(self.call))
+        # One variable: current_call() finds self.call through the request record.
+        self._token = _HOP.set(self)
         deadline, attempt, level = self.deadline, self.attempt, self.priority
         if deadline is not None or attempt is not None or level is not None:
             self._extra = self._set_extra(deadline, attempt, level)
@@ -414,13 +414,12 @@ class Admission(Hop):
         extra = self._extra
         if extra:
             self._extra = ()
-            for var, token in extra:
-                var.reset(token)
-        tokens = self._tokens
-        if tokens:
-            self._tokens = ()
-            _HOP.reset(tokens[0])
-            _CALL.reset(tokens[1])
+            for var, set_token in extra:
+                var.reset(set_token)
+        token = self._token
+        if token is not None:
+            self._token = None
+            _HOP.reset(token)
 
     def response_headers(self, status: int) -> Headers:
         """What to add to the handler's answer (``status``): see the module docstring."""

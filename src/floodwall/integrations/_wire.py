@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import Final
 
 from floodwall._core.errors import RejectedError
+from floodwall.context import _REQUEST
 
 __all__ = [
     "ADMISSION_LEVEL",
@@ -281,7 +282,7 @@ class Hop:
     retry it again (the cross-process form of "retried below").
 
     The inbound guard's :class:`~floodwall.integrations._inbound.Admission` is itself the Hop
-    of its request (one ambient value per request instead of two).
+    of its request and carries its call record (``call``): one ambient value per request.
     """
 
     __slots__ = ("final",)
@@ -293,7 +294,9 @@ class Hop:
         return f"Hop(final={self.final})"
 
 
-_HOP: contextvars.ContextVar[Hop | None] = contextvars.ContextVar("floodwall_hop", default=None)
+_HOP: contextvars.ContextVar[Hop | None] = _REQUEST
+"""The inbound request being served: :mod:`floodwall.context` reads it to find the call record
+of an admitted request (:func:`floodwall.current_call`)."""
 
 
 def current_hop() -> Hop | None:

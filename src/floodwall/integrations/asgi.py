@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import Any, Unpack
 
-from floodwall.context import _CALL
 from floodwall.integrations._inbound import (
     Admission,
     Captured,
@@ -130,8 +129,7 @@ class FloodwallMiddleware:
         # no deadline, retry marker or priority, and answers below 500): three frames less.
         plain = admitted.deadline is None and admitted.attempt is None and admitted.priority is None
         if plain:
-            hop_token = _HOP.set(admitted)
-            call_token = _CALL.set(admitted.call)
+            hop_token = _HOP.set(admitted)  # also its call record: see current_call()
         else:
             admitted.__enter__()
         try:
@@ -164,7 +162,6 @@ class FloodwallMiddleware:
                 admitted.close(status)
         finally:
             if plain:
-                _CALL.reset(call_token)
                 _HOP.reset(hop_token)
             else:
                 admitted.__exit__(None, None, None)
