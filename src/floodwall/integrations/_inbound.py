@@ -334,6 +334,7 @@ class Admission(Hop):
         "deadline",
         "priority",
         "rate_headers",
+        "status",
         "ticket",
     )
 
@@ -354,6 +355,9 @@ class Admission(Hop):
         self.rate_headers = rate_headers
         self.ticket = ticket
         self.final = False
+        self.status = 0
+        """The status of the answer once the shell has seen it (``0`` before): the ASGI shell
+        records it here, so its ``send`` wrapper needs no variable of its own."""
         # CallContext() written out: on CPython 3.11 a class call with a Python __init__
         # re-enters the interpreter from C, which costs more than these stores.
         call = self.call = _new(CallContext)

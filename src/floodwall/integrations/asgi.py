@@ -133,19 +133,20 @@ class FloodwallMiddleware:
         else:
             admitted.__enter__()
         try:
-            status = 0
-            ask = guard.adds_headers
-            call = admitted.call
 
             def sender(message: Message) -> Awaitable[None]:
                 # A plain function handing back send's awaitable: no coroutine of its own per
-                # message. It learns the status (for the shedding ticket) and adds headers,
-                # asking the admission only when it may have some (see adds_headers).
-                nonlocal status
+                # message. It records the status on the admission (for the shedding ticket; no
+                # cell of its own to write) and adds headers, asking the admission only when it
+                # may have some (see adds_headers).
                 if message["type"] == "http.response.start":
-                    status = message["status"]
-                    if ask or status >= 500 or call.degraded_by is not None:
-                        extra = admitted.response_headers(status)
+                    code = admitted.status = message["status"]
+                    if (
+                        code >= 500
+                        or admitted.call.degraded_by is not None
+                        or admitted._guard.adds_headers
+                    ):
+                        extra = admitted.response_headers(code)
                         if extra:
                             message["headers"] = [*message.get("headers", ()), *_encode(extra)]
                 return send(message)
@@ -155,6 +156,7 @@ class FloodwallMiddleware:
             except BaseException as exc:
                 admitted.close(error=exc)
                 raise
+            status = admitted.status
             ticket = admitted.ticket
             if ticket is not None and status < 500:
                 ticket.success()
