@@ -463,6 +463,9 @@ class Admission(Hop):
             ticket.ignore()
 
 
+_init_admission = Admission.__init__
+
+
 # -- captured answers (idempotency) ------------------------------------------------------------
 
 
@@ -652,7 +655,11 @@ class InboundGuard:
                     ticket = self._shed(start, level)
             except RejectedError as error:
                 return self._refuse(error, self._level_headers())
-        return Admission(self, deadline, attempt, level, rate_headers, ticket)
+        # Admission(...) without type.__call__: on CPython 3.11 a class call re-enters the
+        # interpreter from C to run __init__; calling __init__ itself from here does not.
+        admission: Admission = _new(Admission)
+        _init_admission(admission, self, deadline, attempt, level, rate_headers, ticket)
+        return admission
 
     def _read(
         self, headers: Mapping[str, str]
