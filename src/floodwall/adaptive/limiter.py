@@ -181,6 +181,10 @@ class AdaptiveLimiter(Policy):
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
+        # Bound once: the per-request paths call these in try/finally, which costs less than
+        # `with self._lock` (no special-method lookup per use).
+        self._lock_acquire = self._lock.acquire
+        self._lock_release = self._lock.release
         self._limit = algorithm.limit
         self._inflight = 0
         self._backlog: deque[_Waiter] = deque()
@@ -268,7 +272,8 @@ class AdaptiveLimiter(Policy):
 
     def acquire(self, partition: str | None = None) -> Token | None:
         """A token, or ``None`` when the limit (or the partition's entitlement) is used up."""
-        with self._lock:
+        self._lock_acquire()
+        try:
             if self._unknown is None:
                 inflight = self._inflight
                 if inflight < self._limit:
@@ -287,12 +292,15 @@ class AdaptiveLimiter(Policy):
                 if self._admissible(part):
                     return self._grant(part)
             self._rejected += 1
+        finally:
+            self._lock_release()
         if self.listeners:
             self._emit_rejected(partition)
         return None
 
     def _release(self, token: Token, outcome: int) -> bool:
-        with self._lock:
+        self._lock_acquire()
+        try:
             if token._state != _OPEN:
                 return False
             token._state = outcome
@@ -309,6 +317,8 @@ class AdaptiveLimiter(Policy):
                     self._reshare()
             if self._backlog:
                 self._serve_backlog()
+        finally:
+            self._lock_release()
         if new != old and self.listeners:
             self._emit_limit(old, new)
         return True
