@@ -52,8 +52,8 @@ V = TypeVar("V")
 class _Scope(Generic[V]):
     """Sets a context variable on entry and restores it on exit, in ``with`` and ``async with``.
 
-    Every ambient value here but the call record (deadline, retry marker, idempotency key) is
-    one of these: subclasses only say which variable (``_var``) and which value (:meth:`_value`).
+    Every ambient value here (deadline, call record, retry marker, idempotency key) is one of
+    these: subclasses say which variable (``_var``) and which value (:meth:`_value`).
     """
 
     __slots__ = ("_token",)
@@ -210,44 +210,22 @@ def current_call() -> CallContext | None:
     return None if opened is None else opened[0]
 
 
-class call_context:  # noqa: N801 - used like a function, in `with`
+class call_context(_Scope[CallContext]):  # noqa: N801 - used like a function, in `with`
     """Context manager (sync and async) that opens a fresh :class:`CallContext`.
 
-    Not a :class:`_Scope`: the variable holds the context with the request record of the moment
-    (see ``_CALL``), while ``with`` hands out the context alone.
+    Its variable holds the context with the request record of the moment (see ``_CALL``), while
+    ``with`` hands out the context alone: only :meth:`__enter__` differs from other scopes.
     """
 
-    __slots__ = ("_token", "context")
+    __slots__ = ("context",)
+    _var = _CALL
 
     def __init__(self) -> None:
         self.context = CallContext()
-        self._token: contextvars.Token[tuple[CallContext, object] | None] | None = None
 
     def __enter__(self) -> CallContext:
         self._token = _CALL.set((self.context, _REQUEST.get()))
         return self.context
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        token = self._token
-        if token is not None:
-            _CALL.reset(token)
-            self._token = None
-
-    async def __aenter__(self) -> CallContext:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 # -- retry marker ---------------------------------------------------------------------------
