@@ -6,15 +6,15 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import redis
 
 from floodwall import FakeClock, Policy
-from floodwall.stores import Store, connect
+from floodwall.stores import Arg, MemoryStore, Op, R, Store, StoreUnavailableError, connect
 from servers import (
     PostgresServer,
     RedisCluster,
@@ -149,6 +149,36 @@ def shell(request: pytest.FixtureRequest) -> Shell:
 # moves time: the fake clock for memory, a real sleep for the servers (their clocks are real).
 # Async tests use `async_store_case`, whose async clients are closed in the test's own loop.
 # --------------------------------------------------------------------------------------------
+
+
+class SwitchableStore(Store):
+    """An in-memory store whose "server" can be taken down (``down = True``) and brought back:
+    ops then fail as a refused connection does. ``calls`` counts round trips; an async op
+    suspends its caller once, as a real round trip would, letting others queue."""
+
+    def __init__(self, clock: FakeClock, url: str = "switch://test", prefix: str = "s:") -> None:
+        super().__init__(url, prefix=prefix)
+        self.inner = MemoryStore(prefix=prefix, clock=clock)
+        self.down = False
+        self.calls = 0
+
+    def _check(self, op: Op[Any]) -> None:
+        self.calls += 1
+        if self.down:
+            try:
+                raise ConnectionRefusedError(111, "Connection refused")
+            except ConnectionRefusedError as exc:
+                raise StoreUnavailableError(self.url, op.script) from exc
+
+    def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        self._check(op)
+        return self.inner.apply(op, key, args)
+
+    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        self._check(op)
+        await asyncio.sleep(0)
+        return self.inner.apply(op, key, args)
+
 
 STORE_KINDS = ("memory", "redis", "redis_cluster", "postgres", "sqlite")
 _STORE_SERVER_FIXTURES = {

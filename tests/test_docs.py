@@ -47,9 +47,6 @@ PAGE_TIMEOUT = 60.0
 """Seconds one page's snippets may take in all (the suite's budget is < 60 s for every page)."""
 MAX_NO_RUN = 8
 """Blocks allowed to opt out; raising it needs a reason in the commit."""
-BEING_WRITTEN: dict[str, str] = {}
-"""Pages whose owners are still writing them: a failing snippet there is an expected failure
-(not strict). Remove a page from here when its owner is done; its snippets then must run."""
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>\S.*?)\s*-->\s*$")
@@ -206,8 +203,6 @@ def _page_params() -> list[object]:
         marks: list[pytest.MarkDecorator] = []
         if _needs_redis(path):
             marks.append(pytest.mark.integration)
-        if name in BEING_WRITTEN:
-            marks.append(pytest.mark.xfail(reason=BEING_WRITTEN[name], strict=False))
         params.append(pytest.param(path, id=name, marks=marks))
     return params
 

@@ -108,7 +108,7 @@ async def test_the_services_own_events_become_actions() -> None:
     timeout = fw.Timeout(0.001, name="posts", listeners=[agent.on_event])
 
     async def slow() -> None:
-        await asyncio.sleep(1)
+        await asyncio.Event().wait()  # hangs until the timeout cancels it
 
     with pytest.raises(TimeoutError):
         await timeout.call_async(slow)

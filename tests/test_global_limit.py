@@ -12,56 +12,28 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 import floodwall as fw
-from conftest import Shell
+from conftest import Shell, SwitchableStore
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.leasing import LeasedLimiter
 from floodwall.ratelimit.timeslice import TimeSliceLimiter
-from floodwall.stores import Arg, MemoryStore, Op, R, Store, StoreUnavailableError
-
-
-class CountingStore(Store):
-    """A memory store that counts round trips and can be taken down."""
-
-    def __init__(self, clock: fw.FakeClock) -> None:
-        super().__init__("counting://test", prefix="c:")
-        self.inner = MemoryStore(prefix="c:", clock=clock)
-        self.down = False
-        self.calls = 0
-
-    def _check(self, op: Op[Any]) -> None:
-        self.calls += 1
-        if self.down:
-            try:
-                raise ConnectionRefusedError(111, "Connection refused")
-            except ConnectionRefusedError as exc:
-                raise StoreUnavailableError(self.url, op.script) from exc
-
-    def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
-        self._check(op)
-        return self.inner.apply(op, key, args)
-
-    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
-        self._check(op)
-        await asyncio.sleep(0)  # a round trip suspends the caller, letting others queue
-        return self.inner.apply(op, key, args)
+from floodwall.stores import MemoryStore, Store
 
 
 @pytest.fixture
-def store(clock: fw.FakeClock) -> CountingStore:
-    return CountingStore(clock)
+def store(clock: fw.FakeClock) -> SwitchableStore:
+    return SwitchableStore(clock, "counting://test", "c:")
 
 
 # -- GlobalLimiter: the policy shells ---------------------------------------------------------
 
 
 def test_call_admits_then_raises_rate_limited_with_retry_after(
-    clock: fw.FakeClock, store: CountingStore, shell: Shell
+    clock: fw.FakeClock, store: SwitchableStore, shell: Shell
 ) -> None:
     limiter = GlobalLimiter("gcra", "2/s", burst=1, store=store, clock=clock)
     assert [shell.run(limiter, lambda: "ok") for _ in range(2)] == ["ok", "ok"]
@@ -73,7 +45,7 @@ def test_call_admits_then_raises_rate_limited_with_retry_after(
     assert shell.run(limiter, lambda: "again") == "again"
 
 
-async def test_decorators_and_keys(clock: fw.FakeClock, store: CountingStore) -> None:
+async def test_decorators_and_keys(clock: fw.FakeClock, store: SwitchableStore) -> None:
     limiter = GlobalLimiter(
         "fixed", "1/m", store=store, clock=clock, key=lambda user, **_: f"user:{user}"
     )
@@ -93,7 +65,7 @@ async def test_decorators_and_keys(clock: fw.FakeClock, store: CountingStore) ->
     assert store.inner.raw("c:{rl:global:user:ann}") is not None
 
 
-def test_wait_paces_on_the_limiters_clock(clock: fw.FakeClock, store: CountingStore) -> None:
+def test_wait_paces_on_the_limiters_clock(clock: fw.FakeClock, store: SwitchableStore) -> None:
     limiter = GlobalLimiter("gcra", "4/s", burst=0, store=store, clock=clock, max_wait=1.0)
     start = clock.monotonic()
     for _ in range(4):
@@ -106,7 +78,7 @@ def test_wait_paces_on_the_limiters_clock(clock: fw.FakeClock, store: CountingSt
         limiter.call(lambda: None)  # the next slot is 0.25 s away, past the deadline
 
 
-async def test_wait_async_paces_too(clock: fw.FakeClock, store: CountingStore) -> None:
+async def test_wait_async_paces_too(clock: fw.FakeClock, store: SwitchableStore) -> None:
     limiter = GlobalLimiter("token", "2/s", burst=0, store=store, clock=clock)
     assert (await limiter.wait_async(max_wait=1.0)).allowed
     waiter = asyncio.ensure_future(limiter.wait_async(max_wait=1.0))
@@ -118,7 +90,7 @@ async def test_wait_async_paces_too(clock: fw.FakeClock, store: CountingStore) -
 
 
 def test_reset_snapshot_describe_and_rejected_events(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     events: list[fw.Event] = []
     limiter = GlobalLimiter(
@@ -141,7 +113,7 @@ def test_reset_snapshot_describe_and_rejected_events(
 
 
 async def test_concurrent_async_decisions_share_round_trips(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = GlobalLimiter("gcra", "20/h", store=store, clock=clock)
     decisions = await asyncio.gather(*(limiter.acquire_async() for _ in range(32)))
@@ -152,7 +124,7 @@ async def test_concurrent_async_decisions_share_round_trips(
 
 
 async def test_batches_are_bounded_and_keys_do_not_share_them(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = GlobalLimiter("fixed", "100/h", store=store, clock=clock, max_batch=8)
     await asyncio.gather(*(limiter.acquire_async() for _ in range(33)))
@@ -163,7 +135,7 @@ async def test_batches_are_bounded_and_keys_do_not_share_them(
 
 
 async def test_without_batching_every_request_is_its_own_round_trip(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = GlobalLimiter("gcra", "100/h", store=store, clock=clock, batch=False)
     await asyncio.gather(*(limiter.acquire_async() for _ in range(10)))
@@ -171,7 +143,7 @@ async def test_without_batching_every_request_is_its_own_round_trip(
 
 
 async def test_a_cancelled_waiter_is_left_out_of_its_batch(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = GlobalLimiter("fixed", "3/h", store=store, clock=clock)
     first = asyncio.ensure_future(limiter.acquire_async())
@@ -184,7 +156,7 @@ async def test_a_cancelled_waiter_is_left_out_of_its_batch(
 
 
 async def test_a_bug_in_the_op_reaches_every_waiter_of_the_batch(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = GlobalLimiter("gcra", "100/h", store=store, clock=clock)
     limiter._params = ["not-a-number", "1", "1"]
@@ -200,7 +172,7 @@ async def test_a_bug_in_the_op_reaches_every_waiter_of_the_batch(
 
 @pytest.mark.parametrize("mode", ["fail_open", "fail_closed", "local"])
 async def test_the_store_down_never_raises_and_follows_the_mode(
-    clock: fw.FakeClock, store: CountingStore, mode: Any
+    clock: fw.FakeClock, store: SwitchableStore, mode: Any
 ) -> None:
     events: list[fw.Event] = []
     limiter = GlobalLimiter(
@@ -241,7 +213,7 @@ def test_local_share_of_buckets_divides_rate_and_capacity() -> None:
 
 
 def test_leases_cut_round_trips_by_the_lease_size(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = LeasedLimiter("gcra", "100000/s", store=store, clock=clock, lease=20)
     for _ in range(1000):
@@ -295,7 +267,7 @@ def test_leased_over_admission_stays_within_the_stated_bounds(
 
 
 def test_unused_leased_permits_lapse_and_refusals_are_cached(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = LeasedLimiter("gcra", "10/s", burst=9, store=store, clock=clock, lease=5)
     assert limiter.acquire().allowed and limiter.held() == 4
@@ -313,7 +285,7 @@ def test_unused_leased_permits_lapse_and_refusals_are_cached(
 
 
 async def test_concurrent_async_requests_wait_for_one_lease(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = LeasedLimiter("gcra", "1000/s", store=store, clock=clock, lease=100)
     decisions = await asyncio.gather(*(limiter.acquire_async() for _ in range(60)))
@@ -322,7 +294,7 @@ async def test_concurrent_async_requests_wait_for_one_lease(
 
 
 async def test_a_cost_above_the_pool_leases_the_difference(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     limiter = LeasedLimiter("fixed", "30/h", store=store, clock=clock, lease=10)
     assert limiter.acquire().allowed and limiter.held() == 9
@@ -333,7 +305,9 @@ async def test_a_cost_above_the_pool_leases_the_difference(
 
 
 @pytest.mark.parametrize("mode", ["fail_open", "fail_closed", "local"])
-def test_leases_follow_the_store_mode(clock: fw.FakeClock, store: CountingStore, mode: Any) -> None:
+def test_leases_follow_the_store_mode(
+    clock: fw.FakeClock, store: SwitchableStore, mode: Any
+) -> None:
     limiter = LeasedLimiter(
         "gcra", "100/h", store=store, clock=clock, on_store_error=mode,
         expected_instances=4, lease=10,
@@ -361,7 +335,7 @@ def _fleet(
     ]  # fmt: skip
 
 
-def test_requests_never_touch_the_store(clock: fw.FakeClock, store: CountingStore) -> None:
+def test_requests_never_touch_the_store(clock: fw.FakeClock, store: SwitchableStore) -> None:
     limiter = _fleet(clock, store, 1)[0]
     assert all(limiter.try_acquire() for _ in range(1000))
     assert store.calls == 0
@@ -370,7 +344,7 @@ def test_requests_never_touch_the_store(clock: fw.FakeClock, store: CountingStor
 
 
 def test_the_elected_instance_publishes_the_seeds_drop_rate(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     """Four instances at 30 QPS each against a limit of 100: dropRate = (120 − 100) / 120."""
     fleet = _fleet(clock, store, 4)
@@ -389,7 +363,7 @@ def test_the_elected_instance_publishes_the_seeds_drop_rate(
 
 
 def test_the_lease_passes_on_when_the_elected_instance_goes_quiet(
-    clock: fw.FakeClock, store: CountingStore
+    clock: fw.FakeClock, store: SwitchableStore
 ) -> None:
     a, b = _fleet(clock, store, 2)
     a.sync()
@@ -401,7 +375,7 @@ def test_the_lease_passes_on_when_the_elected_instance_goes_quiet(
     assert (b.elected, b.instances) == (True, 1), "a's report went stale after 2 slices"
 
 
-def test_under_the_limit_nothing_is_dropped(clock: fw.FakeClock, store: CountingStore) -> None:
+def test_under_the_limit_nothing_is_dropped(clock: fw.FakeClock, store: SwitchableStore) -> None:
     (limiter,) = _fleet(clock, store, 1)
     for _ in range(500):
         limiter.acquire()
@@ -413,7 +387,7 @@ def test_under_the_limit_nothing_is_dropped(clock: fw.FakeClock, store: Counting
 
 @pytest.mark.parametrize("mode", ["fail_open", "fail_closed", "local"])
 def test_time_slices_follow_the_store_mode(
-    clock: fw.FakeClock, store: CountingStore, mode: Any
+    clock: fw.FakeClock, store: SwitchableStore, mode: Any
 ) -> None:
     events: list[fw.Event] = []
     (limiter,) = _fleet(
@@ -432,7 +406,7 @@ def test_time_slices_follow_the_store_mode(
     assert [e.kind for e in events][:2] == ["store_down", "drop_rate"] or mode == "fail_open"
 
 
-async def test_sync_async_and_keys(clock: fw.FakeClock, store: CountingStore) -> None:
+async def test_sync_async_and_keys(clock: fw.FakeClock, store: SwitchableStore) -> None:
     (limiter,) = _fleet(clock, store, 1)
     assert await limiter.sync_async() == 0.0 and limiter.syncs == 1
     assert (await limiter.acquire_async()).allowed

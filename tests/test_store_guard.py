@@ -10,39 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
+from conftest import SwitchableStore
 from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
 from floodwall.frequency import COUNT, ONCE, Frequency
-from floodwall.stores import Arg, MemoryStore, Op, R, Store, StoreGuard, StoreUnavailableError
-
-
-class SwitchableStore(Store):
-    """A memory store whose "server" can be taken down and brought back."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__("switch://test", prefix="s:")
-        self.inner = MemoryStore(prefix="s:", clock=clock)
-        self.down = False
-        self.calls = 0
-
-    def _check(self, op: Op[Any]) -> None:
-        self.calls += 1
-        if self.down:
-            try:
-                raise ConnectionRefusedError(111, "Connection refused")
-            except ConnectionRefusedError as exc:
-                raise StoreUnavailableError(self.url, op.script) from exc
-
-    def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
-        self._check(op)
-        return self.inner.apply(op, key, args)
-
-    async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
-        self._check(op)
-        return self.inner.apply(op, key, args)
+from floodwall.stores import Arg, Op, R, StoreGuard
 
 
 @pytest.fixture
