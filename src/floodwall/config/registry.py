@@ -847,8 +847,11 @@ class Registry:
                 }
             limiter = resource.limiter
             if isinstance(limiter, GlobalLimiter):
-                entry["rate_limit"] = {"scope": "global", "store": limiter.guard.state}
-                entry["rate_limit"]["rejected"] = limiter.rejected
+                entry["rate_limit"] = {
+                    "scope": "global",
+                    "store": limiter.guard.state,
+                    "rejected": limiter.rejected,
+                }
             elif limiter is not None:
                 entry["rate_limit"] = {"rejected": limiter.rejected}
             if resource.adaptive is not None:
