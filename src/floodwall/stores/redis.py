@@ -17,8 +17,9 @@ URLs:
 
 Clients: one sync client (thread-safe, pooled), and one async client per running event loop
 (made on first use; close it with ``await store.aclose()`` in that loop). At most
-``max_connections`` (default 50) ops run at once per event loop, so at most that many
-connections are open (per node on a cluster); further ops wait their turn. ``timeout`` (default
+``max_connections`` (default 50) ops (``apply_async``) run at once per event loop, so they hold
+at most that many connections (per node on a cluster); further ops wait their turn. Streams
+(:mod:`floodwall.stores.streams`) use the same client beside them. ``timeout`` (default
 ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command; a failed command is retried once
 on a fresh connection (a restarted server leaves dead pooled sockets), then the store raises
 :class:`~floodwall.stores.StoreUnavailableError`.
