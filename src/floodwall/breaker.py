@@ -34,23 +34,20 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
-from floodwall._core.policy import Policy
 from floodwall._core.validate import count as _count
 from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
 from floodwall._core.window import _value as _count_value
 
 __all__ = ["CircuitBreaker", "CircuitState"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class CircuitState(enum.IntEnum):
@@ -74,6 +71,7 @@ _SUCCESS = Kind.SUCCESS
 _FAILURE = Kind.FAILURE
 _INF = float("inf")
 _REJECTED = -1
+"""``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
 _OPTIONS = (
     "failure_rate",
     "minimum_calls",
@@ -92,7 +90,9 @@ _OPTIONS = (
     "ignore",
     "failure_result",
 )
-"""``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
+"""The keyword options :meth:`CircuitBreaker.reconfigure` takes."""
+_ATTRIBUTE = {"record": "record_exceptions"}
+"""Options kept under another attribute name (``record`` is the admission hook's name)."""
 
 
 def _rate(name: str, value: float | None) -> float | None:
@@ -109,7 +109,7 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
-class CircuitBreaker(Policy):
+class CircuitBreaker(Gate):
     """A circuit breaker over a rolling window (see the module docstring for the semantics).
 
     Defaults (Hystrix's): ``window=10`` s in ``buckets=10``, ``minimum_calls=20``,
@@ -179,7 +179,8 @@ class CircuitBreaker(Policy):
             )
         self.half_open_calls = _count("half_open_calls", half_open_calls)
         self.probe_timeout = _positive("probe_timeout", probe_timeout)
-        self.record = record if isinstance(record, tuple) else (record,)
+        self.record_exceptions = record if isinstance(record, tuple) else (record,)
+        """The ``record=`` option: exception types counted as failures."""
         self.ignore = ignore if isinstance(ignore, tuple) else (ignore,)
         self.failure_result = failure_result
         self.clock = clock
@@ -228,7 +229,7 @@ class CircuitBreaker(Policy):
     def _acquire_locked(self, now: float, events: list[Event]) -> int:
         state = self._state
         if state is _OPEN:
-            if now - self._changed_at < self._open_for:
+            if now < self._open_until:
                 next(self._rejections)
                 return _REJECTED
             self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
@@ -387,98 +388,72 @@ class CircuitBreaker(Policy):
             return Kind.TIMEOUT
         if isinstance(exc, RejectedError):
             return Kind.REJECTED
-        if isinstance(exc, self.record):
+        if isinstance(exc, self.record_exceptions):
             return Kind.FAILURE
         return Kind.IGNORED
 
     def retry_after(self, now: float) -> float | None:
         """Seconds until an OPEN breaker lets a probe through; ``None`` when unknown."""
         if self._state is _OPEN:
-            return max(0.0, self._open_for - (now - self._changed_at))
+            return max(0.0, self._open_until - now)
         return None
 
     def rejection(self, now: float) -> CircuitOpenError:
         """The error for a call refused at ``now``."""
         state = self._state
-        retry_after = self._open_for - (now - self._changed_at) if state is _OPEN else None
+        retry_after = self._open_until - now if state is _OPEN else None
         return CircuitOpenError(self.name, state, retry_after)
 
-    # -- the shells -------------------------------------------------------------------------
+    # -- the admission hooks (the drivers run them around each call) -------------------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        now = self._now
-        start = now()
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """A permit (the generation) for a call at ``now``, or raise :class:`CircuitOpenError`.
+
+        CLOSED admits without the lock, and so does OPEN's refusal: rejecting is the hot path
+        of an outage. Every other state goes through :meth:`acquire`.
+        """
         state = self._state
         if state is _CLOSED:
-            permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start < self._open_until:
-            next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_until - start)
-        elif state is _FORCED_OPEN:
+            return self._gen
+        if state is _OPEN and now < self._open_until:
+            next(self._rejections)
+            raise CircuitOpenError(self.name, state, self._open_until - now)
+        if state is _FORCED_OPEN:
             next(self._rejections)
             raise CircuitOpenError(self.name, state, None)
-        else:
-            permit = self.acquire(start)
-            if permit < 0:
-                raise self.rejection(start)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            end = now()
-            self.on_outcome(permit, end, self.classify(exc), end - start)
-            raise
-        end = now()
-        if self.failure_result is not None and self.failure_result(result):
-            self.on_outcome(permit, end, _FAILURE, end - start)
-        # on_outcome's fast path, inlined: admitted while CLOSED and no transition since (the
-        # generation is unchanged), a fast success is two atomic counter bumps, no lock.
-        elif not (state is _CLOSED and permit == self._gen and self._add_success(end, end - start)):
-            self.on_outcome(permit, end, _SUCCESS, end - start)
-        return result
+        permit = self.acquire(now)
+        if permit < 0:
+            raise self.rejection(now)
+        return permit
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        now = self._now
-        start = now()
-        state = self._state
-        if state is _CLOSED:
-            permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start < self._open_until:
-            next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_until - start)
-        elif state is _FORCED_OPEN:
-            next(self._rejections)
-            raise CircuitOpenError(self.name, state, None)
-        else:
-            permit = self.acquire(start)
-            if permit < 0:
-                raise self.rejection(start)
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            end = now()
-            self.on_outcome(permit, end, self.classify(exc), end - start)
-            raise
-        end = now()
-        if self.failure_result is not None and self.failure_result(result):
-            self.on_outcome(permit, end, _FAILURE, end - start)
-        # on_outcome's fast path, inlined: admitted while CLOSED and no transition since (the
-        # generation is unchanged), a fast success is two atomic counter bumps, no lock.
-        elif not (state is _CLOSED and permit == self._gen and self._add_success(end, end - start)):
-            self.on_outcome(permit, end, _SUCCESS, end - start)
-        return result
+    def record(
+        self,
+        permit: int,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Count how the call ended; a fast success while CLOSED is two lock-free bumps."""
+        if error is not None:
+            self.on_outcome(permit, now, self.classify(error), duration)
+        elif self.failure_result is not None and self.failure_result(result):
+            self.on_outcome(permit, now, _FAILURE, duration)
+        elif not (
+            permit == self._gen and self._state is _CLOSED and self._add_success(now, duration)
+        ):
+            self.on_outcome(permit, now, _SUCCESS, duration)
 
     # -- operators and observers ------------------------------------------------------------
 
     @property
     def state(self) -> CircuitState:
         """The current state; an OPEN breaker whose open time is over reads as HALF_OPEN."""
-        if self._state is _OPEN and self._now() - self._changed_at >= self._open_for:
+        if self._state is _OPEN and self._now() >= self._open_until:
             events: list[Event] = []
             with self._lock:
                 now = self._now()
-                if self._state is _OPEN and now - self._changed_at >= self._open_for:
+                if self._state is _OPEN and now >= self._open_until:
                     self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
             self._emit(events)
         return self._state
@@ -518,7 +493,7 @@ class CircuitBreaker(Policy):
 
     def options(self) -> dict[str, Any]:
         """The keyword options this breaker was built (or last reconfigured) with."""
-        return {name: getattr(self, name) for name in _OPTIONS}
+        return {name: getattr(self, _ATTRIBUTE.get(name, name)) for name in _OPTIONS}
 
     def reconfigure(self, **changes: Any) -> None:
         """Change options live (a config reload), keeping the state and the counts.
@@ -535,7 +510,8 @@ class CircuitBreaker(Policy):
         fresh = CircuitBreaker(self.name, clock=self.clock, **merged)
         with self._lock:
             for name in _OPTIONS:
-                setattr(self, name, getattr(fresh, name))
+                attribute = _ATTRIBUTE.get(name, name)
+                setattr(self, attribute, getattr(fresh, attribute))
             if fresh._window_shape != self._window_shape:
                 self._window = fresh._window
                 self._window_shape = fresh._window_shape

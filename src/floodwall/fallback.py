@@ -13,13 +13,14 @@ fallback answered and why, for response headers and metrics; ``Fallback.degraded
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, Await, FlowSteps
 from floodwall.context import current_call
 
 __all__ = ["Fallback"]
@@ -30,7 +31,7 @@ R = TypeVar("R")
 _UNSET: Any = object()
 
 
-class Fallback(Policy):
+class Fallback(Flow):
     """Replace a failed call's outcome with ``value`` or ``factory(exception)``."""
 
     kind = "fallback"
@@ -98,9 +99,10 @@ class Fallback(Policy):
             return self.value
         return self.factory(exc if exc is not None else FailedResult(self.name, result))
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """Call once; on a handled failure, answer instead (awaiting an async factory)."""
         try:
-            result = fn(*args, **kwargs)
+            result = yield CALL
         except BaseException as exc:
             if not self.handles(exc):
                 raise
@@ -110,27 +112,8 @@ class Fallback(Policy):
                 return result
             answer = self._answer(None, result)
         if inspect.isawaitable(answer):
-            if inspect.iscoroutine(answer):
-                answer.close()  # never awaited: close it so it does not warn later
-            raise ConfigError(f"fallback {self.name!r} has an async factory; use call_async()")
-        return cast(R, answer)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            if not self.handles(exc):
-                raise
-            answer = self._answer(exc)
-        else:
-            if self.failure_result is None or not self.failure_result(result):
-                return result
-            answer = self._answer(None, result)
-        if inspect.isawaitable(answer):
-            answer = await answer
-        return cast(R, answer)
+            answer = yield Await(answer, f"fallback {self.name!r} has an async factory")
+        return answer
 
     def describe(self) -> str:
         what = "factory" if self.factory is not None else f"value={self.value!r}"

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core.admission import Gate
+from floodwall._core.drivers import gate_async, gate_sync, gates_async, gates_sync
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.policy import Policy
@@ -35,23 +37,21 @@ class Pipeline(Policy):
                 raise ConfigError(f"policies[{index}] must be a floodwall Policy, got {policy!r}")
         self.policies: tuple[Policy, ...] = policies
         self.name = name
-        self._shells = tuple(policy.call for policy in reversed(policies))
-        self._async_shells = tuple(policy.call_async for policy in reversed(policies))
+        self._stages, self._async_stages = _stages(policies)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        # Each step is a C-level partial: ``outer.call(partial(inner.call, ... fn))``, so
-        # composing adds no Python frame of its own between the policies.
+        # Each stage is a C-level partial, ``runner(stage, inner)``, built innermost first.
         call: Callable[..., Any] = fn
-        for shell in self._shells:
-            call = partial(shell, call)
+        for runner, stage in self._stages:
+            call = partial(runner, stage, call)
         return call(*args, **kwargs)  # type: ignore[no-any-return]
 
     async def call_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         call: Callable[..., Any] = fn
-        for shell in self._async_shells:
-            call = partial(shell, call)
+        for runner, stage in self._async_stages:
+            call = partial(runner, stage, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
 
     def add_listener(self, listener: EventListener) -> None:
@@ -71,3 +71,49 @@ class Pipeline(Policy):
 
     def __len__(self) -> int:
         return len(self.policies)
+
+
+_Stage = tuple[Callable[..., Any], Any]
+
+
+def _stages(policies: tuple[Policy, ...]) -> tuple[list[_Stage], list[_Stage]]:
+    """The runners of a pipeline, innermost first: one per flow, one per run of gates.
+
+    Nested pipelines are flattened (composition is associative); consecutive gates share one
+    admission loop (:func:`~floodwall._core.drivers.gates_sync`), so ``Pipeline(breaker,
+    bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
+    other policy runs through its own ``call``.
+    """
+    flat: list[Policy] = []
+    for policy in policies:
+        flat.extend(_stages_of(policy))
+    sync: list[_Stage] = []
+    async_: list[_Stage] = []
+    run: list[Gate] = []
+
+    def close_run() -> None:
+        if len(run) == 1:
+            sync.append((gate_sync, run[0]))
+            async_.append((gate_async, run[0]))
+        elif run:
+            sync.append((gates_sync, tuple(run)))
+            async_.append((gates_async, tuple(run)))
+        run.clear()
+
+    for policy in flat:
+        if isinstance(policy, Gate):
+            run.append(policy)
+            continue
+        close_run()
+        sync.append((type(policy).call, policy))
+        async_.append((type(policy).call_async, policy))
+    close_run()
+    sync.reverse()
+    async_.reverse()
+    return sync, async_
+
+
+def _stages_of(policy: Policy) -> tuple[Policy, ...]:
+    if isinstance(policy, Pipeline):
+        return tuple(p for inner in policy.policies for p in _stages_of(inner))
+    return (policy,)

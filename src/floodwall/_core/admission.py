@@ -1,0 +1,81 @@
+"""The one request path: every policy is a gate (admit, then record) or a flow (a step machine).
+
+**Gates** can refuse or observe a call: breakers, bulkheads, rate limiters, adaptive limiters,
+shedders, level and priority gates, sampled drops, chaos. A gate writes two pure hooks:
+
+* ``admit(now, args, kwargs)`` returns a *permit* (any value the gate wants handed back), or
+  raises the typed :class:`~floodwall.RejectedError` that refuses the call. A gate that may make
+  the caller wait for its permit raises :class:`Wait` with the :class:`Step` to perform; the
+  driver performs it (sleeping or parking the thread or the task) and calls ``resume``.
+* ``record(permit, now, duration, error, result)`` learns how the admitted call ended: ``error``
+  is the exception (``None`` on a return), ``result`` the return value, ``duration`` the seconds
+  from admission to the end. Gates classify the outcome themselves (see
+  :mod:`floodwall._core.outcome`); a gate that only needs to free what it holds ignores the rest.
+
+**Flows** loop or wait around the call: retry, hedge, timeout, fallback, cache, idempotency.
+A flow writes one generator, ``flow(args, kwargs)``, that yields :class:`Step` instructions
+(:data:`CALL` to run the protected call, :class:`Sleep`, :class:`Apply` for a store operation,
+:class:`Await` for an awaitable a user hook returned) and returns the call's answer. The value
+of a step is sent back into the generator; an exception the step raised is thrown into it at
+the ``yield``. Sync and async behaviour is therefore the same by construction: only
+:mod:`floodwall._core.drivers` knows threads, tasks, sleeping and cancellation.
+
+This is tenacity's "attempt / sleep / done" iteration and httpx's generator auth flows, applied
+to every policy; Polly v8's single execution path is the same idea.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from floodwall._core import drivers
+from floodwall._core.policy import Policy
+from floodwall._core.steps import FlowSteps, Step
+
+__all__ = ["Flow", "Gate"]
+
+
+class Gate(Policy):
+    """A policy that admits a call and records its outcome (see the module docstring).
+
+    ``call`` / ``call_async`` are the drivers' (:mod:`floodwall._core.drivers`); a gate writes
+    :meth:`admit`, :meth:`record` and, if it can make callers wait, :meth:`resume`. ``_now`` is
+    the gate's clock reading (``clock.monotonic``), set by the subclass.
+    """
+
+    _now: Callable[[], float]
+
+    call = drivers.gate_sync
+    call_async = drivers.gate_async
+
+    @abstractmethod
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A permit for the call with ``args``/``kwargs`` at ``now``, or raise its rejection."""
+
+    def record(
+        self,
+        permit: Any,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Learn how the call admitted with ``permit`` ended (default: nothing to learn)."""
+
+    def resume(self, step: Step, value: Any, now: float) -> Any:
+        """After the driver performed the ``step`` of a :class:`Wait` (its value ``value``): a
+        permit, or raise the rejection, or raise another :class:`Wait`."""
+        raise NotImplementedError(f"{type(self).__name__} raised Wait but has no resume()")
+
+
+class Flow(Policy):
+    """A policy written as one step machine (see the module docstring)."""
+
+    call = drivers.flow_sync
+    call_async = drivers.flow_async
+
+    @abstractmethod
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """The steps of one call with ``args``/``kwargs``; returns the call's answer."""

@@ -1,0 +1,232 @@
+"""The two drivers: the only code that runs a policy's hooks around a real call.
+
+Every policy's ``call`` is :func:`gate_sync` or :func:`flow_sync` (bound as the method), and
+every ``call_async`` the matching ``*_async`` function; a :class:`~floodwall.Pipeline` chains
+the same runners, one per stage. Each sync function here has an async twin that differs only
+where a thread and a task differ (``await``); nothing else in the package writes a call body.
+
+Costs: a gate adds two Python calls to the protected call (``admit`` and ``record``), a flow a
+generator and one ``send`` per step. The gate runners take the hook methods from the instance
+each call, so ``reconfigure()`` and subclass overrides are always seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from floodwall._core.steps import CALL, FlowSteps, Wait
+
+if TYPE_CHECKING:
+    from floodwall._core.admission import Flow, Gate
+
+__all__ = [
+    "drive_async",
+    "drive_sync",
+    "flow_async",
+    "flow_sync",
+    "gate_async",
+    "gate_sync",
+    "gates_async",
+    "gates_sync",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+# -- one gate --------------------------------------------------------------------------------
+
+
+def gate_sync(gate: Gate, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Admit, call, record: a gate's ``call``."""
+    now = gate._now
+    start = now()
+    try:
+        permit = gate.admit(start, args, kwargs)
+    except Wait as wait:
+        permit = wait_sync(gate, wait)
+        start = now()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        end = now()
+        gate.record(permit, end, end - start, exc, None)
+        raise
+    end = now()
+    gate.record(permit, end, end - start, None, result)
+    return result
+
+
+async def gate_async(
+    gate: Gate, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`gate_sync` for coroutine functions: a gate's ``call_async``."""
+    now = gate._now
+    start = now()
+    try:
+        permit = gate.admit(start, args, kwargs)
+    except Wait as wait:
+        permit = await wait_async(gate, wait)
+        start = now()
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        end = now()
+        gate.record(permit, end, end - start, exc, None)
+        raise
+    end = now()
+    gate.record(permit, end, end - start, None, result)
+    return result
+
+
+def wait_sync(gate: Gate, wait: Wait) -> Any:
+    """Perform the steps a gate asked to wait for until it hands out a permit (or refuses)."""
+    while True:
+        step = wait.step
+        value = step.run(_no_call)
+        try:
+            return gate.resume(step, value, gate._now())
+        except Wait as again:
+            wait = again
+
+
+async def wait_async(gate: Gate, wait: Wait) -> Any:
+    """:func:`wait_sync` for tasks."""
+    while True:
+        step = wait.step
+        value = await step.arun(_no_call_async)
+        try:
+            return gate.resume(step, value, gate._now())
+        except Wait as again:
+            wait = again
+
+
+def _no_call() -> Any:
+    raise RuntimeError("a gate's wait step cannot run the protected call")
+
+
+async def _no_call_async() -> Any:
+    _no_call()
+
+
+# -- several gates in a row (a pipeline's stage) ---------------------------------------------
+
+
+def gates_sync(
+    gates: Sequence[Gate], fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """Admit outermost first, call, record in reverse.
+
+    A gate that refuses (or fails to admit) ends the call there: the gates already passed
+    record its exception as the outcome, as they would had it come from the call itself.
+    """
+    admitted: list[tuple[Gate, Any, float]] = []
+    for gate in gates:
+        start = gate._now()
+        try:
+            permit = gate.admit(start, args, kwargs)
+        except Wait as wait:
+            try:
+                permit = wait_sync(gate, wait)
+            except BaseException as exc:
+                _record_all(admitted, exc, None)
+                raise
+            start = gate._now()
+        except BaseException as exc:
+            _record_all(admitted, exc, None)
+            raise
+        admitted.append((gate, permit, start))
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _record_all(admitted, exc, None)
+        raise
+    _record_all(admitted, None, result)
+    return result
+
+
+async def gates_async(
+    gates: Sequence[Gate], fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`gates_sync` for coroutine functions."""
+    admitted: list[tuple[Gate, Any, float]] = []
+    for gate in gates:
+        start = gate._now()
+        try:
+            permit = gate.admit(start, args, kwargs)
+        except Wait as wait:
+            try:
+                permit = await wait_async(gate, wait)
+            except BaseException as exc:
+                _record_all(admitted, exc, None)
+                raise
+            start = gate._now()
+        except BaseException as exc:
+            _record_all(admitted, exc, None)
+            raise
+        admitted.append((gate, permit, start))
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        _record_all(admitted, exc, None)
+        raise
+    _record_all(admitted, None, result)
+    return result
+
+
+def _record_all(
+    admitted: list[tuple[Gate, Any, float]], error: BaseException | None, result: Any
+) -> None:
+    for gate, permit, start in reversed(admitted):
+        end = gate._now()
+        gate.record(permit, end, end - start, error, result)
+
+
+# -- flows -----------------------------------------------------------------------------------
+
+
+def flow_sync(policy: Flow, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run a flow's steps around ``fn(*args, **kwargs)``: a flow's ``call``."""
+    return drive_sync(policy.flow(args, kwargs), partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+
+
+async def flow_async(
+    policy: Flow, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`flow_sync` for coroutine functions: a flow's ``call_async``."""
+    return await drive_async(policy.flow(args, kwargs), partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+
+
+def drive_sync(steps: FlowSteps, call: Callable[[], Any]) -> Any:
+    """Perform each step the generator yields, send its value back (or throw its exception in),
+    and return what the generator returns."""
+    send = steps.send
+    try:
+        step = send(None)
+        while True:
+            try:
+                value = call() if step is CALL else step.run(call)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides what it handles
+                step = steps.throw(exc)
+            else:
+                step = send(value)
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_async(steps: FlowSteps, call: Callable[[], Awaitable[Any]]) -> Any:
+    """:func:`drive_sync` in a task."""
+    send = steps.send
+    try:
+        step = send(None)
+        while True:
+            try:
+                value = await call() if step is CALL else await step.arun(call)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides what it handles
+                step = steps.throw(exc)
+            else:
+                step = send(value)
+    except StopIteration as done:
+        return done.value
