@@ -32,7 +32,6 @@ call runs (pybreaker holds it across the call, serialising every caller).
 from __future__ import annotations
 
 import enum
-import itertools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -43,9 +42,9 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
+from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _count
 from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
-from floodwall._core.window import _value as _count_value
 
 __all__ = ["CircuitBreaker", "CircuitState"]
 
@@ -203,7 +202,7 @@ class CircuitBreaker(Gate):
         self._open_until = _INF
         self._probes = 0
         self._probe_successes = 0
-        self._rejections = itertools.count()
+        self._rejections = Tally()
         self.transitions: dict[str, int] = {}
         """State changes since the breaker was built, by the state entered (for metrics)."""
         self._would_trip = False
@@ -230,7 +229,7 @@ class CircuitBreaker(Gate):
         state = self._state
         if state is _OPEN:
             if now < self._open_until:
-                next(self._rejections)
+                self._rejections.add()
                 return _REJECTED
             self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
             state = _HALF_OPEN
@@ -240,10 +239,10 @@ class CircuitBreaker(Gate):
                 return self._gen
             if now - self._changed_at >= self.probe_timeout:
                 self._reopen(now, f"probe not back within {self.probe_timeout:g}s", events)
-            next(self._rejections)
+            self._rejections.add()
             return _REJECTED
         if state is _FORCED_OPEN:
-            next(self._rejections)
+            self._rejections.add()
             return _REJECTED
         return self._gen
 
@@ -416,10 +415,10 @@ class CircuitBreaker(Gate):
         if state is _CLOSED:
             return self._gen
         if state is _OPEN and now < self._open_until:
-            next(self._rejections)
+            self._rejections.add()
             raise CircuitOpenError(self.name, state, self._open_until - now)
         if state is _FORCED_OPEN:
-            next(self._rejections)
+            self._rejections.add()
             raise CircuitOpenError(self.name, state, None)
         permit = self.acquire(now)
         if permit < 0:
@@ -466,7 +465,7 @@ class CircuitBreaker(Gate):
     @property
     def rejected(self) -> int:
         """Calls refused since the breaker was built."""
-        return _count_value(self._rejections)
+        return self._rejections.value
 
     def force_open(self, reason: str = "forced open by operator") -> None:
         """Reject every call until :meth:`reset` or another manual state."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import itertools
 import math
 import threading
 from collections import deque
@@ -46,6 +45,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock, SystemClock
 from floodwall._core.errors import BulkheadFullError, ConfigError, TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _limit
 from floodwall._core.window import WindowSnapshot
 from floodwall.context import _DEADLINE
@@ -148,7 +148,7 @@ class Bulkhead(Policy):
         self._in_flight = 0
         self._queued = 0
         self._waiters: deque[_Waiter] = deque()
-        self._rejections = itertools.count()
+        self._rejections = Tally()
 
     # -- admission (lock held for a few lines only) -----------------------------------------
 
@@ -234,7 +234,7 @@ class Bulkhead(Policy):
 
     def _reject(self, error: BulkheadFullError) -> BulkheadFullError:
         """Count the refusal and tell the listeners (lock not held)."""
-        next(self._rejections)
+        self._rejections.add()
         if self.listeners:
             self._emit(error)
         return error
@@ -309,7 +309,7 @@ class Bulkhead(Policy):
                 self._queued,
             )
             self._lock_release()
-            next(self._rejections)
+            self._rejections.add()
             if self.listeners:
                 self._emit(error)
             raise error
@@ -390,7 +390,7 @@ class Bulkhead(Policy):
                 self._queued,
             )
             self._lock_release()
-            next(self._rejections)
+            self._rejections.add()
             if self.listeners:
                 self._emit(error)
             raise error
@@ -497,7 +497,7 @@ class ThreadPoolBulkhead(Policy):
         self._lock = threading.Lock()
         self._admitted = 0
         self._closed = False
-        self._rejections = itertools.count()
+        self._rejections = Tally()
         self._timeouts = 0
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -536,7 +536,7 @@ class ThreadPoolBulkhead(Policy):
             self._admitted -= 1
 
     def _reject(self, error: BulkheadFullError) -> BulkheadFullError:
-        next(self._rejections)
+        self._rejections.add()
         if self.listeners:
             self.listeners.emit(
                 Event("rejected", self.kind, self.name, self.clock.monotonic(), str(error))

@@ -35,7 +35,6 @@ no I/O, no sleeping. Waiting goes through the injected ``clock`` (a
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import random
@@ -47,7 +46,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FloodwallError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
-from floodwall._core.window import _value as _count_value
+from floodwall._core.tally import Tally
 
 __all__ = [
     "CHAOS_ENV",
@@ -335,8 +334,8 @@ class ChaosPolicy(Policy):
         self.listeners = Listeners(listeners)
         self.origin = clock.monotonic() if origin is None else float(origin)
         """The clock reading the schedule counts from (see :meth:`restart`)."""
-        self._calls = itertools.count()
-        self._injected = itertools.count()
+        self._calls = Tally()
+        self._injected = Tally()
 
     # -- the decision core ------------------------------------------------------------------
 
@@ -355,12 +354,12 @@ class ChaosPolicy(Policy):
         return draw < options.rate
 
     def _hit(self) -> bool:
-        next(self._calls)
+        self._calls.add()
         if not (self.allowed and self.options.enabled):
             return False  # the free path: no clock reading, no draw
         if not self.decide(self.clock.monotonic(), self.rng.random()):
             return False
-        next(self._injected)
+        self._injected.add()
         if self.listeners:
             self.listeners.emit(
                 Event(
@@ -452,12 +451,12 @@ class ChaosPolicy(Policy):
     @property
     def calls(self) -> int:
         """Calls that went through the policy."""
-        return _count_value(self._calls)
+        return self._calls.value
 
     @property
     def injected(self) -> int:
         """Calls the policy hit."""
-        return _count_value(self._injected)
+        return self._injected.value
 
     def describe(self) -> str:
         options = self.options

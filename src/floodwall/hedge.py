@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
@@ -43,8 +42,8 @@ from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall._core.window import TimeWindow
-from floodwall._core.window import _value as _count_value
 from floodwall.budget import RetryBudget
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
 from floodwall.context import _RETRY, RetryMarker
@@ -125,10 +124,10 @@ class Hedge(Policy):
         self._cached = self.delay
         self._cached_until = -float("inf")
         self._background: set[asyncio.Task[Any]] = set()
-        self._calls = itertools.count()
-        self._hedges = itertools.count()
-        self._hedge_wins = itertools.count()
-        self._refusals = itertools.count()
+        self._calls = Tally()
+        self._hedges = Tally()
+        self._hedge_wins = Tally()
+        self._refusals = Tally()
 
     # -- the pure parts ---------------------------------------------------------------------
 
@@ -165,7 +164,7 @@ class Hedge(Policy):
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         start = self._now()
-        next(self._calls)
+        self._calls.add()
         budget = self.budget
         token = None if budget is None else budget.enter(start)
         loop = asyncio.get_running_loop()
@@ -223,7 +222,7 @@ class Hedge(Policy):
         now = self._now()
         if budget is None or budget.try_withdraw(now):
             return True
-        next(self._refusals)
+        self._refusals.add()
         if self.listeners:
             refused = budget.exhausted(self.name, now)
             self.listeners.emit(
@@ -246,7 +245,7 @@ class Hedge(Policy):
         kwargs: Any,
         attempt: int,
     ) -> asyncio.Task[R]:
-        next(self._hedges)
+        self._hedges.add()
         context = contextvars.copy_context()
         context.run(_RETRY.set, RetryMarker(attempt, self.name))
         if self.listeners:
@@ -266,7 +265,7 @@ class Hedge(Policy):
         now = self._now()
         self.record(now, now - began)
         if attempt > 1:
-            next(self._hedge_wins)
+            self._hedge_wins.add()
         if self.listeners and launched > 1:
             self.listeners.emit(
                 Event(
@@ -297,22 +296,22 @@ class Hedge(Policy):
     @property
     def calls(self) -> int:
         """Calls made through this policy."""
-        return _count_value(self._calls)
+        return self._calls.value
 
     @property
     def hedges(self) -> int:
         """Extra attempts started."""
-        return _count_value(self._hedges)
+        return self._hedges.value
 
     @property
     def hedge_wins(self) -> int:
         """Calls answered by a hedge rather than by the first attempt."""
-        return _count_value(self._hedge_wins)
+        return self._hedge_wins.value
 
     @property
     def budget_refusals(self) -> int:
         """Hedges the budget refused."""
-        return _count_value(self._refusals)
+        return self._refusals.value
 
     def describe(self) -> str:
         delay = f"{self.delay:g}s"

@@ -114,6 +114,6 @@ def _stages(policies: tuple[Policy, ...]) -> tuple[list[_Stage], list[_Stage]]:
 
 
 def _stages_of(policy: Policy) -> tuple[Policy, ...]:
-    if isinstance(policy, Pipeline):
+    if type(policy) is Pipeline:  # a subclass (a config resource) runs as itself
         return tuple(p for inner in policy.policies for p in _stages_of(inner))
     return (policy,)

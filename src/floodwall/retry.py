@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import Token
 from dataclasses import dataclass
@@ -58,8 +57,8 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _int
-from floodwall._core.window import _value as _count_value
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
@@ -233,11 +232,11 @@ class Retry(Policy):
         self._now = clock.monotonic
         self._enabled = True
         self._disabled_reason = ""
-        self._calls = itertools.count()
-        self._retries = itertools.count()
-        self._recovered = itertools.count()
-        self._failed = itertools.count()
-        self._refusals = itertools.count()
+        self._calls = Tally()
+        self._retries = Tally()
+        self._recovered = Tally()
+        self._failed = Tally()
+        self._refusals = Tally()
 
     # -- the decision core ------------------------------------------------------------------
 
@@ -278,7 +277,7 @@ class Retry(Policy):
         if budget is not None and not budget.try_withdraw(now):
             refused = budget.exhausted(self.name, now)
             return self._stop(state, error, now, ("budget", refused.reason), refused=refused)
-        next(self._retries)
+        self._retries.add()
         state.attempt = attempt + 1
         if self.listeners:
             self.listeners.emit(
@@ -360,9 +359,9 @@ class Retry(Policy):
     ) -> float:
         cause, reason = why
         attempts = state.attempt
-        next(self._failed)
+        self._failed.add()
         if refused is not None:
-            next(self._refusals)
+            self._refusals.add()
         if error is not None and (attempts > 1 or cause not in _QUIET):
             error.add_note(
                 f"RetryBudgetExhausted: {refused} (retry {self.name!r} gave up after "
@@ -427,7 +426,7 @@ class Retry(Policy):
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         start = self._now()
-        next(self._calls)
+        self._calls.add()
         budget = self.budget
         charged = limit = None
         if budget is not None:
@@ -483,7 +482,7 @@ class Retry(Policy):
             else:
                 error = None
                 if predicate is None or not predicate(result):
-                    next(self._recovered)
+                    self._recovered.add()
                     return result  # type: ignore[no-any-return]
             finally:
                 _RETRY.reset(token)
@@ -498,7 +497,7 @@ class Retry(Policy):
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
         start = self._now()
-        next(self._calls)
+        self._calls.add()
         budget = self.budget
         charged = limit = None
         if budget is not None:
@@ -554,7 +553,7 @@ class Retry(Policy):
             else:
                 error = None
                 if predicate is None or not predicate(result):
-                    next(self._recovered)
+                    self._recovered.add()
                     return result  # type: ignore[no-any-return]
             finally:
                 _RETRY.reset(token)
@@ -590,27 +589,27 @@ class Retry(Policy):
     @property
     def calls(self) -> int:
         """Calls made through this policy (first attempts)."""
-        return _count_value(self._calls)
+        return self._calls.value
 
     @property
     def retries(self) -> int:
         """Retries started (attempts after the first)."""
-        return _count_value(self._retries)
+        return self._retries.value
 
     @property
     def recovered(self) -> int:
         """Calls that failed at first and succeeded on a retry."""
-        return _count_value(self._recovered)
+        return self._recovered.value
 
     @property
     def failed(self) -> int:
         """Calls that ended in failure (after whatever retries were allowed)."""
-        return _count_value(self._failed)
+        return self._failed.value
 
     @property
     def budget_refusals(self) -> int:
         """Retries the budget refused."""
-        return _count_value(self._refusals)
+        return self._refusals.value
 
     def describe(self) -> str:
         parts = [repr(self.name), f"attempts={self.attempts}", f"backoff={self.backoff!r}"]

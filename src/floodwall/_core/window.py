@@ -16,13 +16,13 @@ own short lock, never while the protected call runs).
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall._core.outcome import Kind
+from floodwall._core.tally import Tally
 
 __all__ = [
     "CountWindow",
@@ -153,23 +153,23 @@ def _check_slow(slow_call_duration: float) -> float:
 
 
 class _Bucket:
-    """One time slice. ``calls`` and the latency bins are :class:`itertools.count` objects,
-    whose ``next()`` is a single atomic C call, so successes are counted without a lock; the
+    """One time slice. ``calls`` and the latency bins are :class:`~floodwall._core.tally.Tally`
+    objects, bumped by a single atomic C call, so successes are counted without a lock; the
     rarer error and slow-call counters are plain ints changed under the owner's lock."""
 
     __slots__ = ("bins", "calls", "epoch", "failures", "rejections", "slow", "timeouts")
 
     def __init__(self, epoch: int, latency: bool) -> None:
         self.epoch = epoch
-        self.calls = itertools.count()
-        self.bins = [itertools.count() for _ in range(HISTOGRAM_BINS)] if latency else None
+        self.calls = Tally()
+        self.bins = [Tally() for _ in range(HISTOGRAM_BINS)] if latency else None
         self.failures = 0
         self.timeouts = 0
         self.rejections = 0
         self.slow = 0
 
 
-def _value(counter: itertools.count[int]) -> int:
+def _value(counter: Tally) -> int:
     """The next value an ``itertools.count`` would return, i.e. how often it was advanced."""
     return int(repr(counter)[6:-1])
 
@@ -231,10 +231,10 @@ class TimeWindow:
         if duration >= self.slow_call_duration or not self._start <= now < self._end:
             return False
         bucket = self._cur
-        next(bucket.calls)  # type: ignore[union-attr] # _cur is set whenever _start <= _end
+        bucket.calls.add()  # type: ignore[union-attr] # _cur is set whenever _start <= _end
         bins = bucket.bins  # type: ignore[union-attr]
         if bins is not None:
-            next(bins[_bisect(_EDGES, duration)])
+            bins[_bisect(_EDGES, duration)].add()
         return True
 
     def record(self, now: float, kind: Kind, duration: float) -> None:
@@ -247,7 +247,7 @@ class TimeWindow:
         bucket = self._locate(now)
         if bucket is None:
             return  # older than the window: it would be dropped already
-        next(bucket.calls)
+        bucket.calls.add()
         if kind == 1:
             bucket.failures += 1
         elif kind == 2:
@@ -257,7 +257,7 @@ class TimeWindow:
         if duration >= self.slow_call_duration:
             bucket.slow += 1
         if bucket.bins is not None:
-            next(bucket.bins[_bisect(_EDGES, duration)])
+            bucket.bins[_bisect(_EDGES, duration)].add()
 
     def _locate(self, now: float) -> _Bucket | None:
         if self._start <= now < self._end:
@@ -307,7 +307,7 @@ class TimeWindow:
         """``(calls, failures, timeouts, rejections, slow)`` over the live buckets."""
         calls = failures = timeouts = rejections = slow = 0
         for bucket in self._live():
-            calls += _value(bucket.calls)
+            calls += bucket.calls.value
             failures += bucket.failures
             timeouts += bucket.timeouts
             rejections += bucket.rejections
@@ -343,7 +343,7 @@ class TimeWindow:
         for bucket in self._live():
             if bucket.bins is not None:
                 for index, counter in enumerate(bucket.bins):
-                    sums[index] += _value(counter)
+                    sums[index] += counter.value
         return tuple(sums)
 
     def __repr__(self) -> str:

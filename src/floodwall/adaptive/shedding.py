@@ -19,7 +19,6 @@ exception: far less than the work it saves, which is the point under overload.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall.adaptive.bbr import BBRLimiter
 from floodwall.adaptive.dagor import QueueingTimeAdmission
 from floodwall.adaptive.limiter import _SUCCESS, AdaptiveLimiter
@@ -54,11 +54,6 @@ class Permit(Protocol):
 Limiter = AdaptiveLimiter | BBRLimiter | QueueingTimeAdmission
 
 _NONE, _ADAPTIVE, _BBR, _DAGOR = 0, 1, 2, 3
-
-
-def _value(counter: itertools.count[int]) -> int:
-    """The next number ``counter`` would give, without taking it (``count(7)`` → 7)."""
-    return int(repr(counter)[6:-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +86,7 @@ class Ticket:
         if not self._open:
             return False
         self._open = False
-        next(self._shedder._finished)
+        self._shedder._finished.add()
         return True
 
     def success(self) -> bool:
@@ -100,7 +95,7 @@ class Ticket:
         if not self._open:
             return False
         self._open = False
-        next(self._shedder._finished)
+        self._shedder._finished.add()
         permit = self._permit
         if permit is None:
             return True
@@ -188,10 +183,10 @@ class LoadShedder(Policy):
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
-        # Admissions and completions are counted lock-free (next() on a count is one C call,
+        # Admissions and completions are counted lock-free (a tally's add() is one C call,
         # atomic under the GIL); in flight is their difference. The lock guards the rest.
-        self._admitted = itertools.count()
-        self._finished = itertools.count()
+        self._admitted = Tally()
+        self._finished = Tally()
         self._shed = 0
         self._stale = 0
         self._queued = 0.0
@@ -253,7 +248,7 @@ class LoadShedder(Policy):
             admitted, permit = self._permit(waited, known, partition, business, user)
         if not admitted:
             raise self._refuse(self._why())
-        next(self._admitted)
+        self._admitted.add()
         if waited:
             with self._lock:
                 self._queued += waited
@@ -301,13 +296,13 @@ class LoadShedder(Policy):
     @property
     def inflight(self) -> int:
         """Tickets handed out and not yet closed."""
-        finished = _value(self._finished)  # read first: the difference is never negative
-        return _value(self._admitted) - finished
+        finished = self._finished.value  # read first: the difference is never negative
+        return self._admitted.value - finished
 
     def stats(self) -> ShedderStats:
         with self._lock:
-            finished = _value(self._finished)
-            admitted = _value(self._admitted)
+            finished = self._finished.value
+            admitted = self._admitted.value
             average = self._queued / admitted if admitted else 0.0
             inflight = admitted - finished
             return ShedderStats(inflight, admitted, self._shed, self._stale, average)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from bisect import bisect_right as _bisect
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -71,7 +71,7 @@ from floodwall.fallback import Fallback
 from floodwall.idempotency import Idempotency
 from floodwall.observe.meter import EDGES as _EDGES
 from floodwall.observe.meter import Meter
-from floodwall.pipeline import Pipeline
+from floodwall.pipeline import Pipeline, _Stage, _stages
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
@@ -378,11 +378,14 @@ class Override:
     """What the override sets (the rate-limit section of ``set_limit``)."""
 
 
-class Resource(Policy):
+class Resource(Pipeline):
     """One named dependency: its level, its config and its live pipeline.
 
     Holding a ``Resource`` (or a function it decorates) is safe across reloads: every call
-    reads the current pipeline once.
+    reads the current stages once. A resource runs like the pipeline of its policies, with its
+    meter (when metrics are on) as the outermost gate; while its level is shed, only the
+    policies that can answer without the dependency run (fallback, cache, backup source),
+    around a call that refuses with :class:`DegradedError`.
     """
 
     kind = "resource"
@@ -402,103 +405,88 @@ class Resource(Policy):
         self.cache: Cache | None = None
         self.adaptive: AdaptiveLimiter | None = None
         self.chaos: ChaosPolicy | None = None
-        self.policies: tuple[Policy, ...] = ()
-        self.pipeline = Pipeline(name=name)
         self.meter: Meter | None = Meter() if registry.metrics else None
-        if self.meter is not None:
-            self._successes, self._bins = self.meter.success_counters()
         self.removed = False
+        self.use(())
 
-    # The shells inline what Pipeline.call does (a chain of C-level partials) so that a
-    # resource built from config costs what the same pipeline built in code costs, plus the
-    # meter when metrics are on.
+    def use(self, policies: tuple[Policy, ...]) -> None:
+        """Run ``policies`` from the next call on (one assignment: a reader sees the old stages
+        or the new ones, never a mix)."""
+        self.policies = policies
+        self.pipeline = Pipeline(*policies, name=self.name)
+        metered: tuple[Policy, ...] = (
+            policies if self.meter is None else (_Metered(self), *policies)
+        )
+        answering = [p for p in policies if p.kind in self._ANSWERING]
+        error = self._shed_error()
+        refuse = (_refuse, error), (_refuse_async, error)
+        shed_sync, shed_async = _stages(tuple(answering))
+        self._plans = (
+            _stages(metered),
+            ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
+        )
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    @property
+    def _stages(self) -> list[_Stage]:  # type: ignore[override]
         registry = self._registry
-        if registry._attention and registry.is_shed(self.level):
-            shed: R = self._shed(args, kwargs)
-            return shed
-        call: Callable[..., Any] = fn
-        for shell in self.pipeline._shells:
-            call = partial(shell, call)
-        meter = self.meter
-        if meter is None:
-            return call(*args, **kwargs)  # type: ignore[no-any-return]
-        now = registry._now
-        start = now()
-        try:
-            result: R = call(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc, now() - start)
-            raise
-        next(self._successes)  # meter.success(), inlined: the success path's only metric cost
-        next(self._bins[_bisect(_EDGES, now() - start)])
-        return result
+        shed = registry._attention and registry.is_shed(self.level)
+        return self._plans[shed][0]
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
+    @property
+    def _async_stages(self) -> list[_Stage]:  # type: ignore[override]
         registry = self._registry
-        if registry._attention and registry.is_shed(self.level):
-            answer: R = await self._shed_async(args, kwargs)
-            return answer
-        call: Callable[..., Any] = fn
-        for shell in self.pipeline._async_shells:
-            call = partial(shell, call)
-        meter = self.meter
-        if meter is None:
-            return await call(*args, **kwargs)  # type: ignore[no-any-return]
-        now = registry._now
-        start = now()
-        try:
-            result: R = await call(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(exc, now() - start)
-            raise
-        next(self._successes)
-        next(self._bins[_bisect(_EDGES, now() - start)])
-        return result
-
-    def _failed(self, exc: BaseException, duration: float) -> None:
-        assert self.meter is not None
-        outcome = self.meter.failure(exc, duration)
-        if outcome not in ("error", "cancelled"):
-            self._registry._rejected(self, outcome, exc)
+        shed = registry._attention and registry.is_shed(self.level)
+        return self._plans[shed][1]
 
     _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
 
     def _shed_error(self) -> DegradedError:
         return DegradedError(self.name, f"dependency level {self.level} is shed", None)
 
-    def _answering(self) -> Pipeline | None:
-        """The policies that can answer without the dependency (fallback, cache, backup)."""
-        policies = [p for p in self.policies if p.kind in self._ANSWERING]
-        return Pipeline(*policies, name=f"{self.name}.shed") if policies else None
-
-    def _shed(self, args: Any, kwargs: Any) -> Any:
-        error = self._shed_error()
-        answering = self._answering()
-        if answering is None:
-            raise error
-
-        def dependency_off(*_: Any, **__: Any) -> Any:
-            raise error
-
-        return answering.call(dependency_off, *args, **kwargs)
-
-    async def _shed_async(self, args: Any, kwargs: Any) -> Any:
-        error = self._shed_error()
-        answering = self._answering()
-        if answering is None:
-            raise error
-
-        async def dependency_off(*_: Any, **__: Any) -> Any:
-            raise error
-
-        return await answering.call_async(dependency_off, *args, **kwargs)
-
     def describe(self) -> str:
         return f"Resource({self.name!r}, level={self.level}: {self.pipeline})"
+
+
+class _Metered(Gate):
+    """A resource's meter as its outermost gate: every call's outcome and duration."""
+
+    kind = "meter"
+
+    def __init__(self, resource: Resource) -> None:
+        assert resource.meter is not None
+        self.name = resource.name
+        self.listeners = Listeners()
+        self._resource = resource
+        self._registry = resource._registry
+        self._now = resource._registry._now
+        self._successes, self._bins = resource.meter.success_counters()
+
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def record(
+        self, permit: None, now: float, duration: float, error: BaseException | None, result: Any
+    ) -> None:
+        if error is None:
+            self._successes.add()  # meter.success(), inlined: the success path's only cost
+            self._bins[_bisect(_EDGES, duration)].add()
+            return
+        meter = self._resource.meter
+        assert meter is not None
+        outcome = meter.failure(error, duration)
+        if outcome not in ("error", "cancelled"):
+            self._registry._rejected(self._resource, outcome, error)
+
+
+def _refuse(error: BaseException, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """The innermost stage of a shed resource: the dependency is off."""
+    raise error
+
+
+async def _refuse_async(
+    error: BaseException, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> Any:
+    raise error
 
 
 def _raise(error: BaseException) -> Any:
@@ -622,8 +610,7 @@ class Registry:
         resource.cache = built.cache
         resource.adaptive = built.adaptive
         resource.chaos = built.chaos
-        resource.policies = built.policies
-        resource.pipeline = Pipeline(*built.policies, name=resource.name)
+        resource.use(built.policies)
 
     # -- reloading --------------------------------------------------------------------------
 

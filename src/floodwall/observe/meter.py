@@ -13,12 +13,12 @@ rejection kind (``circuit_open``, ``timeout``, ``rate_limited``, ``bulkhead_full
 
 from __future__ import annotations
 
-import itertools
 import threading
 from bisect import bisect_right
 
 from floodwall._core.errors import RejectedError
-from floodwall._core.window import _EDGES, HISTOGRAM_BINS, _value, latency_bin_bounds
+from floodwall._core.tally import Tally, values
+from floodwall._core.window import _EDGES, HISTOGRAM_BINS, latency_bin_bounds
 
 __all__ = ["EDGES", "OUTCOMES", "Meter"]
 
@@ -47,17 +47,17 @@ class Meter:
     __slots__ = ("_bins", "_errors", "_lock", "_successes", "started")
 
     def __init__(self) -> None:
-        self._successes = itertools.count()
-        self._bins = [itertools.count() for _ in range(HISTOGRAM_BINS)]
+        self._successes = Tally()
+        self._bins = [Tally() for _ in range(HISTOGRAM_BINS)]
         self._errors: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def success(self, duration: float) -> None:
         """A call answered after ``duration`` seconds (lock-free)."""
-        next(self._successes)
-        next(self._bins[bisect_right(_EDGES, duration)])
+        self._successes.add()
+        self._bins[bisect_right(_EDGES, duration)].add()
 
-    def success_counters(self) -> tuple[itertools.count[int], list[itertools.count[int]]]:
+    def success_counters(self) -> tuple[Tally, list[Tally]]:
         """The success counter and the latency bins, for callers that inline :meth:`success`
         on their hot path (bump the first, and the bin ``bisect_right(EDGES, duration)``)."""
         return self._successes, self._bins
@@ -72,7 +72,7 @@ class Meter:
             return "cancelled"  # cancellation and interpreter exits are not outcomes
         with self._lock:
             self._errors[outcome] = self._errors.get(outcome, 0) + 1
-        next(self._bins[bisect_right(_EDGES, duration)])
+        self._bins[bisect_right(_EDGES, duration)].add()
         return outcome
 
     def read(self) -> tuple[dict[str, int], list[tuple[float, int]], float]:
@@ -82,11 +82,10 @@ class Meter:
         """
         with self._lock:
             counts = dict(self._errors)
-        counts["success"] = _value(self._successes)
+        counts["success"] = self._successes.value
         bins: list[tuple[float, int]] = []
         total = 0.0
-        for index, counter in enumerate(self._bins):
-            count = _value(counter)
+        for index, count in enumerate(values(self._bins)):
             if count:
                 low, high = latency_bin_bounds(index)
                 bins.append((high, count))

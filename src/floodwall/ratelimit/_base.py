@@ -36,7 +36,6 @@ sleeps) and asyncio-safe (deciding never awaits).
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import re
 import threading
@@ -51,6 +50,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall.context import _DEADLINE
 
 __all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "parse_rate"]
@@ -224,7 +224,7 @@ class RateLimiter(Policy, Generic[S]):
         self._lock_acquire = lock.acquire
         self._lock_release = lock.release
         self._now = clock.monotonic
-        self._rejections = itertools.count()
+        self._rejections = Tally()
         self._reason = f"{self.describe()} exceeded"
         self._state: S = self._new_state(clock.monotonic())
 
@@ -408,7 +408,7 @@ class RateLimiter(Policy, Generic[S]):
         return result, -1.0
 
     def _rejected(self, key: Hashable, cost: float, result: Decision | None) -> None:
-        next(self._rejections)
+        self._rejections.add()
         if self.listeners:
             if result is None:
                 result = self.peek(key, cost)

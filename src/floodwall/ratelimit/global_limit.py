@@ -40,7 +40,6 @@ most that long, never past the ambient deadline) and retries after ``retry_after
 from __future__ import annotations
 
 import asyncio
-import itertools
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, ParamSpec, TypeVar
@@ -50,6 +49,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _count
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import _DEADLINE
@@ -169,7 +169,7 @@ class GlobalLimiter(Policy):
         self._coalescers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, Coalescer[Pair, Verdict]
         ] = weakref.WeakKeyDictionary()
-        self._rejections = itertools.count()
+        self._rejections = Tally()
         self._reason = f"{self.describe()} exceeded"
 
     # -- the decision core ----------------------------------------------------------------
@@ -356,7 +356,7 @@ class GlobalLimiter(Policy):
     # -- rejections and observers -----------------------------------------------------------
 
     def _rejected(self, key: Hashable, cost: int, result: Decision) -> None:
-        next(self._rejections)
+        self._rejections.add()
         if self.listeners:
             self.listeners.emit(
                 Event(
