@@ -76,6 +76,14 @@ class Pipeline(Policy):
 _Stage = tuple[Callable[..., Any], Any]
 
 
+def chain(stages: list[_Stage], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` wrapped in ``stages`` (innermost first), as :meth:`Pipeline.call` runs them."""
+    call = fn
+    for runner, stage in stages:
+        call = partial(runner, stage, call)
+    return call
+
+
 def _stages(policies: tuple[Policy, ...]) -> tuple[list[_Stage], list[_Stage]]:
     """The runners of a pipeline, innermost first: one per flow, one per run of gates.
 

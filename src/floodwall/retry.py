@@ -46,17 +46,17 @@ and async shells only differ in how they sleep.
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import Token
 from dataclasses import dataclass
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Attempts
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, FlowSteps, Sleep
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _int
 from floodwall.backoff import Backoff, FullJitter, Rng
@@ -131,6 +131,19 @@ def gave_up(exc: BaseException) -> GaveUp | None:
     return record if isinstance(record, GaveUp) else None
 
 
+class _Begun:
+    """What :meth:`Retry.begin` hands to ``after``/``end`` when the context was marked."""
+
+    __slots__ = ("charged", "limit", "start")
+
+    def __init__(
+        self, start: float, charged: Token[Any] | None, limit: Token[Deadline | None] | None
+    ) -> None:
+        self.start = start
+        self.charged = charged
+        self.limit = limit
+
+
 class RetryState:
     """One call's way through its attempts (created at the first failure, never on success).
 
@@ -167,7 +180,7 @@ def _seconds(name: str, value: object, *, positive: bool) -> float:
     return float(value)
 
 
-class Retry(Policy):
+class Retry(Attempts):
     """Retry failed calls that a retry can fix, within attempts, deadline and budget.
 
     See the module docstring for the rules. Defaults: ``attempts=3`` in total,
@@ -422,9 +435,11 @@ class Retry(Policy):
             )
         )
 
-    # -- the shells -------------------------------------------------------------------------
+    # -- the steps (the drivers run them: begin, the first attempt, after, end) ----------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | _Begun:
+        """Count the call, deposit into the budget, install the deadline; the call's start time
+        (or, when a shared budget or a deadline marked the context, what ``end`` must reset)."""
         start = self._now()
         self._calls.add()
         budget = self.budget
@@ -432,137 +447,66 @@ class Retry(Policy):
         if budget is not None:
             if budget._users > 1:
                 charged = budget.enter(start)  # shared: count a nested request once
-            elif not budget._add(start, 0.0):  # private: the lock-free deposit, inlined
+            elif not budget._add(start, 0.0):  # private: the lock-free deposit
                 budget.deposit(start)
         if self.deadline is not None:
             limit = self._own_deadline(start, self.deadline)
-        if self.listeners._items:  # (Listeners.__bool__, minus a Python call)
+        if self.listeners:
             self._attempt_event(1, start)
-        try:
-            result: Any = None
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
-                error: Exception | None = exc
-            else:
-                predicate = self.retry_on_result
-                if predicate is None or not predicate(result):
-                    return result  # type: ignore[no-any-return]
-                error = None
-            again = functools.partial(fn, *args, **kwargs)
-            return self._again(again, RetryState(start), error, result)
-        finally:
-            if limit is not None:
-                _DEADLINE.reset(limit)
-            if charged is not None:
-                _BUDGETS.reset(charged)
+        if charged is None and limit is None:
+            return start
+        return _Begun(start, charged, limit)
 
-    def _again(
-        self,
-        attempt: Callable[[], R],
-        state: RetryState,
-        error: BaseException | None,
-        result: Any,
-    ) -> R:
+    def after(
+        self, begun: float | _Begun, error: BaseException | None, result: Any
+    ) -> FlowSteps | None:
+        """The first attempt ended: ``None`` if it stands, else the steps of the retries."""
+        if error is None and (self.retry_on_result is None or not self.retry_on_result(result)):
+            return None
+        state = RetryState(begun if type(begun) is float else begun.start)  # type: ignore[union-attr]
+        delay = self.decide(state, error, result, self._now())
+        if delay < 0:
+            return None  # stopped: the first attempt's error or failed result stands
+        return self._retries_after(state, delay)
+
+    def end(self, begun: float | _Begun) -> None:
+        if type(begun) is _Begun:
+            if begun.limit is not None:
+                _DEADLINE.reset(begun.limit)
+            if begun.charged is not None:
+                _BUDGETS.reset(begun.charged)
+
+    def _retries_after(self, state: RetryState, delay: float) -> FlowSteps:
+        """Sleep ``delay``, attempt again under the retry marker, decide; until done."""
         predicate = self.retry_on_result
         while True:
-            delay = self.decide(state, error, result, self._now())
-            if delay < 0:
-                break
             if delay > 0:
-                self.clock.sleep(delay)
+                yield Sleep(self.clock, delay)
             state.attempt_started = now = self._now()
             if self.listeners:
                 self._attempt_event(state.attempt, now)
             token = _RETRY.set(RetryMarker(state.attempt, self.name))
             try:
-                result = attempt()
+                result = yield CALL
             except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
-                error, result = exc, None
+                error: BaseException | None = exc
+                result = None
             else:
                 error = None
                 if predicate is None or not predicate(result):
                     self._recovered.add()
-                    return result  # type: ignore[no-any-return]
+                    return result
             finally:
                 _RETRY.reset(token)
+            delay = self.decide(state, error, result, self._now())
+            if delay < 0:
+                break
         if error is None:
-            return result  # type: ignore[no-any-return]
+            return result
         try:
             raise error
         finally:
             del error  # no frame -> traceback -> frame cycle
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        start = self._now()
-        self._calls.add()
-        budget = self.budget
-        charged = limit = None
-        if budget is not None:
-            if budget._users > 1:
-                charged = budget.enter(start)  # shared: count a nested request once
-            elif not budget._add(start, 0.0):  # private: the lock-free deposit, inlined
-                budget.deposit(start)
-        if self.deadline is not None:
-            limit = self._own_deadline(start, self.deadline)
-        if self.listeners._items:  # (Listeners.__bool__, minus a Python call)
-            self._attempt_event(1, start)
-        try:
-            result: Any = None
-            try:
-                result = await fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
-                error: Exception | None = exc
-            else:
-                predicate = self.retry_on_result
-                if predicate is None or not predicate(result):
-                    return result  # type: ignore[no-any-return]
-                error = None
-            again = functools.partial(fn, *args, **kwargs)
-            return await self._again_async(again, RetryState(start), error, result)
-        finally:
-            if limit is not None:
-                _DEADLINE.reset(limit)
-            if charged is not None:
-                _BUDGETS.reset(charged)
-
-    async def _again_async(
-        self,
-        attempt: Callable[[], Awaitable[R]],
-        state: RetryState,
-        error: BaseException | None,
-        result: Any,
-    ) -> R:
-        predicate = self.retry_on_result
-        while True:
-            delay = self.decide(state, error, result, self._now())
-            if delay < 0:
-                break
-            if delay > 0:
-                await self.clock.async_sleep(delay)
-            state.attempt_started = now = self._now()
-            if self.listeners:
-                self._attempt_event(state.attempt, now)
-            token = _RETRY.set(RetryMarker(state.attempt, self.name))
-            try:
-                result = await attempt()
-            except Exception as exc:  # noqa: BLE001 - decide() sorts it; BaseException passes
-                error, result = exc, None
-            else:
-                error = None
-                if predicate is None or not predicate(result):
-                    self._recovered.add()
-                    return result  # type: ignore[no-any-return]
-            finally:
-                _RETRY.reset(token)
-        if error is None:
-            return result  # type: ignore[no-any-return]
-        try:
-            raise error
-        finally:
-            del error
 
     # -- operators and observers ------------------------------------------------------------
 

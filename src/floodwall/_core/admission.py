@@ -34,7 +34,7 @@ from floodwall._core import drivers
 from floodwall._core.policy import Policy
 from floodwall._core.steps import FlowSteps, Step
 
-__all__ = ["Flow", "Gate"]
+__all__ = ["Attempts", "Flow", "Gate"]
 
 
 class Gate(Policy):
@@ -79,3 +79,28 @@ class Flow(Policy):
     @abstractmethod
     def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
         """The steps of one call with ``args``/``kwargs``; returns the call's answer."""
+
+
+class Attempts(Policy):
+    """A flow whose first step is always the call, with the rest started only on a failure.
+
+    Retrying is that shape: most calls succeed at once, and for them a generator per call would
+    cost more than the whole policy. So the drivers run ``begin`` (before the first attempt),
+    the call, then ``after``; only when ``after`` hands back steps does a step machine run, the
+    same one in both worlds. ``end`` closes what ``begin`` opened, however the call ended.
+    """
+
+    call = drivers.attempts_sync
+    call_async = drivers.attempts_async
+
+    @abstractmethod
+    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Before the first attempt: what ``after`` and ``end`` need to know of this call."""
+
+    @abstractmethod
+    def after(self, begun: Any, error: BaseException | None, result: Any) -> FlowSteps | None:
+        """The first attempt ended: ``None`` if its outcome stands, else the steps of the rest
+        (they may yield :data:`~floodwall._core.steps.CALL` again, and end with the answer)."""
+
+    def end(self, begun: Any) -> None:
+        """The call is over (default: nothing to close)."""

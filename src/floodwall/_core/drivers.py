@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from floodwall._core.steps import CALL, FlowSteps, Wait
 
 if TYPE_CHECKING:
-    from floodwall._core.admission import Flow, Gate
+    from floodwall._core.admission import Attempts, Flow, Gate
 
 __all__ = [
+    "attempts_async",
+    "attempts_sync",
     "drive_async",
     "drive_sync",
     "flow_async",
@@ -230,3 +232,46 @@ async def drive_async(steps: FlowSteps, call: Callable[[], Awaitable[Any]]) -> A
                 step = send(value)
     except StopIteration as done:
         return done.value
+
+
+# -- attempt-first flows (retry) ---------------------------------------------------------------
+
+
+def attempts_sync(policy: Attempts, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """``begin``, the first attempt, ``after``; the rest as steps only if ``after`` asks."""
+    begun = policy.begin(args, kwargs)
+    try:
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            rest = policy.after(begun, exc, None)
+            if rest is None:
+                raise
+        else:
+            rest = policy.after(begun, None, result)
+            if rest is None:
+                return result
+        return drive_sync(rest, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+    finally:
+        policy.end(begun)
+
+
+async def attempts_async(
+    policy: Attempts, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`attempts_sync` for coroutine functions."""
+    begun = policy.begin(args, kwargs)
+    try:
+        try:
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            rest = policy.after(begun, exc, None)
+            if rest is None:
+                raise
+        else:
+            rest = policy.after(begun, None, result)
+            if rest is None:
+                return result
+        return await drive_async(rest, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+    finally:
+        policy.end(begun)

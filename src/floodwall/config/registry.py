@@ -71,7 +71,7 @@ from floodwall.fallback import Fallback
 from floodwall.idempotency import Idempotency
 from floodwall.observe.meter import EDGES as _EDGES
 from floodwall.observe.meter import Meter
-from floodwall.pipeline import Pipeline, _Stage, _stages
+from floodwall.pipeline import Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
@@ -425,18 +425,16 @@ class Resource(Pipeline):
             _stages(metered),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
         )
+        self.watch(self._registry._attention)
 
-    @property
-    def _stages(self) -> list[_Stage]:  # type: ignore[override]
-        registry = self._registry
-        shed = registry._attention and registry.is_shed(self.level)
-        return self._plans[shed][0]
-
-    @property
-    def _async_stages(self) -> list[_Stage]:  # type: ignore[override]
-        registry = self._registry
-        shed = registry._attention and registry.is_shed(self.level)
-        return self._plans[shed][1]
+    def watch(self, attention: bool) -> None:
+        """Check for shedding on every call while ``attention`` (an operator override is in
+        force), else run the normal stages with no check at all."""
+        if attention:
+            self._stages = [(_checked_sync, self)]
+            self._async_stages = [(_checked_async, self)]
+        else:
+            self._stages, self._async_stages = self._plans[0]
 
     _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
 
@@ -476,6 +474,21 @@ class _Metered(Gate):
         outcome = meter.failure(error, duration)
         if outcome not in ("error", "cancelled"):
             self._registry._rejected(self._resource, outcome, error)
+
+
+def _checked_sync(resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """The one stage of a resource while overrides are in force: shed or not, per call."""
+    registry = resource._registry
+    stages = resource._plans[registry.is_shed(resource.level)][0]
+    return chain(stages, fn)(*args, **kwargs)
+
+
+async def _checked_async(
+    resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> Any:
+    registry = resource._registry
+    stages = resource._plans[registry.is_shed(resource.level)][1]
+    return await chain(stages, fn)(*args, **kwargs)
 
 
 def _refuse(error: BaseException, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -761,7 +774,11 @@ class Registry:
         self._emit("override", f"{override.target}: {override.action} ({override.reason})")
 
     def _refresh_attention(self) -> None:
-        self._attention = bool(self._shed_levels) or self._next_expiry != float("inf")
+        attention = bool(self._shed_levels) or self._next_expiry != float("inf")
+        if attention != self._attention:
+            self._attention = attention
+            for resource in list(self._resources.values()):
+                resource.watch(attention)
 
     def _end(self, override: Override) -> None:
         if override.action == "set_limit":
