@@ -60,7 +60,7 @@ async def test_fast_calls_return_and_leave_nothing_behind(clock: FakeClock) -> N
         return x * 2
 
     assert [await timeout.call_async(quick, i) for i in range(100)] == [i * 2 for i in range(100)]
-    watch = timeout._watch
+    watch = timeout._watchdogs._watch
     assert len(watch.fifo) == 0
     clock.advance(1.0)
     await spin()

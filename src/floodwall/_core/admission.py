@@ -34,7 +34,7 @@ from floodwall._core import drivers
 from floodwall._core.policy import Policy
 from floodwall._core.steps import FlowSteps, Step
 
-__all__ = ["Attempts", "Flow", "Gate"]
+__all__ = ["Attempts", "Flow", "Gate", "Scoped"]
 
 
 class Gate(Policy):
@@ -104,3 +104,15 @@ class Attempts(Policy):
 
     def end(self, begun: Any) -> None:
         """The call is over (default: nothing to close)."""
+
+
+class Scoped(Policy):
+    """A policy that runs the call inside one step of its own making (a time box, a race of
+    attempts, an offload to a pool): no generator, one object per call."""
+
+    call = drivers.scoped_sync
+    call_async = drivers.scoped_async
+
+    @abstractmethod
+    def scope(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        """The step that runs this call (its ``run``/``arun`` receives the call to make)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from floodwall._core.steps import CALL, FlowSteps, Wait
 
 if TYPE_CHECKING:
-    from floodwall._core.admission import Attempts, Flow, Gate
+    from floodwall._core.admission import Attempts, Flow, Gate, Scoped
 
 __all__ = [
     "attempts_async",
@@ -32,6 +32,8 @@ __all__ = [
     "gate_sync",
     "gates_async",
     "gates_sync",
+    "scoped_async",
+    "scoped_sync",
 ]
 
 P = ParamSpec("P")
@@ -275,3 +277,18 @@ async def attempts_async(
         return await drive_async(rest, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
     finally:
         policy.end(begun)
+
+
+# -- scoped policies (timeout, hedge) ---------------------------------------------------------
+
+
+def scoped_sync(policy: Scoped, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run the call inside the policy's step: a scoped policy's ``call``."""
+    return policy.scope(args, kwargs).run(partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+
+
+async def scoped_async(
+    policy: Scoped, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`scoped_sync` in a task."""
+    return await policy.scope(args, kwargs).arun(partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
