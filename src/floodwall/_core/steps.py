@@ -6,6 +6,7 @@ drivers (:mod:`floodwall._core.drivers`) call one or the other and know nothing 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
@@ -14,7 +15,17 @@ from floodwall._core.errors import ConfigError
 if TYPE_CHECKING:
     from floodwall._core.clock import Clock
 
-__all__ = ["CALL", "Apply", "Await", "FlowSteps", "Sleep", "Step", "Wait"]
+__all__ = [
+    "CALL",
+    "Apply",
+    "Await",
+    "FlowSteps",
+    "Invoke",
+    "NeedsAsyncError",
+    "Sleep",
+    "Step",
+    "Wait",
+]
 
 
 class Step:
@@ -105,6 +116,55 @@ class Apply(Step):
         return f"Apply({type(self.op).__name__}, {self.key!r})"
 
 
+class NeedsAsyncError(ConfigError):
+    """A sync call met something only a task can run (an ``async def`` hook)."""
+
+
+class Invoke(Step):
+    """Call ``fn(*args, **kwargs)`` (through ``policy``, if given) in the caller's world.
+
+    In a task, a coroutine function is awaited and a plain one called as it is; in a thread, a
+    coroutine function is refused with :class:`NeedsAsyncError`, whose message starts with
+    ``what`` ("fallback source 'x' has an async backup").
+    """
+
+    __slots__ = ("args", "fn", "kwargs", "policy", "what")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: Any = None,
+        what: str = "the function is an async def",
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.policy = policy
+        self.what = what
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        fn = self.fn
+        if inspect.iscoroutinefunction(fn):
+            raise NeedsAsyncError(f"{self.what}; use call_async()")
+        if self.policy is None:
+            return fn(*self.args, **self.kwargs)
+        return self.policy.call(fn, *self.args, **self.kwargs)
+
+    async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        fn = self.fn
+        if not inspect.iscoroutinefunction(fn):
+            plain = fn
+
+            async def fn(*args: Any, **kwargs: Any) -> Any:
+                return plain(*args, **kwargs)
+
+        if self.policy is None:
+            return await fn(*self.args, **self.kwargs)
+        return await self.policy.call_async(fn, *self.args, **self.kwargs)
+
+
 class Await(Step):
     """Await what a user hook returned (an async fallback factory); refused in sync calls."""
 
@@ -118,7 +178,7 @@ class Await(Step):
         close = getattr(self.awaitable, "close", None)
         if close is not None:
             close()  # never awaited: close it so it does not warn later
-        raise ConfigError(f"{self.what}; use call_async()")
+        raise NeedsAsyncError(f"{self.what}; use call_async()")
 
     async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
         return await self.awaitable

@@ -20,14 +20,15 @@ dependency gave, :class:`~floodwall.degrade.Cache` with stale-while-error.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, FlowSteps, Invoke, NeedsAsyncError
 from floodwall.degrade._common import Matcher, mark_degraded, reason_of
 
 __all__ = ["FallbackSource"]
@@ -36,7 +37,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class FallbackSource(Policy):
+class FallbackSource(Flow):
     """Answer from ``backup(*args, **kwargs)`` when the call fails (see the module docstring).
 
     ``backup`` may be an ``async def`` for :meth:`call_async`; :meth:`call` refuses one with a
@@ -83,58 +84,26 @@ class FallbackSource(Policy):
         self._emit("fallback_source_failed", reason_of(backup), {"primary": repr(primary)})
         return primary
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """Call; on a handled failure, call the backup with the same arguments (through its
+        pipeline); if that fails too, the primary's failure propagates with a note."""
         try:
-            return fn(*args, **kwargs)
+            return (yield CALL)
         except BaseException as primary:
             if not self.handles(primary):
                 raise
-            if inspect.iscoroutinefunction(self.backup):
-                raise ConfigError(
-                    f"fallback source {self.name!r} has an async backup; use call_async()"
-                ) from primary
+            what = f"fallback source {self.name!r} has an async backup"
             failed: Exception | None = None
             try:
-                if self.pipeline is None:
-                    answer = self.backup(*args, **kwargs)
-                else:
-                    answer = self.pipeline.call(self.backup, *args, **kwargs)
+                answer = yield Invoke(self.backup, args, kwargs, self.pipeline, what)
+            except NeedsAsyncError as refused:
+                raise refused from primary
             except Exception as backup:  # noqa: BLE001 - the primary's error propagates
                 failed = backup
             if failed is not None:
                 raise self._failed(primary, failed)  # noqa: B904 - the primary, unchanged
             self._answered(primary)
-            return cast(R, answer)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except BaseException as primary:
-            if not self.handles(primary):
-                raise
-            failed: Exception | None = None
-            try:
-                answer = await self._backup_async(*args, **kwargs)
-            except Exception as backup:  # noqa: BLE001 - the primary's error propagates
-                failed = backup
-            if failed is not None:
-                raise self._failed(primary, failed)  # noqa: B904 - the primary, unchanged
-            self._answered(primary)
-            return cast(R, answer)
-
-    async def _backup_async(self, *args: Any, **kwargs: Any) -> Any:
-        backup = self.backup
-        if not inspect.iscoroutinefunction(backup):
-
-            async def backup_coroutine(*a: Any, **k: Any) -> Any:
-                return self.backup(*a, **k)
-
-            backup = backup_coroutine
-        if self.pipeline is None:
-            return await backup(*args, **kwargs)
-        return await self.pipeline.call_async(backup, *args, **kwargs)
+            return answer
 
     def _emit(self, kind: str, reason: str, figures: dict[str, Any]) -> None:
         if self.listeners:
