@@ -39,14 +39,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Outcome
-from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.degrade._common import Matcher, mark_degraded, reason_of
 from floodwall.idempotency import JSON_CODEC, Codec
@@ -203,27 +205,7 @@ def default_key(*args: Any, **kwargs: Any) -> str:
     return json.dumps([args, kwargs], sort_keys=True, default=repr, separators=(",", ":"))
 
 
-@dataclass(frozen=True, slots=True)
-class _Get:
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Set:
-    key: str
-    value: Any
-
-
-class _Run:
-    pass
-
-
-_RUN = _Run()
-_Step = _Get | _Set | _Run
-_Flow = Generator[_Step, Any, "Cached[Any]"]
-
-
-class Cache(Policy):
+class Cache(Flow):
     """A read cache with stale-while-error and a read-only switch (see the module docstring)."""
 
     kind = "cache"
@@ -297,7 +279,13 @@ class Cache(Policy):
 
     # -- the decision flow (shared by both shells) ---------------------------------------------
 
-    def _flow(self, key: str) -> _Flow:
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """The answer for the call's key: :meth:`fetch`'s steps, without the age."""
+        cached = yield from self._fetch(self.key(*args, **kwargs))
+        return cached.value
+
+    def _fetch(self, key: str) -> Generator[Step, Any, Cached[Any]]:
+        """First level, second level, the dependency, then stale-while-error: one flow."""
         now = self.clock.monotonic()
         best: tuple[Any, float] | None = None  # (value, age) of the newest entry found
         entry = self.local.get(key, now)
@@ -307,7 +295,10 @@ class Cache(Policy):
                 self.hits += 1
                 return Cached(best[0], best[1], "cache")
         if self.guard is not None:
-            remote = yield _Get(key)
+            got = yield Apply(self.guard, CACHE_GET, self._remote_key(key), [])
+            remote = None if got.down is not None else self._decoded(got.value)
+            if got.down is not None:
+                self.store_errors += 1
             if remote is not None and (best is None or remote[1] < best[1]):
                 best = remote
                 self.local.put(key, remote[0], now - remote[1])
@@ -318,16 +309,20 @@ class Cache(Policy):
         if self.read_only:
             return self._stale(key, best, "read_only", None)
         self.misses += 1
-        outcome: Outcome[Any] = yield _RUN
-        if outcome.exception is None:
-            self.local.put(key, outcome.value, self.clock.monotonic())
-            if self.guard is not None:
-                yield _Set(key, outcome.value)
-            return Cached(outcome.value, 0.0, "dependency")
-        exc = outcome.exception
-        if not self.handles(exc):
-            raise exc
-        return self._stale(key, best, reason_of(exc), exc)
+        try:
+            value = yield CALL
+        except BaseException as exc:
+            if not self.handles(exc):
+                raise
+            return self._stale(key, best, reason_of(exc), exc)
+        self.local.put(key, value, self.clock.monotonic())
+        if self.guard is not None:
+            payload = self._encoded(key, value)
+            if payload is not None:
+                put = yield Apply(self.guard, CACHE_SET, self._remote_key(key), payload)
+                if put.down is not None:
+                    self.store_errors += 1
+        return Cached(value, 0.0, "dependency")
 
     def _stale(
         self, key: str, best: tuple[Any, float] | None, reason: str, exc: BaseException | None
@@ -356,82 +351,31 @@ class Cache(Policy):
             return None
         return self.codec.loads(raw[0]), raw[1] / 1000
 
-    def _io(self, step: _Get | _Set) -> tuple[Op[Any], str, list[Any]] | None:
-        """The op for a step of the flow; ``None`` when the value cannot be encoded (it then
-        stays in the first level only: the call succeeded, and the cache must not fail it)."""
-        if isinstance(step, _Get):
-            return CACHE_GET, self._remote_key(step.key), []
+    def _encoded(self, key: str, value: Any) -> list[Any] | None:
+        """The second level's arguments for ``value``; ``None`` when it cannot be encoded (it
+        then stays in the first level only: the call succeeded, and the cache must not fail
+        it)."""
         try:
-            payload = self.codec.dumps(step.value)
+            payload = self.codec.dumps(value)
         except (TypeError, ValueError) as exc:
             self.encode_errors += 1
-            self._emit("encode_error", f"{type(exc).__name__}: {exc}", {"key": step.key})
+            self._emit("encode_error", f"{type(exc).__name__}: {exc}", {"key": key})
             return None
-        return CACHE_SET, self._remote_key(step.key), [payload, self._keep_ms]
-
-    def _settled(self, step: _Get | _Set, down: object, value: Any) -> Any:
-        if down is not None:
-            self.store_errors += 1
-            return None
-        return self._decoded(value) if isinstance(step, _Get) else None
+        return [payload, self._keep_ms]
 
     # -- the shells ------------------------------------------------------------------------------
 
     def fetch(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Cached[R]:
         """Like :meth:`call`, with the answer's age and source."""
-        flow = self._flow(self.key(*args, **kwargs))
-        sent: Any = None
-        try:
-            while True:
-                step = flow.send(sent)
-                if isinstance(step, _Run):
-                    try:
-                        sent = Outcome(fn(*args, **kwargs))
-                    except BaseException as exc:  # noqa: BLE001 - handed to the flow, which decides
-                        sent = Outcome(exception=exc)
-                    continue
-                request = self._io(step)
-                if request is None:
-                    sent = None
-                    continue
-                assert self.guard is not None
-                guarded = self.guard.apply(*request)
-                sent = self._settled(step, guarded.down, guarded.value)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        steps = self._fetch(self.key(*args, **kwargs))
+        return drive_sync(steps, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
 
     async def fetch_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> Cached[R]:
         """:meth:`fetch` for coroutine functions."""
-        flow = self._flow(self.key(*args, **kwargs))
-        sent: Any = None
-        try:
-            while True:
-                step = flow.send(sent)
-                if isinstance(step, _Run):
-                    try:
-                        sent = Outcome(await fn(*args, **kwargs))
-                    except BaseException as exc:  # noqa: BLE001 - handed to the flow, which decides
-                        sent = Outcome(exception=exc)
-                    continue
-                request = self._io(step)
-                if request is None:
-                    sent = None
-                    continue
-                assert self.guard is not None
-                guarded = await self.guard.apply_async(*request)
-                sent = self._settled(step, guarded.down, guarded.value)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fetch(fn, *args, **kwargs).value
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        return (await self.fetch_async(fn, *args, **kwargs)).value
+        steps = self._fetch(self.key(*args, **kwargs))
+        return await drive_async(steps, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
 
     # -- direct access ---------------------------------------------------------------------------
 
