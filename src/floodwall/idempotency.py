@@ -43,15 +43,16 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import current_idempotency_key
 from floodwall.stores import resolve
@@ -344,7 +345,7 @@ _RUN: Any = object()
 """``_on_begin`` result meaning "this call claimed the key: run it"."""
 
 
-class Idempotency(Policy):
+class Idempotency(Flow):
     """Run a call once per idempotency key and replay its result (see the module docstring)."""
 
     kind = "idempotency"
@@ -473,66 +474,37 @@ class Idempotency(Policy):
                 )
             )
 
-    def _settle(self, claim: _Claim, outcome: Any) -> None:
+    def _settle(self, claim: _Claim, outcome: Any) -> Generator[Step, Any, None]:
         """Store the result (``outcome``) or release the claim (``outcome is _RUN``)."""
         if claim.where is None:
             return
         try:
             op, args = self._outcome_op(claim, outcome)
         except Exception:  # the codec cannot store this result: free the key, then say why
-            self._settle(claim, _RUN)
+            yield from self._settle(claim, _RUN)
             raise
         if claim.where == "local":
-            self.guard.local.apply(op, claim.key, args)
+            yield Apply(self.guard.local, op, claim.key, args)
             return
-        self._settled(claim, self.guard.apply(op, claim.key, args))
+        self._settled(claim, (yield Apply(self.guard, op, claim.key, args)))
 
-    async def _settle_async(self, claim: _Claim, outcome: Any) -> None:
-        if claim.where is None:
-            return
-        try:
-            op, args = self._outcome_op(claim, outcome)
-        except Exception:  # the codec cannot store this result: free the key, then say why
-            await self._settle_async(claim, _RUN)
-            raise
-        if claim.where == "local":
-            await self.guard.local.apply_async(op, claim.key, args)
-            return
-        self._settled(claim, await self.guard.apply_async(op, claim.key, args))
+    # -- the steps ----------------------------------------------------------------------------
 
-    # -- the shells ---------------------------------------------------------------------------
-
-    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """Claim the key; run and store the result, or replay the stored one, or refuse."""
         claim = self._claim(args, kwargs)
         if claim is None:
-            return fn(*args, **kwargs)
-        decided = self._on_begin(claim, self.guard.apply(BEGIN, claim.key, self._begin_args(claim)))
+            return (yield CALL)
+        begun = yield Apply(self.guard, BEGIN, claim.key, self._begin_args(claim))
+        decided = self._on_begin(claim, begun)
         if decided is not _RUN:
-            return decided  # type: ignore[no-any-return]
+            return decided
         try:
-            result = fn(*args, **kwargs)
+            result = yield CALL
         except BaseException:
-            self._settle(claim, _RUN)
+            yield from self._settle(claim, _RUN)
             raise
-        self._settle(claim, result)
-        return result
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        claim = self._claim(args, kwargs)
-        if claim is None:
-            return await fn(*args, **kwargs)
-        guarded = await self.guard.apply_async(BEGIN, claim.key, self._begin_args(claim))
-        decided = self._on_begin(claim, guarded)
-        if decided is not _RUN:
-            return decided  # type: ignore[no-any-return]
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException:
-            await self._settle_async(claim, _RUN)
-            raise
-        await self._settle_async(claim, result)
+        yield from self._settle(claim, result)
         return result
 
     def lookup(self, key: str) -> IdempotencyRecord | None:
