@@ -37,11 +37,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
-from floodwall._core.policy import Policy
+from floodwall._core.race import Race
 from floodwall._core.tally import Tally
 from floodwall._core.window import TimeWindow
 from floodwall.budget import RetryBudget
@@ -56,17 +57,13 @@ R = TypeVar("R")
 _DEFAULT_BUDGET: Any = object()
 
 
-async def _attempt(fn: Callable[..., Awaitable[R]], args: Any, kwargs: Any) -> R:
-    return await fn(*args, **kwargs)
-
-
 def _consume(task: asyncio.Task[Any]) -> None:
     """Retrieve a finished loser's exception so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
 
 
-class Hedge(Policy):
+class Hedge(Scoped):
     """Start up to ``max_hedges`` extra attempts of a slow call; the first success wins."""
 
     kind = "hedge"
@@ -152,70 +149,36 @@ class Hedge(Policy):
             with self._lock:
                 self._latency.record(now, Kind.SUCCESS, duration)
 
-    # -- the shells -------------------------------------------------------------------------
+    # -- the step (a Race in the core runs the tasks; these hooks decide) --------------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        raise ConfigError(
-            f"Hedge {self.name!r} hedges async calls only (use call_async or decorate an async "
-            "def): a sync attempt cannot be cancelled, its losers would keep running in threads"
-        )
+    def scope(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Race:
+        """The call's race (the budget is entered when it starts and left when it ends)."""
+        return Race(self, self._now())
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        start = self._now()
+    def _enter(self, start: float) -> Any:
         self._calls.add()
-        budget = self.budget
-        token = None if budget is None else budget.enter(start)
-        loop = asyncio.get_running_loop()
-        running: dict[asyncio.Task[R], tuple[int, float]] = {
-            loop.create_task(_attempt(fn, args, kwargs)): (1, start)
-        }
-        launched = 1
-        # may still start hedges; not under a retry of a layer above (no extra load from here)
-        more = not (self.respect_marker and _RETRY.get() is not None)
-        timer: asyncio.Task[None] | None = None
-        error: BaseException | None = None
-        try:
-            while True:
-                if timer is None and more:
-                    timer = loop.create_task(
-                        self.clock.async_sleep(self.current_delay(self._now()))
-                    )
-                waiting: set[asyncio.Future[Any]] = set(running)
-                if timer is not None:
-                    waiting.add(timer)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted((t for t in done if t in running), key=lambda t: running[t]):
-                    attempt, began = running.pop(task)
-                    failure = task.exception()
-                    if failure is None:
-                        answer: R = task.result()
-                        return self._won(answer, attempt, began, launched)
-                    error = failure
-                    if self.classifier.classify(failure) is not ErrorClass.TRANSIENT:
-                        raise failure
-                if not running:  # every attempt failed: a hedge answers slowness, not failure
-                    assert error is not None
-                    if launched > 1:
-                        error.add_note(
-                            f"floodwall: hedge {self.name!r}: all {launched} attempts failed "
-                            f"(last: {_describe(error, None)})"
-                        )
-                    raise error
-                if timer is not None and timer.done():
-                    timer = None
-                    more = self._may_hedge(launched)
-                    if more:
-                        launched += 1
-                        task = self._launch(loop, fn, args, kwargs, launched)
-                        running[task] = (launched, self._now())
-                        more = launched <= self.max_hedges
-        finally:
-            error = None
-            self._abandon(running, timer)
-            if budget is not None:
-                budget.leave(token)
+        return None if self.budget is None else self.budget.enter(start)
+
+    def _leave(self, token: Any) -> None:
+        if self.budget is not None:
+            self.budget.leave(token)
+
+    def _more(self) -> bool:
+        # not under a retry of a layer above: no extra load from here
+        return not (self.respect_marker and _RETRY.get() is not None)
+
+    def _delay(self) -> Awaitable[None]:
+        return self.clock.async_sleep(self.current_delay(self._now()))
+
+    def _ends_race(self, failure: BaseException) -> bool:
+        return self.classifier.classify(failure) is not ErrorClass.TRANSIENT
+
+    def _all_failed(self, error: BaseException, launched: int) -> None:
+        if launched > 1:
+            error.add_note(
+                f"floodwall: hedge {self.name!r}: all {launched} attempts failed "
+                f"(last: {_describe(error, None)})"
+            )
 
     def _may_hedge(self, launched: int) -> bool:
         budget = self.budget
@@ -238,13 +201,8 @@ class Hedge(Policy):
         return False
 
     def _launch(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        fn: Callable[..., Awaitable[R]],
-        args: Any,
-        kwargs: Any,
-        attempt: int,
-    ) -> asyncio.Task[R]:
+        self, loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[Any]], attempt: int
+    ) -> asyncio.Task[Any]:
         self._hedges.add()
         context = contextvars.copy_context()
         context.run(_RETRY.set, RetryMarker(attempt, self.name))
@@ -259,7 +217,7 @@ class Hedge(Policy):
                     figures={"attempt": attempt},
                 )
             )
-        return loop.create_task(_attempt(fn, args, kwargs), context=context)
+        return loop.create_task(call(), context=context)  # type: ignore[arg-type]
 
     def _won(self, result: R, attempt: int, began: float, launched: int) -> R:
         now = self._now()
