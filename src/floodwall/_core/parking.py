@@ -161,13 +161,14 @@ class Lot:
             self.waiters.pop()
         else:
             self.waiters.popleft()
+        waiter.state = _GRANTED
+        waiter.value = value  # before waking: a woken thread reads it at once
         try:
             waiter.wake()
         except RuntimeError:
             waiter.state = _GONE
+            waiter.value = None
             return False
-        waiter.state = _GRANTED
-        waiter.value = value
         return True
 
     def leave(self, waiter: Waiter) -> tuple[bool, Any]:
