@@ -40,6 +40,7 @@ from typing import Any, ParamSpec, TypeVar
 from floodwall._core import defaults
 from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import wait_async, wait_sync
 from floodwall._core.errors import BulkheadFullError, ConfigError, TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.offload import Offload
@@ -110,10 +111,20 @@ class Bulkhead(Gate):
     # -- the admission hooks (lock held for a few lines only) -------------------------------
 
     def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Take a free slot, or refuse, or raise ``Wait`` to queue for one."""
-        step = self._enter()
-        if step is not None:
-            raise Wait(step)
+        """Take a free slot, or refuse, or raise ``Wait`` to queue for one.
+
+        The refusal is raised here, not in a helper: an exception costs a few hundred ns per
+        frame it leaves, and refusing is the hot path of an outage ("bulkhead refusal, all
+        slots busy" in benchmarks/bench_bulkhead.py).
+        """
+        with self._lock:
+            if self._in_flight < self.max_concurrent:
+                self._in_flight += 1
+                return
+            error = self._full("full") if self._never_waits else None
+        if error is not None:
+            raise self._reject(error)
+        raise Wait(Park(self, self._lot, self.clock, self._budget()))
 
     def resume(self, step: Step, value: Any, now: float) -> None:
         """After the wait: the slot was handed over, or the budget ran out (refuse)."""
@@ -131,17 +142,6 @@ class Bulkhead(Gate):
     ) -> None:
         """Give the slot back, whatever the outcome."""
         self.release()
-
-    def _enter(self) -> Park | None:
-        """Take a free slot (``None``), refuse when no wait is allowed, else the wait step."""
-        with self._lock:
-            if self._in_flight < self.max_concurrent:
-                self._in_flight += 1
-                return None
-            error = self._full("full") if self._never_waits else None
-        if error is not None:
-            raise self._reject(error)
-        return Park(self, self._lot, self.clock, self._budget())
 
     def join(self, waiter: Waiter, budget: float) -> bool:
         """The wait step's entry: a slot freed meanwhile (True), queued (False), or refused."""
@@ -162,8 +162,8 @@ class Bulkhead(Gate):
         """Give a slot back: to the oldest waiter if there is one, else to the pool."""
         with self._lock:
             lot = self._lot
-            while (waiter := lot.next()) is not None:
-                if lot.hand(waiter, None):
+            while lot.waiters:
+                if lot.hand(lot.waiters[0], None):
                     return
             self._in_flight -= 1
 
@@ -214,19 +214,21 @@ class Bulkhead(Gate):
             error = self._full(f"no slot within {budget:.3f}s")
         return self._reject(error)
 
-    # -- direct use: thin shells over the same hooks ----------------------------------------
+    # -- direct use: the same hooks, the drivers' wait loops --------------------------------
 
     def acquire(self) -> None:
         """Take a slot (waiting as configured) or raise :class:`BulkheadFullError`."""
-        step = self._enter()
-        if step is not None:
-            self.resume(step, step.run(), self._now())
+        try:
+            self.admit(self._now(), (), {})
+        except Wait as wait:
+            wait_sync(self, wait)
 
     async def acquire_async(self) -> None:
         """:meth:`acquire` for coroutines: waits on a future, not a thread."""
-        step = self._enter()
-        if step is not None:
-            self.resume(step, await step.arun(), self._now())
+        try:
+            self.admit(self._now(), (), {})
+        except Wait as wait:
+            await wait_async(self, wait)
 
     def __enter__(self) -> Bulkhead:
         self.acquire()
