@@ -218,17 +218,21 @@ class Bulkhead(Gate):
 
     def acquire(self) -> None:
         """Take a slot (waiting as configured) or raise :class:`BulkheadFullError`."""
-        try:
-            self.admit(self._now(), (), {})
-        except Wait as wait:
+        if (wait := self._admit_now()) is not None:
             wait_sync(self, wait)
 
     async def acquire_async(self) -> None:
         """:meth:`acquire` for coroutines: waits on a future, not a thread."""
+        if (wait := self._admit_now()) is not None:
+            await wait_async(self, wait)
+
+    def _admit_now(self) -> Wait | None:
+        """:meth:`admit` outside a call: ``None`` when a slot was taken, else the wait to do."""
         try:
             self.admit(self._now(), (), {})
         except Wait as wait:
-            await wait_async(self, wait)
+            return wait
+        return None
 
     def __enter__(self) -> Bulkhead:
         self.acquire()

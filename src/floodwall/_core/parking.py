@@ -19,9 +19,10 @@ on the owner's clock; one lock or one future per waiter, freed when it leaves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final, Literal, Protocol
 
 from floodwall._core.clock import Clock, SystemClock
@@ -109,10 +110,28 @@ class TaskWaiter(Waiter):
         else:
             self.loop.call_soon_threadsafe(_resolve, self.future, True)
 
-    def expire(self, lot: Lot) -> None:
-        """The budget ran out: leave the lot, unless a grant came first."""
+    async def sleep(self, clock: Clock, budget: float, lot: Lot) -> bool:
+        """Wait for :meth:`wake` at most ``budget`` seconds on ``clock``; True if woken. On
+        expiry the waiter leaves ``lot`` (unless a grant came first)."""
+        timer: asyncio.TimerHandle | asyncio.Task[None] | None = None
+        if budget != _INF:
+            if isinstance(clock, SystemClock):
+                timer = self.loop.call_later(budget, self._expire, lot)
+            else:
+                timer = self.loop.create_task(self._expire_later(clock, budget, lot))
+        try:
+            return await self.future
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, lot: Lot) -> None:
         if not lot.leave(self)[0]:
             _resolve(self.future, False)
+
+    async def _expire_later(self, clock: Clock, budget: float, lot: Lot) -> None:
+        await clock.async_sleep(budget)
+        self._expire(lot)
 
 
 def _resolve(future: asyncio.Future[bool], granted: bool) -> None:
@@ -218,47 +237,32 @@ class Park(Step):
         waiter = ThreadWaiter(self.tag)
         if self.owner.join(waiter, self.budget):
             return waiter.value
-        try:
+        with self._giving_up(waiter):
             woken = waiter.sleep(self.clock, self.budget)
-        except BaseException:
-            self._abandon(waiter)
-            raise
         return waiter.value if woken else self._timed_out(waiter)
 
     async def arun(self, call: Callable[[], Awaitable[Any]] | None = None) -> Any:
         waiter = TaskWaiter(asyncio.get_running_loop(), self.tag)
         if self.owner.join(waiter, self.budget):
             return waiter.value
-        timer = self._timer(waiter)
-        try:
-            woken = await waiter.future
-        except BaseException:
-            self._abandon(waiter)
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
+        with self._giving_up(waiter):
+            woken = await waiter.sleep(self.clock, self.budget, self.lot)
         return waiter.value if woken else self._timed_out(waiter)
 
-    def _timer(self, waiter: TaskWaiter) -> asyncio.TimerHandle | asyncio.Task[None] | None:
-        if self.budget == _INF:
-            return None
-        if isinstance(self.clock, SystemClock):
-            return waiter.loop.call_later(self.budget, waiter.expire, self.lot)
-        return waiter.loop.create_task(self._expire_later(waiter))
-
-    async def _expire_later(self, waiter: TaskWaiter) -> None:
-        await self.clock.async_sleep(self.budget)
-        waiter.expire(self.lot)
+    @contextlib.contextmanager
+    def _giving_up(self, waiter: Waiter) -> Iterator[None]:
+        """Interrupted (cancelled) while parked: leave, and pass a grant that came on."""
+        try:
+            yield
+        except BaseException:
+            granted, value = self.lot.leave(waiter)
+            if granted:
+                self.owner.pass_on(value)
+            raise
 
     def _timed_out(self, waiter: Waiter) -> Any:
         granted, value = self.lot.leave(waiter)
         return value if granted else TIMED_OUT
-
-    def _abandon(self, waiter: Waiter) -> None:
-        granted, value = self.lot.leave(waiter)
-        if granted:
-            self.owner.pass_on(value)
 
     def __repr__(self) -> str:
         return f"Park({self.budget:g}s)"
