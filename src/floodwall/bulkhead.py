@@ -28,23 +28,24 @@ for clients that can hang without honouring any timeout: see its docstring for t
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import math
 import threading
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core import defaults
-from floodwall._core.clock import SYSTEM_CLOCK, Clock, SystemClock
+from floodwall._core.admission import Flow, Gate
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import wait_async, wait_sync
 from floodwall._core.errors import BulkheadFullError, ConfigError, TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.offload import Offload
+from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
+from floodwall._core.steps import FlowSteps, Step, Wait
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _limit
 from floodwall._core.window import WindowSnapshot
@@ -56,9 +57,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _INF = math.inf
-_PENDING, _GRANTED, _GONE = 0, 1, 2
-_POLL = 0.01
-"""Real seconds between clock readings of a sync waiter whose clock is not the system clock."""
 
 
 def _wait_seconds(name: str, value: float | None) -> float:
@@ -69,49 +67,7 @@ def _wait_seconds(name: str, value: float | None) -> float:
     return float(value)
 
 
-class _Waiter:
-    """A caller queued for a slot: a thread (``lock``) or a task (``future``)."""
-
-    __slots__ = ("future", "lock", "loop", "state", "thread")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.state = _PENDING
-        self.loop = loop
-        self.thread = threading.get_ident()
-        self.future: asyncio.Future[bool] | None = None
-        self.lock: threading.Lock | None = None
-        if loop is None:
-            self.lock = threading.Lock()
-            self.lock.acquire()
-        else:
-            self.future = loop.create_future()
-
-    def wake(self, granted: bool) -> None:
-        """Tell the waiter how its wait ended (bulkhead lock held; never blocks)."""
-        if self.lock is not None:
-            self.lock.release()
-            return
-        future = self.future
-        assert future is not None
-        assert self.loop is not None
-        if threading.get_ident() == self.thread:
-            if not future.done():
-                future.set_result(granted)
-        else:
-            self.loop.call_soon_threadsafe(_resolve, future, granted)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-def _resolve(future: asyncio.Future[bool], granted: bool) -> None:
-    if not future.done():
-        future.set_result(granted)
-
-
-class Bulkhead(Policy):
+class Bulkhead(Gate):
     """Semaphore isolation with a bounded FIFO wait queue (see the module docstring).
 
     Defaults (Hystrix's semaphore isolation): ``max_concurrent=10``, ``max_queue=0``,
@@ -120,6 +76,11 @@ class Bulkhead(Policy):
 
     Use it as a decorator, with ``call`` / ``call_async``, in a :class:`~floodwall.Pipeline`,
     or as a context manager (``with bulkhead:`` / ``async with bulkhead:``).
+
+    As a gate: ``admit`` takes a free slot, refuses, or raises ``Wait(Park(...))`` to queue the
+    caller in the bulkhead's :class:`~floodwall._core.parking.Lot` (the driver parks the thread
+    or the task, then ``resume`` turns a timed-out wait into the refusal); ``record`` gives the
+    slot back (:meth:`release`), whatever the outcome.
     """
 
     kind = "bulkhead"
@@ -140,46 +101,71 @@ class Bulkhead(Policy):
         self.max_wait = _wait_seconds("max_wait", max_wait)
         self.clock = clock
         self.listeners = Listeners(listeners)
-        self._real_clock = isinstance(clock, SystemClock)
+        self._now = clock.monotonic
         self._never_waits = self.max_queue == 0 or self.max_wait == 0
-        lock = threading.Lock()
-        self._lock_acquire = lock.acquire
-        self._lock_release = lock.release
+        self._lock = threading.Lock()
+        self._lot = Lot(self._lock, self.max_queue, "fifo")
         self._in_flight = 0
-        self._queued = 0
-        self._waiters: deque[_Waiter] = deque()
         self._rejections = Tally()
 
-    # -- admission (lock held for a few lines only) -----------------------------------------
+    # -- the admission hooks (lock held for a few lines only) -------------------------------
 
-    def _try_enter(self) -> bool:
-        self._lock_acquire()
-        if self._in_flight < self.max_concurrent:
-            self._in_flight += 1
-            self._lock_release()
-            return True
-        self._lock_release()
-        return False
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Take a free slot, or refuse, or raise ``Wait`` to queue for one.
+
+        The refusal is raised here, not in a helper: an exception costs a few hundred ns per
+        frame it leaves, and refusing is the hot path of an outage ("bulkhead refusal, all
+        slots busy" in benchmarks/bench_bulkhead.py).
+        """
+        with self._lock:
+            if self._in_flight < self.max_concurrent:
+                self._in_flight += 1
+                return
+            error = self._full("full") if self._never_waits else None
+        if error is not None:
+            raise self._reject(error)
+        raise Wait(Park(self, self._lot, self.clock, self._budget()))
+
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        """After the wait: the slot was handed over, or the budget ran out (refuse)."""
+        if value is TIMED_OUT:
+            assert isinstance(step, Park)
+            raise self._timed_out(step.budget)
+
+    def record(
+        self,
+        permit: Any,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Give the slot back, whatever the outcome."""
+        self.release()
+
+    def join(self, waiter: Waiter, budget: float) -> bool:
+        """The wait step's entry: a slot freed meanwhile (True), queued (False), or refused."""
+        with self._lock:
+            if self._in_flight < self.max_concurrent:
+                self._in_flight += 1
+                return True
+            if budget > 0 and self._lot.park(waiter):
+                return False
+            error = self._full("full" if budget <= 0 or not self.max_queue else "queue full")
+        raise self._reject(error)
+
+    def pass_on(self, value: Any) -> None:
+        """A waiter cancelled as its slot came: the slot goes to the next one."""
+        self.release()
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter if there is one, else to the pool."""
-        self._lock_acquire()
-        try:
-            waiters = self._waiters
-            while waiters:
-                waiter = waiters.popleft()
-                if waiter.state == _PENDING:
-                    self._queued -= 1
-                    try:
-                        waiter.wake(True)
-                    except RuntimeError:  # its event loop is closed: nobody is waiting there
-                        waiter.state = _GONE
-                        continue
-                    waiter.state = _GRANTED
+        with self._lock:
+            lot = self._lot
+            while lot.waiters:
+                if lot.hand(lot.waiters[0], None):
                     return
             self._in_flight -= 1
-        finally:
-            self._lock_release()
 
     def _budget(self) -> float:
         """How long a caller may wait: ``max_wait``, cut by the ambient deadline."""
@@ -190,36 +176,6 @@ class Bulkhead(Policy):
                 budget = min(budget, outer.remaining())
         return budget
 
-    def _enqueue(self, loop: asyncio.AbstractEventLoop | None, budget: float) -> _Waiter | None:
-        """Queue a waiter; ``None`` when a slot freed up meanwhile (it is taken)."""
-        self._lock_acquire()
-        try:
-            if self._in_flight < self.max_concurrent:
-                self._in_flight += 1
-                return None
-            if budget > 0 and self._queued < self.max_queue:
-                waiter = _Waiter(loop)
-                self._waiters.append(waiter)
-                self._queued += 1
-                return waiter
-            error = self._full("full" if budget <= 0 or not self.max_queue else "queue full")
-        finally:
-            self._lock_release()
-        raise self._reject(error)
-
-    def _give_up(self, waiter: _Waiter) -> bool:
-        """The waiter stops waiting; True if it got a slot first (it then holds it)."""
-        self._lock_acquire()
-        try:
-            if waiter.state == _GRANTED:
-                return True
-            if waiter.state == _PENDING:
-                waiter.state = _GONE
-                self._queued -= 1
-            return False
-        finally:
-            self._lock_release()
-
     def _full(self, reason: str) -> BulkheadFullError:
         """The refusal with the figures (lock held, so they are consistent)."""
         return BulkheadFullError(
@@ -229,97 +185,54 @@ class Bulkhead(Policy):
             self.max_concurrent,
             self.max_queue,
             self._in_flight,
-            self._queued,
+            len(self._lot),
         )
 
     def _reject(self, error: BulkheadFullError) -> BulkheadFullError:
         """Count the refusal and tell the listeners (lock not held)."""
         self._rejections.add()
         if self.listeners:
-            self._emit(error)
+            self.listeners.emit(
+                Event(
+                    kind="rejected",
+                    source=self.kind,
+                    name=self.name,
+                    time=self.clock.monotonic(),
+                    reason=str(error),
+                    figures={
+                        "max_concurrent": error.max_concurrent,
+                        "max_queue": error.max_queue,
+                        "in_flight": error.in_flight,
+                        "queued": error.queued,
+                    },
+                )
+            )
         return error
 
-    def _emit(self, error: BulkheadFullError) -> None:
-        self.listeners.emit(
-            Event(
-                kind="rejected",
-                source=self.kind,
-                name=self.name,
-                time=self.clock.monotonic(),
-                reason=str(error),
-                figures={
-                    "max_concurrent": error.max_concurrent,
-                    "max_queue": error.max_queue,
-                    "in_flight": error.in_flight,
-                    "queued": error.queued,
-                },
-            )
-        )
-
     def _timed_out(self, budget: float) -> BulkheadFullError:
-        self._lock_acquire()
-        try:
+        with self._lock:
             error = self._full(f"no slot within {budget:.3f}s")
-        finally:
-            self._lock_release()
         return self._reject(error)
 
-    # -- sync -------------------------------------------------------------------------------
+    # -- direct use: the same hooks, the drivers' wait loops --------------------------------
 
     def acquire(self) -> None:
         """Take a slot (waiting as configured) or raise :class:`BulkheadFullError`."""
-        if self._try_enter():
-            return
-        budget = self._budget()
-        waiter = self._enqueue(None, budget)
-        if waiter is None:
-            return
-        lock = waiter.lock
-        assert lock is not None
-        if budget == _INF:
-            lock.acquire()
-            return
-        if self._real_clock:
-            if lock.acquire(timeout=min(budget, threading.TIMEOUT_MAX)):
-                return
-        else:
-            until = self.clock.monotonic() + budget
-            while True:
-                left = until - self.clock.monotonic()
-                if left <= 0:
-                    break
-                if lock.acquire(timeout=min(left, _POLL)):
-                    return
-        if not self._give_up(waiter):
-            raise self._timed_out(budget)
+        if (wait := self._admit_now()) is not None:
+            wait_sync(self, wait)
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        self._lock_acquire()
-        if self._in_flight < self.max_concurrent:
-            self._in_flight += 1
-            self._lock_release()
-        elif self._never_waits:  # refusing is the hot path of an outage: one lock, no frames
-            error = BulkheadFullError(
-                self.name,
-                "full",
-                None,
-                self.max_concurrent,
-                self.max_queue,
-                self._in_flight,
-                self._queued,
-            )
-            self._lock_release()
-            self._rejections.add()
-            if self.listeners:
-                self._emit(error)
-            raise error
-        else:
-            self._lock_release()
-            self.acquire()
+    async def acquire_async(self) -> None:
+        """:meth:`acquire` for coroutines: waits on a future, not a thread."""
+        if (wait := self._admit_now()) is not None:
+            await wait_async(self, wait)
+
+    def _admit_now(self) -> Wait | None:
+        """:meth:`admit` outside a call: ``None`` when a slot was taken, else the wait to do."""
         try:
-            return fn(*args, **kwargs)
-        finally:
-            self.release()
+            self.admit(self._now(), (), {})
+        except Wait as wait:
+            return wait
+        return None
 
     def __enter__(self) -> Bulkhead:
         self.acquire()
@@ -332,75 +245,6 @@ class Bulkhead(Policy):
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-    # -- async ------------------------------------------------------------------------------
-
-    async def acquire_async(self) -> None:
-        """:meth:`acquire` for coroutines: waits on a future, not a thread."""
-        if self._try_enter():
-            return
-        budget = self._budget()
-        waiter = self._enqueue(asyncio.get_running_loop(), budget)
-        if waiter is None:
-            return
-        future = waiter.future
-        assert future is not None
-        timer: asyncio.TimerHandle | asyncio.Task[None] | None = None
-        if budget != _INF:
-            loop = asyncio.get_running_loop()
-            if self._real_clock:
-                timer = loop.call_later(budget, self._expire, waiter)
-            else:
-                timer = loop.create_task(self._expire_later(waiter, budget))
-        try:
-            granted = await future
-        except asyncio.CancelledError:
-            if self._give_up(waiter):
-                self.release()  # granted while being cancelled: pass the slot on
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if not granted:
-            raise self._timed_out(budget)
-
-    def _expire(self, waiter: _Waiter) -> None:
-        if not self._give_up(waiter):
-            waiter.wake(False)
-
-    async def _expire_later(self, waiter: _Waiter, budget: float) -> None:
-        await self.clock.async_sleep(budget)
-        self._expire(waiter)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        self._lock_acquire()
-        if self._in_flight < self.max_concurrent:
-            self._in_flight += 1
-            self._lock_release()
-        elif self._never_waits:
-            error = BulkheadFullError(
-                self.name,
-                "full",
-                None,
-                self.max_concurrent,
-                self.max_queue,
-                self._in_flight,
-                self._queued,
-            )
-            self._lock_release()
-            self._rejections.add()
-            if self.listeners:
-                self._emit(error)
-            raise error
-        else:
-            self._lock_release()
-            await self.acquire_async()
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            self.release()
 
     async def __aenter__(self) -> Bulkhead:
         await self.acquire_async()
@@ -424,7 +268,7 @@ class Bulkhead(Policy):
     @property
     def queued(self) -> int:
         """Callers waiting for a slot now."""
-        return self._queued
+        return len(self._lot)
 
     @property
     def available(self) -> int:
@@ -434,7 +278,7 @@ class Bulkhead(Policy):
     @property
     def rejected(self) -> int:
         """Calls refused since the bulkhead was built."""
-        return int(repr(self._rejections)[6:-1])
+        return self._rejections.value
 
     def describe(self) -> str:
         wait = "inf" if self.max_wait == _INF else f"{self.max_wait:g}s"
@@ -444,7 +288,7 @@ class Bulkhead(Policy):
         )
 
 
-class ThreadPoolBulkhead(Policy):
+class ThreadPoolBulkhead(Flow):
     """Thread-pool isolation: sync calls run on ``max_workers`` threads owned by this bulkhead.
 
     ``call(fn, ...)`` submits ``fn`` to the pool and waits for its result at most ``timeout``
@@ -471,6 +315,10 @@ class ThreadPoolBulkhead(Policy):
     worker. ``shutdown()`` (or leaving ``with pool:``) stops taking calls, cancels queued ones
     and, with ``wait=True``, waits for running ones; threads of hung calls are daemons of the
     executor and end with the call. Defaults (Hystrix's): 10 workers, 5 queued.
+
+    As a flow: one step, :class:`~floodwall._core.offload.Offload`, which submits the call to
+    the pool and waits for its answer within the budget (``run`` in the calling thread;
+    ``arun``, for ``run_async``, in a task).
     """
 
     kind = "thread_pool_bulkhead"
@@ -550,37 +398,23 @@ class ThreadPoolBulkhead(Policy):
             budget = min(budget, max(0.0, outer.remaining()))
         return None if budget == _INF else budget
 
-    def _expired(self, budget: float, future: Future[Any]) -> TimeoutExceeded:
+    def expired(self, budget: float, future: Future[Any]) -> TimeoutExceeded:
+        """Stop waiting for ``future`` after ``budget`` seconds: cancel it if still queued."""
         future.cancel()  # still queued: it will never run
         self._timeouts += 1
         return TimeoutExceeded(self.name, budget, f"no result from the pool within {budget:.3f}s")
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        future = self.submit(fn, *args, **kwargs)
-        budget = self._wait_budget()
-        try:
-            return future.result(timeout=budget)
-        except FutureTimeout:
-            assert budget is not None
-            raise self._expired(budget, future) from None
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """Offload the protected call; coroutine functions are refused (use :class:`Bulkhead`)."""
+        return (yield Offload(self, self._wait_budget(), refusal=self._refusal()))
 
     async def run_async(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Await ``fn(*args, **kwargs)`` run on the pool (for blocking calls in async code)."""
-        future = self.submit(fn, *args, **kwargs)
-        budget = self._wait_budget()
-        waiting = asyncio.wrap_future(future)
-        waiting.add_done_callback(_retrieve)  # a result nobody awaits any more is not an error
-        if budget is None:
-            return await waiting
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiting), budget)
-        except TimeoutError:
-            raise self._expired(budget, future) from None
+        job = functools.partial(fn, *args, **kwargs)
+        return await Offload(self, self._wait_budget(), job).arun()  # type: ignore[no-any-return]
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        raise TypeError(
+    def _refusal(self) -> str:
+        return (
             f"ThreadPoolBulkhead {self.name!r} runs sync callables on threads; use "
             "`await pool.run_async(blocking_fn, ...)` for those, or a Bulkhead for coroutines"
         )
@@ -615,7 +449,7 @@ class ThreadPoolBulkhead(Policy):
     @property
     def rejected(self) -> int:
         """Calls refused since the pool was built."""
-        return int(repr(self._rejections)[6:-1])
+        return self._rejections.value
 
     @property
     def timeouts(self) -> int:

@@ -1,7 +1,8 @@
 """Fault injection: make a dependency slow, failing, wrong or silent, on purpose and on schedule.
 
 Four policies with the shape of every floodwall policy (``call``, ``call_async``, decorator, a
-step of a :class:`~floodwall.Pipeline`), for drills and tests:
+step of a :class:`~floodwall.Pipeline`), for drills and tests (each class's docstring says how it
+maps to the admission protocol):
 
 * :class:`ChaosLatency`: wait ``delay`` seconds (fixed, or drawn from a :class:`Latency`
   distribution), then make the call;
@@ -38,14 +39,16 @@ import dataclasses
 import math
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Literal
 
+from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FloodwallError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, FlowSteps, Sleep, Step, Wait
 from floodwall._core.tally import Tally
 
 __all__ = [
@@ -64,9 +67,6 @@ __all__ = [
     "chaos_allowed",
     "chaos_from_spec",
 ]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 CHAOS_ENV = "FLOODWALL_CHAOS"
 """Environment variable that allows chaos in a process when set to exactly ``1``."""
@@ -302,10 +302,12 @@ class ChaosOptions:
 
 
 class ChaosPolicy(Policy):
-    """Base of the chaos policies: the gate, the decision core and the two shells.
+    """Base of the chaos policies: the switch, the schedule and the decision core.
 
-    Subclasses say what an injection does (:meth:`_inject` / :meth:`_inject_async`) and
-    describe it (:meth:`_what`).
+    Each fault maps to the protocol on its own: latency, exception and hang are gates whose
+    ``admit`` decides (:meth:`_hit`) and then waits (``Wait(Sleep(...))``, then ``resume``) or
+    raises; a result answers instead of the call, so it is a flow. Subclasses describe the
+    fault (:meth:`_what`).
     """
 
     kind = "chaos"
@@ -334,6 +336,7 @@ class ChaosPolicy(Policy):
         self.listeners = Listeners(listeners)
         self.origin = clock.monotonic() if origin is None else float(origin)
         """The clock reading the schedule counts from (see :meth:`restart`)."""
+        self._now = clock.monotonic
         self._calls = Tally()
         self._injected = Tally()
 
@@ -372,28 +375,6 @@ class ChaosPolicy(Policy):
                 )
             )
         return True
-
-    # -- shells -----------------------------------------------------------------------------
-
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._hit():
-            return self._inject(fn, *args, **kwargs)
-        return fn(*args, **kwargs)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        if self._hit():
-            return await self._inject_async(fn, *args, **kwargs)
-        return await fn(*args, **kwargs)
-
-    def _inject(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        raise NotImplementedError
-
-    async def _inject_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        raise NotImplementedError
 
     def _what(self) -> str:
         return self.fault
@@ -470,8 +451,10 @@ class ChaosPolicy(Policy):
         return f"{type(self).__name__}({self.name!r}: {', '.join(parts)})"
 
 
-class ChaosLatency(ChaosPolicy):
-    """Wait ``delay`` seconds (a number, or a :class:`Latency` distribution), then call."""
+class ChaosLatency(ChaosPolicy, Gate):
+    """Wait ``delay`` seconds (a number, or a :class:`Latency` distribution), then call.
+
+    As a gate: ``admit`` raises ``Wait(Sleep(delay))`` on a hit; ``resume`` admits."""
 
     fault = "latency"
 
@@ -481,23 +464,20 @@ class ChaosLatency(ChaosPolicy):
         super().__init__(name, **options)
         self.delay = delay if isinstance(delay, Latency) else Latency.fixed(delay)
 
-    def _inject(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        self.clock.sleep(self.delay.sample(self.rng))
-        return fn(*args, **kwargs)
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._hit():
+            raise Wait(Sleep(self.clock, self.delay.sample(self.rng)))
 
-    async def _inject_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        await self.clock.async_sleep(self.delay.sample(self.rng))
-        return await fn(*args, **kwargs)
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        """The delay is over: make the call."""
 
     def _what(self) -> str:
         return f"latency +{self.delay}"
 
 
-class ChaosException(ChaosPolicy):
+class ChaosException(ChaosPolicy, Gate):
     """Raise ``exception()`` instead of calling: an exception class or a factory (default
-    :class:`InjectedFault`)."""
+    :class:`InjectedFault`). As a gate: ``admit`` raises it on a hit."""
 
     fault = "exception"
 
@@ -520,13 +500,9 @@ class ChaosException(ChaosPolicy):
             return InjectedFault(self.name)
         return self.exception()
 
-    def _inject(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        raise self._error()
-
-    async def _inject_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        raise self._error()
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._hit():
+            raise self._error()
 
     def _what(self) -> str:
         shown = "InjectedFault" if self.exception is None else _name_of(self.exception)
@@ -536,8 +512,10 @@ class ChaosException(ChaosPolicy):
 _UNSET: Any = object()
 
 
-class ChaosResult(ChaosPolicy):
-    """Answer ``value`` (or ``factory()``, e.g. a fresh HTTP 503 response) instead of calling."""
+class ChaosResult(ChaosPolicy, Flow):
+    """Answer ``value`` (or ``factory()``, e.g. a fresh HTTP 503 response) instead of calling.
+
+    As a flow: on a hit the answer, without a step; otherwise one :data:`CALL`."""
 
     fault = "result"
 
@@ -561,24 +539,21 @@ class ChaosResult(ChaosPolicy):
     def _answer(self) -> Any:
         return self.value if self.factory is None else self.factory()
 
-    def _inject(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        answer: R = self._answer()
-        return answer
-
-    async def _inject_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        answer: R = self._answer()
-        return answer
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        if self._hit():
+            return self._answer()
+        return (yield CALL)
 
     def _what(self) -> str:
         shown = _name_of(self.factory) + "()" if self.factory is not None else repr(self.value)
         return f"result {shown[:60]}"
 
 
-class ChaosHang(ChaosPolicy):
+class ChaosHang(ChaosPolicy, Gate):
     """Never answer: wait ``duration`` seconds (default :data:`CHAOS_HANG_DURATION`), then raise
-    :class:`InjectedFault`. A :class:`~floodwall.Timeout` (or a cancellation) ends it sooner."""
+    :class:`InjectedFault`. A :class:`~floodwall.Timeout` (or a cancellation) ends it sooner.
+
+    As a gate: ``admit`` raises ``Wait(Sleep(duration))`` on a hit; ``resume`` raises."""
 
     fault = "hang"
 
@@ -595,14 +570,12 @@ class ChaosHang(ChaosPolicy):
     def _hung(self) -> InjectedFault:
         return InjectedFault(self.name, f"hung for {self.duration:g}s without answering")
 
-    def _inject(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        self.clock.sleep(self.duration)
-        raise self._hung()
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._hit():
+            raise Wait(Sleep(self.clock, self.duration))
 
-    async def _inject_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        await self.clock.async_sleep(self.duration)
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        """The hang is over: fail as the silent dependency would."""
         raise self._hung()
 
     def _what(self) -> str:

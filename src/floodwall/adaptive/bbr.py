@@ -30,23 +30,21 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
 from floodwall.adaptive._base import check_int, check_positive
 from floodwall.adaptive.cpu import CPUSource, SmoothedCPU, default_cpu_source
 
 __all__ = ["BBR", "BBRLimiter", "BBRStats", "BBRToken"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _floor = math.floor
 
@@ -228,18 +226,24 @@ class BBRToken:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if isinstance(exc, TimeoutError | RejectedError):
-            self.dropped()
-        else:
-            self.success()
+        self.close(exc)
+
+    def close(self, error: BaseException | None) -> bool:
+        """Close after a call that raised ``error`` (``None``: it returned): dropped for a
+        timeout or a rejection downstream, else a pass."""
+        return self._limiter._release(self, not isinstance(error, TimeoutError | RejectedError))
 
 
-class BBRLimiter(Policy):
+class BBRLimiter(Gate):
     """Thread-safe BBR shell: a clock, a CPU reading, the in-flight count and tokens.
 
     ``cpu`` is a callable returning the (already smoothed) CPU usage in [0, 1]; by default the
     :func:`~floodwall.adaptive.cpu.default_cpu_source` smoothed by
     :class:`~floodwall.adaptive.cpu.SmoothedCPU` (0.95 every 500 ms). Tests inject a lambda.
+
+    As a gate: ``admit`` hands out a :class:`BBRToken` (:meth:`acquire`) or raises
+    :class:`~floodwall.OverloadedError`; ``record`` closes the token from the outcome
+    (:meth:`BBRToken.close`).
     """
 
     kind = "bbr"
@@ -330,21 +334,23 @@ class BBRLimiter(Policy):
     def _rejection(self) -> OverloadedError:
         return OverloadedError(self.name, "BBR: CPU overloaded", self.retry_after)
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BBRToken:
+        """A token for the call, or raise :class:`~floodwall.OverloadedError`."""
         token = self.acquire()
         if token is None:
             raise self._rejection()
-        with token:
-            return fn(*args, **kwargs)
+        return token
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        token = self.acquire()
-        if token is None:
-            raise self._rejection()
-        with token:
-            return await fn(*args, **kwargs)
+    def record(
+        self,
+        permit: BBRToken,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Close the token from the outcome (see :meth:`BBRToken.close`)."""
+        permit.close(error)
 
     def describe(self) -> str:
         return f"BBRLimiter(cpu_threshold={self.core.cpu_threshold:.0%})"

@@ -15,7 +15,8 @@ The limiter is the thin, thread-safe shell around a pure :class:`~floodwall.adap
 * ``backlog_size > 0`` makes :meth:`acquire_blocking` and :meth:`acquire_async` wait for a token
   instead of failing, up to ``backlog_timeout`` seconds, in LIFO order by default: under overload
   the newest waiter (most likely still wanted by its client) is served first and the oldest
-  time out (Netflix's ``LifoBlockingLimiter``: 100 waiters, 1 s).
+  time out (Netflix's ``LifoBlockingLimiter``: 100 waiters, 1 s). Both wait on the limiter's
+  clock, in one backlog shared by threads and tasks.
 
 Use it as a policy too: ``limiter.call(fn)`` / ``await limiter.call_async(fn)`` raise
 :class:`~floodwall.OverloadedError` when no token is to be had; a return closes the token as a
@@ -27,26 +28,23 @@ Cost: one lock round trip and one clock read per acquire and per release, plus t
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
+from floodwall._core.steps import Step, Wait
 from floodwall.adaptive._base import Limit
 
 __all__ = ["AdaptiveLimiter", "PartitionStats", "Token"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _OPEN, _SUCCESS, _DROPPED, _IGNORED = 0, 1, 2, 3
 
@@ -93,19 +91,22 @@ class Token:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.success()
-        elif isinstance(exc, self._limiter.drop_on):
-            self.dropped()
+        self.close(exc)
+
+    def close(self, error: BaseException | None) -> bool:
+        """Close after a call that raised ``error`` (``None``: it returned): a success, dropped
+        for the limiter's ``drop_on`` errors (timeouts, rejections), else ignored."""
+        if error is None:
+            outcome = _SUCCESS
+        elif isinstance(error, self._limiter.drop_on):
+            outcome = _DROPPED
         else:
-            self.ignore()
+            outcome = _IGNORED
+        return self._limiter._release(self, outcome)
 
     def __repr__(self) -> str:
         state = ("open", "success", "dropped", "ignored")[self._state]
         return f"<Token {state} start={self.start:.6f} inflight={self.inflight}>"
-
-
-_new_token = object.__new__
 
 
 class _Partition:
@@ -128,25 +129,15 @@ class PartitionStats:
     inflight: int
 
 
-class _Waiter:
-    __slots__ = ("event", "future", "loop", "partition", "token")
+class AdaptiveLimiter(Gate):
+    """Concurrency limiter driven by an adaptive :class:`Limit` (see the module docstring).
 
-    def __init__(
-        self,
-        partition: _Partition | None,
-        event: threading.Event | None = None,
-        future: asyncio.Future[Token | None] | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        self.partition = partition
-        self.event = event
-        self.future = future
-        self.loop = loop
-        self.token: Token | None = None
-
-
-class AdaptiveLimiter(Policy):
-    """Concurrency limiter driven by an adaptive :class:`Limit` (see the module docstring)."""
+    As a gate: ``admit`` hands out a token (the permit), refuses with
+    :class:`~floodwall.OverloadedError`, or, with a backlog, raises ``Wait(Park(...))`` to queue
+    the caller in the limiter's :class:`~floodwall._core.parking.Lot`; ``resume`` turns a wait
+    that timed out into the refusal; ``record`` closes the token from the outcome
+    (:meth:`Token.close`).
+    """
 
     kind = "adaptive_limiter"
 
@@ -181,13 +172,9 @@ class AdaptiveLimiter(Policy):
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
-        # Bound once: the per-request paths call these in try/finally, which costs less than
-        # `with self._lock` (no special-method lookup per use).
-        self._lock_acquire = self._lock.acquire
-        self._lock_release = self._lock.release
+        self._lot = Lot(self._lock, backlog_size, backlog_order)
         self._limit = algorithm.limit
         self._inflight = 0
-        self._backlog: deque[_Waiter] = deque()
         self._rejected = 0
         self._partitions = self._build_partitions(partitions)
         self._unknown = _Partition("unknown", 0.0) if self._partitions else None
@@ -226,7 +213,7 @@ class AdaptiveLimiter(Policy):
     @property
     def backlog(self) -> int:
         """Callers waiting for a token."""
-        return len(self._backlog)
+        return len(self._lot)
 
     @property
     def rejected(self) -> int:
@@ -272,35 +259,17 @@ class AdaptiveLimiter(Policy):
 
     def acquire(self, partition: str | None = None) -> Token | None:
         """A token, or ``None`` when the limit (or the partition's entitlement) is used up."""
-        self._lock_acquire()
-        try:
-            if self._unknown is None:
-                inflight = self._inflight
-                if inflight < self._limit:
-                    # Token.__init__ written out (the common, unpartitioned case): on CPython
-                    # 3.11 a class call with a Python __init__ re-enters the interpreter from C.
-                    self._inflight = inflight = inflight + 1
-                    token = _new_token(Token)
-                    token._limiter = self
-                    token._state = _OPEN
-                    token.start = self._now()
-                    token.inflight = inflight
-                    token.partition = None
-                    return token
-            else:
-                part = self._resolve(partition)
-                if self._admissible(part):
-                    return self._grant(part)
+        with self._lock:
+            part = self._resolve(partition)
+            if self._admissible(part):
+                return self._grant(part)
             self._rejected += 1
-        finally:
-            self._lock_release()
         if self.listeners:
             self._emit_rejected(partition)
         return None
 
     def _release(self, token: Token, outcome: int) -> bool:
-        self._lock_acquire()
-        try:
+        with self._lock:
             if token._state != _OPEN:
                 return False
             token._state = outcome
@@ -315,10 +284,8 @@ class AdaptiveLimiter(Policy):
                 if new != old:
                     self._limit = new
                     self._reshare()
-            if self._backlog:
+            if self._lot.waiters:
                 self._serve_backlog()
-        finally:
-            self._lock_release()
         if new != old and self.listeners:
             self._emit_limit(old, new)
         return True
@@ -327,118 +294,86 @@ class AdaptiveLimiter(Policy):
 
     def _serve_backlog(self) -> None:
         """Under the lock: hand tokens to waiters, newest first (LIFO) or oldest first."""
-        backlog = self._backlog
-        lifo = self.backlog_order == "lifo"
-        while backlog:
-            waiter = backlog[-1] if lifo else backlog[0]
-            if not self._admissible(waiter.partition):
-                return
-            if lifo:
-                backlog.pop()
-            else:
-                backlog.popleft()
-            token = self._grant(waiter.partition)
-            waiter.token = token
-            if waiter.event is not None:
-                waiter.event.set()
-            elif waiter.loop is not None and waiter.future is not None:
-                waiter.loop.call_soon_threadsafe(_deliver, waiter.future, token)
+        lot = self._lot
+        while (waiter := lot.next()) is not None and self._admissible(waiter.tag):
+            token = self._grant(waiter.tag)
+            if not lot.hand(waiter, token):  # nobody left to take it: undo the grant
+                token._state = _IGNORED
+                self._inflight -= 1
+                if token.partition is not None:
+                    token.partition.busy -= 1
 
-    def _enqueue(self, waiter: _Waiter) -> bool:
-        """Under the lock: park ``waiter`` unless the backlog is full."""
-        if len(self._backlog) >= self.backlog_size:
-            return False
-        self._backlog.append(waiter)
+    def join(self, waiter: Waiter, budget: float) -> bool:
+        """The wait step's entry: a token freed meanwhile, or ``None`` when no wait is allowed
+        or the backlog is full (True), or parked (False)."""
+        with self._lock:
+            if self._admissible(waiter.tag):
+                waiter.value = self._grant(waiter.tag)
+            elif budget <= 0 or not self._lot.park(waiter):
+                waiter.value = None
+            else:
+                return False
         return True
 
-    def _withdraw(self, waiter: _Waiter) -> Token | None:
-        """Leave the backlog; return the token if one was granted in the meantime."""
-        with self._lock:
-            try:
-                self._backlog.remove(waiter)
-            except ValueError:
-                return waiter.token
-            return None
+    def pass_on(self, value: Any) -> None:
+        """A waiter cancelled as its token came: give the token back (no sample)."""
+        value.ignore()
+
+    def _first_try(self, partition: str | None, max_wait: float | None) -> Token | Park | None:
+        """A token, ``None`` (refused, no backlog), or the step that waits in the backlog."""
+        token = self.acquire(partition)
+        if token is not None or self.backlog_size == 0:
+            return token
+        wait = self.backlog_timeout if max_wait is None else max_wait
+        return Park(self, self._lot, self.clock, wait, self._resolve(partition))
 
     def acquire_blocking(
         self, partition: str | None = None, max_wait: float | None = None
     ) -> Token | None:
-        """Like :meth:`acquire`, but wait in the backlog (real time: threads cannot wait on a
-        fake clock) for up to ``max_wait`` (default ``backlog_timeout``) seconds."""
-        token = self.acquire(partition)
-        if token is not None or self.backlog_size == 0:
-            return token
-        wait = self.backlog_timeout if max_wait is None else max_wait
-        waiter = _Waiter(self._resolve(partition), event=threading.Event())
-        with self._lock:
-            if self._admissible(waiter.partition):
-                return self._grant(waiter.partition)
-            if wait <= 0 or not self._enqueue(waiter):
-                return None
-        assert waiter.event is not None
-        if waiter.event.wait(wait):
-            return waiter.token
-        return self._withdraw(waiter)
+        """Like :meth:`acquire`, but wait in the backlog for up to ``max_wait`` (default
+        ``backlog_timeout``) seconds on the limiter's clock."""
+        first = self._first_try(partition, max_wait)
+        return _token(first.run()) if isinstance(first, Park) else first
 
     async def acquire_async(
         self, partition: str | None = None, max_wait: float | None = None
     ) -> Token | None:
-        """Like :meth:`acquire_blocking` for asyncio tasks; the wait runs on ``clock``."""
-        token = self.acquire(partition)
-        if token is not None or self.backlog_size == 0:
-            return token
-        wait = self.backlog_timeout if max_wait is None else max_wait
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Token | None] = loop.create_future()
-        waiter = _Waiter(self._resolve(partition), future=future, loop=loop)
-        with self._lock:
-            if self._admissible(waiter.partition):
-                return self._grant(waiter.partition)
-            if wait <= 0 or not self._enqueue(waiter):
-                return None
-        timer = loop.create_task(self._expire(waiter, wait))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            granted = self._withdraw(waiter)
-            if granted is not None:
-                granted.ignore()
-            raise
-        finally:
-            timer.cancel()
+        """Like :meth:`acquire_blocking` for asyncio tasks."""
+        first = self._first_try(partition, max_wait)
+        return _token(await first.arun()) if isinstance(first, Park) else first
 
-    async def _expire(self, waiter: _Waiter, wait: float) -> None:
-        await self.clock.async_sleep(wait)
-        with self._lock:
-            try:
-                self._backlog.remove(waiter)
-            except ValueError:
-                return  # granted meanwhile: _deliver hands the token over
-        if waiter.future is not None and not waiter.future.done():
-            waiter.future.set_result(None)
-
-    # -- policy shells ----------------------------------------------------------------------
+    # -- the admission hooks ----------------------------------------------------------------
 
     def _rejection(self) -> OverloadedError:
         return OverloadedError(
             self.name, f"concurrency limit {self._limit} reached ({self._inflight} in flight)"
         )
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        token = self.acquire_blocking() if self.backlog_size else self.acquire()
-        if token is None:
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Token:
+        """A token, the refusal, or (with a backlog) ``Wait`` for one."""
+        first = self._first_try(None, None)
+        if first is None:
             raise self._rejection()
-        with token:
-            return fn(*args, **kwargs)
+        if isinstance(first, Park):
+            raise Wait(first)
+        return first
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        token = await self.acquire_async() if self.backlog_size else self.acquire()
-        if token is None:
+    def resume(self, step: Step, value: Any, now: float) -> Token:
+        """After the wait: the token handed over, or the refusal."""
+        if value is None or value is TIMED_OUT:
             raise self._rejection()
-        with token:
-            return await fn(*args, **kwargs)
+        return value  # type: ignore[no-any-return]
+
+    def record(
+        self,
+        permit: Token,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Close the token from the outcome (see :meth:`Token.close`)."""
+        permit.close(error)
 
     def describe(self) -> str:
         return f"AdaptiveLimiter({self.algorithm!r}, inflight={self._inflight})"
@@ -470,8 +405,5 @@ class AdaptiveLimiter(Policy):
         )
 
 
-def _deliver(future: asyncio.Future[Token | None], token: Token) -> None:
-    if future.done():
-        token.ignore()  # the waiter gave up as the token arrived: give it back
-    else:
-        future.set_result(token)
+def _token(value: Any) -> Token | None:
+    return None if value is TIMED_OUT else value

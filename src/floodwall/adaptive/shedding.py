@@ -20,12 +20,13 @@ exception: far less than the work it saves, which is the point under overload.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ParamSpec, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -33,11 +34,10 @@ from floodwall._core.policy import Policy
 from floodwall._core.tally import Tally
 from floodwall.adaptive.bbr import BBRLimiter
 from floodwall.adaptive.dagor import QueueingTimeAdmission
-from floodwall.adaptive.limiter import _SUCCESS, AdaptiveLimiter
+from floodwall.adaptive.limiter import AdaptiveLimiter
 
 __all__ = ["LoadShedder", "Permit", "ShedderStats", "Ticket"]
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -71,13 +71,11 @@ class Ticket:
     """An admitted request. Close it once (``success``/``dropped``/``ignore``) or use ``with``:
     a clean exit is a success, a timeout or rejection downstream is dropped, else ignored."""
 
-    __slots__ = ("_adaptive", "_open", "_permit", "_shedder", "queue_time")
+    __slots__ = ("_open", "_permit", "_shedder", "queue_time")
 
     def __init__(self, shedder: LoadShedder, permit: Permit | None, queue_time: float) -> None:
         self._shedder = shedder
         self._permit = permit
-        self._adaptive = shedder._adaptive
-        """The limiter when ``permit`` is an adaptive token: success releases it directly."""
         self._open = True
         self.queue_time = queue_time
         """Seconds the request waited before the guard saw it."""
@@ -90,19 +88,9 @@ class Ticket:
         return True
 
     def success(self) -> bool:
-        # _close and Token.success written out: two frames less on every admitted request's
-        # way out
-        if not self._open:
+        if not self._close():
             return False
-        self._open = False
-        self._shedder._finished.add()
-        permit = self._permit
-        if permit is None:
-            return True
-        adaptive = self._adaptive
-        if adaptive is not None:
-            return adaptive._release(permit, _SUCCESS)  # type: ignore[arg-type]
-        return permit.success()
+        return self._permit is None or self._permit.success()
 
     def dropped(self) -> bool:
         if not self._close():
@@ -114,27 +102,32 @@ class Ticket:
             return False
         return self._permit is None or self._permit.ignore()
 
+    def close(self, error: BaseException | None) -> bool:
+        """Close after a call that raised ``error`` (``None``: it returned): a success, dropped
+        for a timeout or a rejection downstream, else ignored."""
+        if error is None:
+            return self.success()
+        if isinstance(error, TimeoutError | RejectedError):
+            return self.dropped()
+        return self.ignore()
+
     def __enter__(self) -> Ticket:
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.success()
-        elif isinstance(exc, TimeoutError | RejectedError):
-            self.dropped()
-        else:
-            self.ignore()
+        self.close(exc)
 
 
-_new_ticket = object.__new__
-
-
-class LoadShedder(Policy):
+class LoadShedder(Gate):
     """Server-side load-shedding guard (see the module docstring).
 
     ``limiter=None`` guards on queueing time alone (then ``max_queue_time`` must be set).
+
+    As a gate: ``admit`` (also the public method, called with keywords) hands out a
+    :class:`Ticket` or raises :class:`~floodwall.OverloadedError`; ``record`` closes the ticket
+    from the outcome (:meth:`Ticket.close`).
     """
 
     kind = "load_shedder"
@@ -212,6 +205,9 @@ class LoadShedder(Policy):
 
     def admit(
         self,
+        now: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
         *,
         arrived_at: float | None = None,
         queue_time: float | None = None,
@@ -224,7 +220,8 @@ class LoadShedder(Policy):
         ``arrived_at`` is the arrival on this guard's clock (or pass ``queue_time`` directly);
         ``partition`` selects an :class:`AdaptiveLimiter` partition; ``business``/``user`` are
         DAGOR priorities (0 = most important). Cost: no clock read unless ``arrived_at`` is
-        given; one lock round trip here and one in the limiter.
+        given; one lock round trip here and one in the limiter. ``now``, ``args`` and ``kwargs``
+        are what the drivers pass when the guard runs as a gate around a call (unused here).
         """
         if queue_time is not None:
             waited = max(0.0, queue_time)
@@ -241,26 +238,14 @@ class LoadShedder(Policy):
                 f"queued {waited * 1000:.0f} ms > {limit * 1000:.0f} ms",
                 stale=True,
             )
-        if self._kind == _ADAPTIVE:  # the common case, without the dispatch below
-            permit = self._adaptive.acquire(partition)  # type: ignore[union-attr]
-            admitted = permit is not None
-        else:
-            admitted, permit = self._permit(waited, known, partition, business, user)
+        admitted, permit = self._permit(waited, known, partition, business, user)
         if not admitted:
             raise self._refuse(self._why())
         self._admitted.add()
         if waited:
             with self._lock:
                 self._queued += waited
-        # Ticket.__init__ written out: on CPython 3.11 a class call with a Python __init__
-        # re-enters the interpreter from C, which costs more than these stores.
-        ticket = _new_ticket(Ticket)
-        ticket._shedder = self
-        ticket._permit = permit
-        ticket._adaptive = self._adaptive
-        ticket._open = True
-        ticket.queue_time = waited
-        return ticket
+        return Ticket(self, permit, waited)
 
     def _why(self) -> str:
         limiter = self.limiter
@@ -307,17 +292,18 @@ class LoadShedder(Policy):
             inflight = admitted - finished
             return ShedderStats(inflight, admitted, self._shed, self._stale, average)
 
-    # -- policy shells ------------------------------------------------------------------------
+    # -- the admission hooks (``admit`` above) ----------------------------------------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self.admit():
-            return fn(*args, **kwargs)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        with self.admit():
-            return await fn(*args, **kwargs)
+    def record(
+        self,
+        permit: Ticket,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Close the ticket from the outcome (see :meth:`Ticket.close`)."""
+        permit.close(error)
 
     def guard(self, fn: Callable[[], R], *, arrived_at: float | None = None) -> R:
         """Run ``fn()`` for a request that arrived at ``arrived_at`` (sync convenience)."""

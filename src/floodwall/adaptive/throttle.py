@@ -27,22 +27,19 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
-from floodwall._core.policy import Policy
 from floodwall._core.window import TimeWindow
 from floodwall.adaptive._base import check_int, check_positive
 
 __all__ = ["ClientThrottle", "reject_probability"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 def reject_probability(requests: float, accepts: float, k: float = defaults.THROTTLE_K) -> float:
@@ -50,7 +47,7 @@ def reject_probability(requests: float, accepts: float, k: float = defaults.THRO
     return max(0.0, (requests - k * accepts) / (requests + 1))
 
 
-class ClientThrottle(Policy):
+class ClientThrottle(Gate):
     """Adaptive client-side throttling after the SRE book (see the module docstring).
 
     The pure core is :meth:`attempt` (``now`` and a uniform draw in [0, 1) in, a verdict out) and
@@ -58,6 +55,11 @@ class ClientThrottle(Policy):
     leaves the throttle off until the window holds that many requests, as aegis' SRE breaker
     does with 100. ``max_reject`` (default 1.0) caps p_reject so that a client whose backend
     was down for the whole window still sends a trickle of probes.
+
+    As a gate: ``admit`` counts the attempt and refuses with :class:`~floodwall.OverloadedError`
+    when the draw says so (:meth:`allow`); ``record`` counts the call as accepted by the backend
+    unless it ended with one of ``backend_rejections`` (or a ``rejected_result``), or was
+    interrupted (cancelled) before an answer.
     """
 
     kind = "client_throttle"
@@ -155,37 +157,25 @@ class ClientThrottle(Policy):
         p = self.probability()
         return OverloadedError(self.name, f"client-side throttling (p_reject {p:.2f})", None)
 
-    def _settle(self, result: Any) -> None:
-        if self.rejected_result is None or not self.rejected_result(result):
-            self.accept()
-
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if not self.allow():
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Count the attempt; refuse it when the draw falls under p_reject."""
+        if not self.attempt(now, self.rng.random()):
             raise self._rejection()
-        try:
-            result = fn(*args, **kwargs)
-        except self.backend_rejections:
-            raise
-        except Exception:
-            self.accept()  # answered, if with an error: the backend accepted it
-            raise
-        self._settle(result)
-        return result
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        if not self.allow():
-            raise self._rejection()
-        try:
-            result = await fn(*args, **kwargs)
-        except self.backend_rejections:
-            raise
-        except Exception:
-            self.accept()  # answered, if with an error: the backend accepted it
-            raise
-        self._settle(result)
-        return result
+    def record(
+        self,
+        permit: None,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """An answer, if an error, is an accept; a backend rejection or no answer is not."""
+        if error is None:
+            if self.rejected_result is None or not self.rejected_result(result):
+                self.accept(now)
+        elif isinstance(error, Exception) and not isinstance(error, self.backend_rejections):
+            self.accept(now)
 
     def describe(self) -> str:
         return f"ClientThrottle(k={self.k:g}, window={self.window:g}s)"

@@ -35,15 +35,15 @@ from __future__ import annotations
 import enum
 import math
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
 
 __all__ = [
     "SHED_ORDER",
@@ -58,8 +58,6 @@ __all__ = [
     "ShedStep",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
 SHED_ORDER = (3, 2)
 """Levels in the order they are shed (restored in reverse). Level 1 is never shed."""
@@ -351,13 +349,16 @@ class Levels:
             self.listeners.emit(Event(kind, "levels", "levels", now, reason))
 
 
-class LevelGate(Policy):
+class LevelGate(Gate):
     """Refuse calls of a shed level with :class:`~floodwall.DegradedError` before they start.
 
     Put it inside whatever should answer instead (a :class:`~floodwall.Fallback`, a
     :class:`~floodwall.degrade.Cache` serving its last good value, a
     :class:`~floodwall.degrade.FallbackSource`): ``Pipeline(Fallback([]), LevelGate(levels, 3),
     Timeout(0.2))``. ``shed_calls`` counts the refusals. Level 1 is accepted and never shed.
+
+    As a gate: ``admit`` asks the switch whether the level is shed and refuses if so; there is
+    nothing to ``record``.
     """
 
     kind = "level_gate"
@@ -378,21 +379,14 @@ class LevelGate(Policy):
         self.listeners = Listeners(listeners)
         self.shed_calls = 0
         """Calls refused because the level was shed."""
+        clock: Clock = getattr(switch, "clock", SYSTEM_CLOCK)
+        self._now = clock.monotonic
 
-    def _check(self) -> None:
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Refuse with :class:`~floodwall.DegradedError` while the level is shed."""
         if self.level != 1 and self.switch.is_shed(self.level):
             self.shed_calls += 1
             raise DegradedError(self.name, f"dependency level {self.level} is shed", None)
-
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        self._check()
-        return fn(*args, **kwargs)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        self._check()
-        return await fn(*args, **kwargs)
 
     def describe(self) -> str:
         return f"LevelGate({self.name!r}, level={self.level})"

@@ -30,13 +30,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import BulkheadFullError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
 
 __all__ = [
     "LevelLimiter",
@@ -48,7 +48,6 @@ __all__ = [
     "level_partitions",
 ]
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 _EPSILON = 1e-9
@@ -89,12 +88,15 @@ class LevelReserve:
 # -- a concurrency gate with levels ---------------------------------------------------------
 
 
-class PriorityGate(Policy):
+class PriorityGate(Gate):
     """At most ``max_concurrent`` calls at once, level 1 first (see the module docstring).
 
     ``gate.call`` runs at ``level`` (default 1); ``gate.for_level(n)`` is a policy for level-n
     calls sharing the same slots. Refusals raise :class:`~floodwall.BulkheadFullError` at once.
     ``admitted`` and ``rejected`` count per level.
+
+    As a gate: ``admit`` takes a slot if the level's share of them allows, else refuses;
+    ``record`` gives the slot back. Each ``for_level`` view is a gate with the same hooks.
     """
 
     kind = "priority_gate"
@@ -121,10 +123,12 @@ class PriorityGate(Policy):
         self.level = _check_level(level)
         self.name = name
         self.listeners = Listeners(listeners)
+        self._now = clock.monotonic
         self._lock = threading.Lock()
         self._in_flight = 0
         self.admitted = {1: 0, 2: 0, 3: 0}
         self.rejected = {1: 0, 2: 0, 3: 0}
+        self._views = {n: _LevelView(self, n) for n in (1, 2, 3)}
 
     @property
     def in_flight(self) -> int:
@@ -157,42 +161,45 @@ class PriorityGate(Policy):
             self.listeners.emit(Event("rejected", self.kind, self.name, now, reason))
         raise BulkheadFullError(self.name, reason, None, limit, 0, in_flight, 0)
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.run(self.level, fn, *args, **kwargs)
+    def _leave(self) -> None:
+        self.release()
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        return await self.run_async(self.level, fn, *args, **kwargs)
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A slot for a call at the gate's ``level``, or raise the refusal."""
+        self._enter(self.level)
+
+    def record(
+        self,
+        permit: None,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        """Give the slot back."""
+        self.release()
 
     def run(self, level: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         """``fn(*args, **kwargs)`` as ``level`` work."""
-        self._enter(level)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self.release()
+        return self.for_level(level).call(fn, *args, **kwargs)
 
     async def run_async(
         self, level: int, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
     ) -> R:
         """Await ``fn(*args, **kwargs)`` as ``level`` work."""
-        self._enter(level)
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            self.release()
+        return await self.for_level(level).call_async(fn, *args, **kwargs)
 
     def for_level(self, level: int) -> _LevelView:
         """The policy for ``level`` calls through this gate."""
-        return _LevelView(self, _check_level(level))
+        return self._views[_check_level(level)]
 
     def describe(self) -> str:
         return f"PriorityGate({self.name!r}, max_concurrent={self.max_concurrent})"
 
 
-class _LevelView(Policy):
-    """One level's door into a shared :class:`PriorityGate` or :class:`LevelLimiter`."""
+class _LevelView(Gate):
+    """One level's door into a shared :class:`PriorityGate` or :class:`LevelLimiter`: admits
+    through the owner's ``_enter(level)``, records through its ``_leave()``."""
 
     def __init__(self, owner: PriorityGate | LevelLimiter, level: int) -> None:
         self.owner = owner
@@ -200,14 +207,20 @@ class _LevelView(Policy):
         self.name = f"{owner.name}[level {level}]"
         self.kind = owner.kind
         self.listeners = owner.listeners
+        self._now = owner._now
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.owner.run(self.level, fn, *args, **kwargs)
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.owner._enter(self.level)
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        return await self.owner.run_async(self.level, fn, *args, **kwargs)
+    def record(
+        self,
+        permit: None,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        self.owner._leave()
 
     def describe(self) -> str:
         return f"{self.owner.describe()}.for_level({self.level})"
@@ -221,7 +234,8 @@ class LevelLimiter:
 
     ``acquire(level, key, cost)`` returns the limiter's
     :class:`~floodwall.ratelimit.Decision` (``allowed`` False when the reserve refused);
-    ``for_level(level)`` is the policy, raising :class:`~floodwall.RateLimitedError`.
+    ``for_level(level)`` is the policy, raising :class:`~floodwall.RateLimitedError`: a gate
+    whose ``admit`` takes a permit for its level and whose ``record`` has nothing to give back.
     """
 
     kind = "level_limiter"
@@ -236,6 +250,9 @@ class LevelLimiter:
         self.listeners: Listeners = getattr(limiter, "listeners", Listeners())
         self.reserve_refusals = 0
         """Calls refused by the reserve while the limiter itself still had room."""
+        clock: Clock = getattr(limiter, "clock", SYSTEM_CLOCK)
+        self._now = clock.monotonic
+        self._views = {n: _LevelView(self, n) for n in (1, 2, 3)}
 
     def acquire(self, level: int, key: Hashable = None, cost: float = 1) -> Any:
         """Take ``cost`` permits for ``level`` work if the limiter and the reserve allow."""
@@ -250,7 +267,7 @@ class LevelLimiter:
             return peek
         return self.limiter.acquire(key, cost)
 
-    def _check(self, level: int) -> None:
+    def _enter(self, level: int) -> None:
         decision = self.acquire(level)
         if not decision.allowed:
             retry = decision.retry_after
@@ -260,19 +277,20 @@ class LevelLimiter:
             )
             raise RateLimitedError(self.name, reason, None if retry == float("inf") else retry)
 
+    def _leave(self) -> None:
+        """Nothing to give back: rate permits are spent."""
+
     def run(self, level: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        self._check(level)
-        return fn(*args, **kwargs)
+        return self.for_level(level).call(fn, *args, **kwargs)
 
     async def run_async(
         self, level: int, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
     ) -> R:
-        self._check(level)
-        return await fn(*args, **kwargs)
+        return await self.for_level(level).call_async(fn, *args, **kwargs)
 
     def for_level(self, level: int) -> _LevelView:
         """The policy for ``level`` calls through this limiter."""
-        return _LevelView(self, _check_level(level))
+        return self._views[_check_level(level)]
 
     def describe(self) -> str:
         return f"LevelLimiter({self.name!r})"

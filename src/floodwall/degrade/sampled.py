@@ -28,23 +28,22 @@ Counters ``passed`` and ``dropped``; each drop emits a ``dropped`` event and mar
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 import random
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
+from floodwall._core.admission import Flow
+from floodwall._core.answer import Answer
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, FlowSteps
 from floodwall.degrade._common import mark_degraded
 
 __all__ = ["SampledDrop", "key_fraction"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _SPAN = float(2**64)
 
@@ -60,8 +59,13 @@ def key_fraction(key: Hashable) -> float:
     return int.from_bytes(digest, "big") / _SPAN
 
 
-class SampledDrop(Policy):
-    """Drop ``ratio`` of the calls it guards (see the module docstring)."""
+class SampledDrop(Flow):
+    """Drop ``ratio`` of the calls it guards (see the module docstring).
+
+    As a flow: a dropped call is one :class:`~floodwall._core.answer.Answer` step (``on_drop``,
+    or what ``drop_factory`` returns, awaited in async calls when it is awaitable); a passed
+    call is one :data:`~floodwall._core.steps.CALL`.
+    """
 
     kind = "sampled_drop"
 
@@ -148,24 +152,14 @@ class SampledDrop(Policy):
             return self.drop_factory(*args, **kwargs)
         return self.on_drop
 
-    # -- the shells -------------------------------------------------------------------------
+    # -- the flow ---------------------------------------------------------------------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def flow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FlowSteps:
+        """Answer for a dropped call, or make it."""
         if self.should_drop(*args, **kwargs):
-            return cast(R, self._drop(args, kwargs))
+            return (yield Answer(self._drop(args, kwargs)))
         self.passed += 1
-        return fn(*args, **kwargs)
-
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        if self.should_drop(*args, **kwargs):
-            answer = self._drop(args, kwargs)
-            if inspect.isawaitable(answer):
-                answer = await answer
-            return cast(R, answer)
-        self.passed += 1
-        return await fn(*args, **kwargs)
+        return (yield CALL)
 
     def snapshot(self) -> dict[str, Any]:
         return {
