@@ -38,7 +38,12 @@ class _Window:
 
 
 class FixedWindow(RateLimiter[_Window]):
-    """``count`` permits per window of ``period`` seconds, opened by a key's first request."""
+    """``count`` permits per window of ``period`` seconds, opened by a key's first request.
+
+    As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` counts the call in the
+    window or raises the rejection with ``retry_after`` = the window's end; ``max_wait``
+    sleeps until then and asks again.
+    """
 
     algorithm = "fixed_window"
 
