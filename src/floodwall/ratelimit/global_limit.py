@@ -86,13 +86,39 @@ def local_share(algorithm: str, rate: Rate, burst: int | None, instances: int) -
     return plan(algorithm, share, None, None)
 
 
-class GlobalLimiter(Gate):
+class _Acquiring:
+    """``acquire`` and ``try_acquire`` in both worlds: each settles the one step generator
+    ``_acquire_steps(key, cost)`` of the limiter (in a thread, or in a task)."""
+
+    def _acquire_steps(self, key: Hashable, cost: int) -> FlowSteps:
+        raise NotImplementedError
+
+    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Take ``cost`` permits of ``key``'s limit now if possible; never raises a store error
+        (``on_store_error`` decides when the store is down)."""
+        return settle(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
+
+    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """:meth:`acquire` for async callers."""
+        return await settle_async(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
+
+    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
+        """Whether ``cost`` permits were taken now."""
+        return self.acquire(key, cost)[0]
+
+    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
+        """:meth:`try_acquire` for async callers."""
+        return (await self.acquire_async(key, cost))[0]
+
+
+class GlobalLimiter(_Acquiring, Gate):
     """A rate limit shared through a store (see the module docstring).
 
     As a gate: ``admit`` raises ``Wait`` for the store round trip of the call's key (a
     :class:`~floodwall._core.roundtrip.Batched` step: coalesced in a task), ``resume`` turns
     the verdict into a permit or the :class:`~floodwall.RateLimitedError`; with ``max_wait``
     the same steps as :meth:`wait` (round trips and ``Sleep``) run. ``record`` learns nothing.
+    Concurrent ``acquire_async`` calls on one key share round trips (see the module docstring).
 
     ``algorithm``: ``"gcra"``, ``"token_bucket"``, ``"sliding_window_counter"`` or
     ``"fixed_window"``. ``rate``: ``"100/s"``, ``"5/h"``, a :class:`Rate` or permits per second.
@@ -257,23 +283,6 @@ class GlobalLimiter(Gate):
         return max(retry, _MIN_SLEEP)
 
     # -- the shells: one set of steps each, settled in a thread or a task ------------------
-
-    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """Take ``cost`` permits of ``key``'s global limit now if possible; never raises a
-        store error (``on_store_error`` decides when the store is down)."""
-        return settle(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
-
-    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """:meth:`acquire` for async callers (coalesced with concurrent ones, see above)."""
-        return await settle_async(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
-
-    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
-        """Whether ``cost`` permits were taken now."""
-        return self.acquire(key, cost)[0]
-
-    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
-        """:meth:`try_acquire` for async callers."""
-        return (await self.acquire_async(key, cost))[0]
 
     def wait(
         self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None

@@ -42,13 +42,13 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import EventListener
 from floodwall._core.flight import LANDED, Flight, Flights
-from floodwall._core.pending import advance, settle, settle_async, start
+from floodwall._core.pending import advance, start
 from floodwall._core.roundtrip import Then
 from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.ratelimit._base import INF, Decision, RateLike, _new
 from floodwall.ratelimit._global_ops import Verdict, decision
-from floodwall.ratelimit.global_limit import GlobalLimiter, _cost
+from floodwall.ratelimit.global_limit import GlobalLimiter, _Acquiring, _cost
 from floodwall.stores.base import Store
 from floodwall.stores.guard import StoreErrorMode, StoreGuard
 
@@ -73,7 +73,7 @@ class _Pool:
         self.reset_at = -INF
 
 
-class LeasedLimiter(Gate):
+class LeasedLimiter(_Acquiring, Gate):
     """A :class:`~floodwall.ratelimit.GlobalLimiter` whose permits are leased in batches and
     spent locally (see the module docstring). Options are the global limiter's, plus ``lease``
     (permits per lease) and ``lease_ttl`` (seconds a lease stays usable).
@@ -81,6 +81,8 @@ class LeasedLimiter(Gate):
     As a gate: ``admit`` spends from the pool, or raises ``Wait`` for a
     :class:`~floodwall._core.flight.Flight` that leases (or waits for the lease in flight);
     ``resume`` folds the lease in, admits or raises the rejection. ``record`` learns nothing.
+    ``acquire`` spends from the local pool when it has them, else leases (one round trip; one
+    thread, or one task per key, at a time).
     """
 
     kind = "rate_limiter"
@@ -226,25 +228,6 @@ class LeasedLimiter(Gate):
     def _fold(self, full: str, cost: int, verdict: Verdict) -> Decision:
         with self._lock:
             return self._leased(full, cost, verdict, self.clock.monotonic())
-
-    # -- the shells -------------------------------------------------------------------------
-
-    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """Take ``cost`` permits: from the local pool when it has them, else by leasing (one
-        round trip, one thread at a time); never raises a store error."""
-        return settle(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
-
-    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """:meth:`acquire` for async callers: one lease in flight per key, others await it."""
-        return await settle_async(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
-
-    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
-        """Whether ``cost`` permits were taken now."""
-        return self.acquire(key, cost)[0]
-
-    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
-        """:meth:`try_acquire` for async callers."""
-        return (await self.acquire_async(key, cost))[0]
 
     # -- the gate ---------------------------------------------------------------------------
 
