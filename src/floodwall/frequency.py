@@ -25,23 +25,23 @@ the window resets) when refused.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.pending import advance, settle, settle_async, start
+from floodwall._core.roundtrip import GuardedApply
+from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
 
 __all__ = ["Frequency", "FrequencyDecision"]
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 # -- the ops ----------------------------------------------------------------------------------
@@ -124,9 +124,14 @@ class FrequencyDecision:
         return None if self.allowed else self.reset_after
 
 
-class Frequency(Policy):
+class Frequency(Gate):
     """At most ``limit`` calls per key every ``per`` seconds, across every process sharing the
-    store (see the module docstring). ``limit=1`` is "once per ``per`` seconds"."""
+    store (see the module docstring). ``limit=1`` is "once per ``per`` seconds".
+
+    As a gate: ``admit`` raises ``Wait`` for the guarded store op of the call's key,
+    ``resume`` turns the reply into a permit or the rejection; ``record`` learns nothing.
+    :meth:`allow` and :meth:`allow_async` settle the same step generator.
+    """
 
     kind = "frequency"
 
@@ -172,6 +177,7 @@ class Frequency(Policy):
             listeners=self.listeners,
         )
         self._ttl_ms = max(1, round(self.per * 1000))
+        self._now = clock.monotonic
 
     @classmethod
     def once(cls, per: float, **options: Any) -> Frequency:
@@ -235,34 +241,35 @@ class Frequency(Policy):
             )
         return RateLimitedError(self.name, reason, decision.retry_after)
 
+    def _allow_steps(self, key: str | None, cost: int) -> FlowSteps:
+        op, full, args, local_args = self._request(key, cost)
+        return self._decide((yield GuardedApply(self.guard, op, full, args, local_args)))
+
     # -- the shells ---------------------------------------------------------------------------
 
     def allow(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
         """Count one call (``cost`` calls) for ``key`` if the limit allows it; never raises a
         store error."""
-        op, full, args, local_args = self._request(key, cost)
-        return self._decide(self.guard.apply(op, full, args, local_args))
+        return settle(self._allow_steps(key, cost))  # type: ignore[no-any-return]
 
     async def allow_async(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
         """:meth:`allow` for async callers."""
-        op, full, args, local_args = self._request(key, cost)
-        return self._decide(await self.guard.apply_async(op, full, args, local_args))
+        return await settle_async(self._allow_steps(key, cost))  # type: ignore[no-any-return]
 
-    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        key = self._key_of(args, kwargs)
-        decision = self.allow(key)
+    # -- the gate -----------------------------------------------------------------------------
+
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``Wait`` for the store op of the call's key; :meth:`resume` admits or raises
+        :class:`~floodwall.RateLimitedError`."""
+        return start(self._admission(self._key_of(args, kwargs)))  # type: ignore[no-any-return]
+
+    def _admission(self, key: str | None) -> FlowSteps:
+        decision = yield from self._allow_steps(key, 1)
         if not decision.allowed:
             raise self._rejection(key, decision)
-        return fn(*args, **kwargs)
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        key = self._key_of(args, kwargs)
-        decision = await self.allow_async(key)
-        if not decision.allowed:
-            raise self._rejection(key, decision)
-        return await fn(*args, **kwargs)
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        return advance(step, value)  # type: ignore[no-any-return]
 
     def describe(self) -> str:
         what = "once" if self.limit == 1 else f"{self.limit}"

@@ -39,31 +39,30 @@ most that long, never past the ambient deadline) and retries after ``retry_after
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from functools import partial
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.pending import advance, settle, settle_async, start
+from floodwall._core.roundtrip import Batched, GuardedApply, Lanes, Then
+from floodwall._core.steps import FlowSteps, Sleep, Step
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _count
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import _DEADLINE
-from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, _new, parse_rate
+from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, parse_rate
 from floodwall.ratelimit._coalesce import Coalescer
-from floodwall.ratelimit._global_ops import _SMALL, RESET, Plan, Verdict, decision, encode, plan
+from floodwall.ratelimit._global_ops import RESET, Plan, Verdict, decision, encode, plan
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
 
 __all__ = ["GlobalLimiter"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 Pair = tuple[int, int]
 """A request as the ops take it: ``(cost_min, cost_max)``."""
@@ -87,8 +86,39 @@ def local_share(algorithm: str, rate: Rate, burst: int | None, instances: int) -
     return plan(algorithm, share, None, None)
 
 
-class GlobalLimiter(Policy):
+class _Acquiring:
+    """``acquire`` and ``try_acquire`` in both worlds: each settles the one step generator
+    ``_acquire_steps(key, cost)`` of the limiter (in a thread, or in a task)."""
+
+    def _acquire_steps(self, key: Hashable, cost: int) -> FlowSteps:
+        raise NotImplementedError
+
+    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Take ``cost`` permits of ``key``'s limit now if possible; never raises a store error
+        (``on_store_error`` decides when the store is down)."""
+        return settle(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
+
+    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """:meth:`acquire` for async callers."""
+        return await settle_async(self._acquire_steps(key, cost))  # type: ignore[no-any-return]
+
+    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
+        """Whether ``cost`` permits were taken now."""
+        return self.acquire(key, cost)[0]
+
+    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
+        """:meth:`try_acquire` for async callers."""
+        return (await self.acquire_async(key, cost))[0]
+
+
+class GlobalLimiter(_Acquiring, Gate):
     """A rate limit shared through a store (see the module docstring).
+
+    As a gate: ``admit`` raises ``Wait`` for the store round trip of the call's key (a
+    :class:`~floodwall._core.roundtrip.Batched` step: coalesced in a task), ``resume`` turns
+    the verdict into a permit or the :class:`~floodwall.RateLimitedError`; with ``max_wait``
+    the same steps as :meth:`wait` (round trips and ``Sleep``) run. ``record`` learns nothing.
+    Concurrent ``acquire_async`` calls on one key share round trips (see the module docstring).
 
     ``algorithm``: ``"gcra"``, ``"token_bucket"``, ``"sliding_window_counter"`` or
     ``"fixed_window"``. ``rate``: ``"100/s"``, ``"5/h"``, a :class:`Rate` or permits per second.
@@ -166,9 +196,12 @@ class GlobalLimiter(Policy):
         self._local_params: list[Arg] | None = (
             list(self.local_plan.params) if self.guard.mode == "local" else None
         )
-        self._coalescers: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, Coalescer[Pair, Verdict]
-        ] = weakref.WeakKeyDictionary()
+        self._lanes: Lanes[Pair, Verdict] | None = (
+            Lanes(self._round_trip, partial(Coalescer, max_batch=self.max_batch))
+            if self.batch
+            else None
+        )
+        self._now = clock.monotonic
         self._rejections = Tally()
         self._reason = f"{self.describe()} exceeded"
 
@@ -176,11 +209,6 @@ class GlobalLimiter(Policy):
 
     def _full(self, key: Hashable) -> str:
         return self._base if key is None else f"{self._base}:{key}"
-
-    def _args(self, pairs: list[Pair]) -> tuple[list[Arg], list[Arg] | None]:
-        flat: list[Arg] = [encode(x) for pair in pairs for x in pair]
-        local = self._local_params
-        return self._params + flat, None if local is None else local + flat
 
     def _verdicts(self, guarded: Guarded[Any], pairs: list[Pair]) -> list[Verdict]:
         """The store's verdicts, or the ``on_store_error`` mode's when it did not answer."""
@@ -197,80 +225,46 @@ class GlobalLimiter(Policy):
         retry_us = round(1_000_000 * (defaults.STORE_BREAKER_OPEN if retry is None else retry))
         return [(False, 0, 0, retry_us, retry_us) for _ in pairs]
 
-    def _take(self, key: str, cmin: int, cmax: int) -> Verdict:
-        """One request on the store (sync): admitted with at least ``cmin``, at most ``cmax``."""
-        low, high = encode(cmin), encode(cmax)
+    def _round_trip(self, key: str, pairs: list[Pair]) -> Step:
+        """The step of one round trip deciding ``pairs`` in order; its value, their verdicts."""
+        flat: list[Arg] = [encode(x) for pair in pairs for x in pair]
         local = self._local_params
-        if local is not None:
-            local = [*local, low, high]
-        guarded = self.guard.apply(self._op, key, [*self._params, low, high], local)
-        if guarded.down is None:
-            verdict: Verdict = guarded.value[1][0]  # type: ignore[index]
-            return verdict
-        return self._verdicts(guarded, [(cmin, cmax)])[0]
+        apply = GuardedApply(
+            self.guard, self._op, key, self._params + flat, None if local is None else local + flat
+        )
+        return Then(apply, partial(self._verdicts, pairs=pairs))
 
-    async def _send(self, key: str, pairs: list[Pair]) -> list[Verdict]:
-        args, local = self._args(pairs)
-        guarded = await self.guard.apply_async(self.plan.op, key, args, local)
-        return self._verdicts(guarded, pairs)
-
-    async def _take_async(self, key: str, cmin: int, cmax: int) -> Verdict:
-        """:meth:`_take` for async callers, coalesced with concurrent requests on ``key``."""
-        if not self.batch:
-            return (await self._send(key, [(cmin, cmax)]))[0]
-        loop = asyncio.get_running_loop()
-        coalescer = self._coalescers.get(loop)
-        if coalescer is None:
-            coalescer = self._coalescers[loop] = Coalescer(self._send, self.max_batch)
-        return await coalescer.submit(key, (cmin, cmax))
+    def _take(self, key: str, cmin: int, cmax: int) -> Step:
+        """The step of one request on the store (admitted with at least ``cmin``, at most
+        ``cmax``), coalesced with concurrent requests on ``key`` in a task; its verdict."""
+        return Batched(self._round_trip, self._lanes, key, (cmin, cmax))
 
     def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
         return None if self.key is None else self.key(*args, **kwargs)
 
-    # -- the shells -------------------------------------------------------------------------
-
-    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """Take ``cost`` permits of ``key``'s global limit now if possible; never raises a
-        store error (``on_store_error`` decides when the store is down)."""
-        # the hot path, one round trip: _take inlined (each Python call costs ~1 % here)
-        if type(cost) is not int or not 0 <= cost < 1024:
-            _cost(cost)
-            c = encode(cost)
-        else:
-            c = _SMALL[cost]
-        local = self._local_params
-        guarded = self.guard.apply(
-            self._op,
-            self._base if key is None else f"{self._base}:{key}",
-            [*self._params, c, c],
-            None if local is None else [*local, c, c],
-        )
-        if guarded.down is None:
-            allowed, _, remaining, reset_us, retry_us = guarded.value[1][0]  # type: ignore[index]
-        else:
-            allowed, _, remaining, reset_us, retry_us = self._verdicts(guarded, [(cost, cost)])[0]
-        if allowed:
-            return _new(Decision, (True, remaining, reset_us / 1_000_000, 0.0, self.limit))
-        retry = INF if retry_us < 0 else retry_us / 1_000_000
-        result = _new(Decision, (False, remaining, reset_us / 1_000_000, retry, self.limit))
-        self._rejected(key, cost, result)
-        return result
-
-    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """:meth:`acquire` for async callers (coalesced with concurrent ones, see above)."""
+    def _acquire_steps(self, key: Hashable, cost: int) -> FlowSteps:
         c = _cost(cost)
-        result = decision(await self._take_async(self._full(key), c, c), self.limit)
+        result = decision((yield self._take(self._full(key), c, c)), self.limit)
         if not result[0]:
             self._rejected(key, c, result)
         return result
 
-    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
-        """Whether ``cost`` permits were taken now."""
-        return self.acquire(key, cost)[0]
+    def _wait_steps(self, key: Hashable, cost: int, max_wait: float | None) -> FlowSteps:
+        c = _cost(cost)
+        until = self._until(max_wait)
+        full = self._full(key)
+        while True:
+            result = decision((yield self._take(full, c, c)), self.limit)
+            if result[0]:
+                return result
+            pause = self._pause(result, until)
+            if pause < 0:
+                self._rejected(key, c, result)
+                return result
+            yield Sleep(self.clock, pause)
 
-    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
-        """:meth:`try_acquire` for async callers."""
-        return (await self.acquire_async(key, cost))[0]
+    def _reset_steps(self, key: Hashable) -> FlowSteps:
+        yield GuardedApply(self.guard, RESET, self._full(key), ())
 
     def _until(self, max_wait: float | None) -> float:
         bound = self.max_wait if max_wait is None else max_wait
@@ -288,70 +282,46 @@ class GlobalLimiter(Policy):
             return -1.0
         return max(retry, _MIN_SLEEP)
 
+    # -- the shells: one set of steps each, settled in a thread or a task ------------------
+
     def wait(
         self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
     ) -> Decision:
         """Take ``cost`` permits, sleeping ``retry_after`` between tries, for at most
         ``max_wait`` seconds (default: the limiter's) and never past the ambient deadline."""
-        c = _cost(cost)
-        until = self._until(max_wait)
-        full = self._full(key)
-        while True:
-            result = decision(self._take(full, c, c), self.limit)
-            if result[0]:
-                return result
-            pause = self._pause(result, until)
-            if pause < 0:
-                self._rejected(key, c, result)
-                return result
-            self.clock.sleep(pause)
+        return settle(self._wait_steps(key, cost, max_wait))  # type: ignore[no-any-return]
 
     async def wait_async(
         self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
     ) -> Decision:
         """:meth:`wait` for async callers."""
-        c = _cost(cost)
-        until = self._until(max_wait)
-        full = self._full(key)
-        while True:
-            result = decision(await self._take_async(full, c, c), self.limit)
-            if result[0]:
-                return result
-            pause = self._pause(result, until)
-            if pause < 0:
-                self._rejected(key, c, result)
-                return result
-            await self.clock.async_sleep(pause)
+        return await settle_async(self._wait_steps(key, cost, max_wait))  # type: ignore[no-any-return]
 
     def reset(self, key: Hashable = None) -> None:
         """Forget what ``key`` consumed, on the store (operator action)."""
-        self.guard.apply(RESET, self._full(key))
+        settle(self._reset_steps(key))
 
     async def reset_async(self, key: Hashable = None) -> None:
         """:meth:`reset` for async callers."""
-        await self.guard.apply_async(RESET, self._full(key))
+        await settle_async(self._reset_steps(key))
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    # -- the gate ---------------------------------------------------------------------------
+
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``Wait`` for the round trip of the call's key (and, with ``max_wait``, the
+        sleeps between tries); :meth:`resume` admits or raises the rejection."""
         key = self._key_of(args, kwargs)
-        if self.max_wait == 0 and _DEADLINE.get() is None:
-            result = self.acquire(key)
-        else:
-            result = self.wait(key)
+        paced = self.max_wait != 0 or _DEADLINE.get() is not None
+        return start(self._admission(key, paced))  # type: ignore[no-any-return]
+
+    def _admission(self, key: Hashable, paced: bool) -> FlowSteps:
+        steps = self._wait_steps(key, 1, None) if paced else self._acquire_steps(key, 1)
+        result = yield from steps
         if not result[0]:
             raise self._error(result)
-        return fn(*args, **kwargs)
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        key = self._key_of(args, kwargs)
-        if self.max_wait == 0 and _DEADLINE.get() is None:
-            result = await self.acquire_async(key)
-        else:
-            result = await self.wait_async(key)
-        if not result[0]:
-            raise self._error(result)
-        return await fn(*args, **kwargs)
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        return advance(step, value)  # type: ignore[no-any-return]
 
     # -- rejections and observers -----------------------------------------------------------
 
@@ -388,12 +358,12 @@ class GlobalLimiter(Policy):
     @property
     def rejected(self) -> int:
         """Requests refused since the limiter was built."""
-        return int(repr(self._rejections)[6:-1])
+        return self._rejections.value
 
     @property
     def batches(self) -> int:
         """Round trips made by the async shell's coalescers (in live event loops)."""
-        return sum(c.batches for c in self._coalescers.values())
+        return 0 if self._lanes is None else sum(c.batches for c in self._lanes)
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for metrics: ``rejected``, and the store guard's (``state``, ``outages``,

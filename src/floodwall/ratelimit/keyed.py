@@ -54,7 +54,9 @@ class Keyed(RateLimiter[S], Generic[S]):
     """``limiter``'s algorithm with one state per key, at most ``max_keys`` of them.
 
     ``key`` (a function of the protected call's arguments) picks the key when the limiter is
-    used as a policy or decorator; without it every call uses key ``None``.
+    used as a policy or decorator; without it every call uses key ``None``. As a gate
+    (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` decides on that key's state (a new
+    key needs room in the table, else ``overflow`` decides) or raises the rejection.
     """
 
     algorithm = "keyed"

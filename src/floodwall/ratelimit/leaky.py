@@ -57,6 +57,10 @@ class LeakyBucket(RateLimiter[_Queue]):
     """Pacing queue: one request per ``interval``, at most ``queue`` waiting (module docstring).
 
     ``queue`` defaults to ``rate.count`` (one period's worth of waiting at most).
+
+    As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` books a place in the queue
+    and raises ``Wait`` for the ``Sleep`` to its slot (it paces by default), or raises the
+    rejection when the queue is full or the slot is beyond ``max_wait``.
     """
 
     algorithm = "leaky_bucket"

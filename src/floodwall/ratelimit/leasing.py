@@ -31,28 +31,28 @@ applies to each lease request (``"local"``: leases come from this process's shar
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import weakref
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from functools import partial
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import EventListener
-from floodwall._core.policy import Policy
+from floodwall._core.flight import LANDED, Flight, Flights
+from floodwall._core.pending import advance, start
+from floodwall._core.roundtrip import Then
+from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.ratelimit._base import INF, Decision, RateLike, _new
 from floodwall.ratelimit._global_ops import Verdict, decision
-from floodwall.ratelimit.global_limit import GlobalLimiter, _cost
+from floodwall.ratelimit.global_limit import GlobalLimiter, _Acquiring, _cost
 from floodwall.stores.base import Store
 from floodwall.stores.guard import StoreErrorMode, StoreGuard
 
 __all__ = ["LeasedLimiter"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _SWEEP_EVERY = 1024
 """Decisions between sweeps of expired pools (amortised O(1))."""
@@ -73,10 +73,17 @@ class _Pool:
         self.reset_at = -INF
 
 
-class LeasedLimiter(Policy):
+class LeasedLimiter(_Acquiring, Gate):
     """A :class:`~floodwall.ratelimit.GlobalLimiter` whose permits are leased in batches and
     spent locally (see the module docstring). Options are the global limiter's, plus ``lease``
-    (permits per lease) and ``lease_ttl`` (seconds a lease stays usable)."""
+    (permits per lease) and ``lease_ttl`` (seconds a lease stays usable).
+
+    As a gate: ``admit`` spends from the pool, or raises ``Wait`` for a
+    :class:`~floodwall._core.flight.Flight` that leases (or waits for the lease in flight);
+    ``resume`` folds the lease in, admits or raises the rejection. ``record`` learns nothing.
+    ``acquire`` spends from the local pool when it has them, else leases (one round trip; one
+    thread, or one task per key, at a time).
+    """
 
     kind = "rate_limiter"
 
@@ -135,10 +142,8 @@ class LeasedLimiter(Policy):
         """Requests answered from a local pool (no round trip)."""
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
-        self._fetching = threading.Lock()
-        self._inflight: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[str, asyncio.Event]
-        ] = weakref.WeakKeyDictionary()
+        self._flights = Flights()
+        self._now = clock.monotonic
         self._decisions = 0
 
     # -- the decision core (lock held, no I/O) ----------------------------------------------
@@ -199,38 +204,11 @@ class LeasedLimiter(Policy):
         for k in dead:
             del self._pools[k]
 
-    # -- the shells -------------------------------------------------------------------------
-
-    def acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """Take ``cost`` permits: from the local pool when it has them, else by leasing (one
-        round trip, one thread at a time); never raises a store error."""
+    def _acquire_steps(self, key: Hashable, cost: int) -> FlowSteps:
+        """Spend from the pool; when it is short, lease (one flight at a time, see
+        :mod:`floodwall._core.flight`) and look again if another flight landed meanwhile."""
         c = _cost(cost)
         full = self.source._full(key)
-        with self._lock:
-            result = self._local(full, c, self.clock.monotonic())
-        if result is None:
-            with self._fetching:
-                with self._lock:  # another thread may have leased meanwhile
-                    now = self.clock.monotonic()
-                    result = self._local(full, c, now)
-                    if result is None:
-                        cmin, cmax = self._need(full, c, now)
-                if result is None:
-                    verdict = self.source._take(full, cmin, cmax)
-                    with self._lock:
-                        result = self._leased(full, c, verdict, self.clock.monotonic())
-        if not result[0]:
-            self.source._rejected(key, c, result)
-        return result
-
-    async def acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
-        """:meth:`acquire` for async callers: one lease in flight per key, others await it."""
-        c = _cost(cost)
-        full = self.source._full(key)
-        loop = asyncio.get_running_loop()
-        inflight = self._inflight.get(loop)
-        if inflight is None:
-            inflight = self._inflight[loop] = {}
         while True:
             with self._lock:
                 now = self.clock.monotonic()
@@ -239,46 +217,33 @@ class LeasedLimiter(Policy):
                     cmin, cmax = self._need(full, c, now)
             if result is not None:
                 break
-            leasing = inflight.get(full)
-            if leasing is not None:
-                await leasing.wait()
-                continue
-            leasing = inflight[full] = asyncio.Event()
-            try:
-                verdict = await self.source._take_async(full, cmin, cmax)
-            finally:
-                del inflight[full]
-                leasing.set()
-            with self._lock:
-                result = self._leased(full, c, verdict, self.clock.monotonic())
-            break
+            lease = Then(self.source._take(full, cmin, cmax), partial(self._fold, full, c))
+            result = yield Flight(self._flights, full, lease)
+            if result is not LANDED:
+                break
         if not result[0]:
             self.source._rejected(key, c, result)
         return result
 
-    def try_acquire(self, key: Hashable = None, cost: int = 1) -> bool:
-        """Whether ``cost`` permits were taken now."""
-        return self.acquire(key, cost)[0]
+    def _fold(self, full: str, cost: int, verdict: Verdict) -> Decision:
+        with self._lock:
+            return self._leased(full, cost, verdict, self.clock.monotonic())
 
-    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> bool:
-        """:meth:`try_acquire` for async callers."""
-        return (await self.acquire_async(key, cost))[0]
+    # -- the gate ---------------------------------------------------------------------------
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Spend a permit of the call's key from the pool (no ``Wait``), or raise ``Wait``
+        for a lease; refusals raise :class:`~floodwall.RateLimitedError`."""
         key = None if self.key is None else self.key(*args, **kwargs)
-        result = self.acquire(key)
+        return start(self._admission(key))  # type: ignore[no-any-return]
+
+    def _admission(self, key: Hashable) -> FlowSteps:
+        result = yield from self._acquire_steps(key, 1)
         if not result[0]:
             raise self._error(result)
-        return fn(*args, **kwargs)
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        key = None if self.key is None else self.key(*args, **kwargs)
-        result = await self.acquire_async(key)
-        if not result[0]:
-            raise self._error(result)
-        return await fn(*args, **kwargs)
+    def resume(self, step: Step, value: Any, now: float) -> None:
+        return advance(step, value)  # type: ignore[no-any-return]
 
     def _error(self, result: Decision) -> RateLimitedError:
         retry = result[3]

@@ -36,14 +36,17 @@ import random
 import socket
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 from floodwall._core import defaults
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.policy import Policy
+from floodwall._core.pending import settle, settle_async
+from floodwall._core.roundtrip import GuardedApply
+from floodwall._core.steps import FlowSteps
 from floodwall.breaker import CircuitBreaker
 from floodwall.ratelimit._base import Decision, RateLike, _new, parse_rate
 from floodwall.ratelimit.global_limit import _cost
@@ -52,9 +55,6 @@ from floodwall.stores.base import KEEP, Arg, Op, Record, Store, Write
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
 
 __all__ = ["SLICE_SYNC", "SliceReport", "TimeSliceLimiter", "TimeSliceSyncOp"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 SliceReport = tuple[int, bool, int, int]
 """``(drop_ppm, elected, qps_milli, instances)``; ``qps_milli = -1`` when not elected."""
@@ -109,9 +109,13 @@ def _default_instance() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class TimeSliceLimiter(Policy):
+class TimeSliceLimiter(Gate):
     """``rate`` across every instance sharing the store, enforced by local random drops at a
     rate recomputed once per slice (see the module docstring).
+
+    As a gate: ``admit`` counts the call and drops it at the current drop rate (raising the
+    rejection); ``record`` learns nothing. The slice's report is one step generator
+    (a guarded store op) that :meth:`sync` and :meth:`sync_async` settle.
 
     ``instance``: this instance's id in the reports (default host:pid:random). ``rng``: the
     random source of the drops. ``expected_instances``: for the ``"local"`` fallback.
@@ -187,6 +191,7 @@ class TimeSliceLimiter(Policy):
         """Background reports that raised (a bug: the store guard never raises store errors)."""
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._now = clock.monotonic
 
     # -- the request path: a counter and a random draw ------------------------------------------
 
@@ -218,19 +223,14 @@ class TimeSliceLimiter(Policy):
         """Whether the request was admitted."""
         return self.acquire(key, cost)[0]
 
-    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result = self.acquire()
-        if not result[0]:
-            raise self._error(result)
-        return fn(*args, **kwargs)
+    # -- the gate ---------------------------------------------------------------------------
 
-    async def call_async(
-        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Count the call and admit it, or raise :class:`~floodwall.RateLimitedError` at the
+        drop rate (never a store call, never a ``Wait``)."""
         result = self.acquire()
         if not result[0]:
             raise self._error(result)
-        return await fn(*args, **kwargs)
 
     def _error(self, result: Decision) -> RateLimitedError:
         reason = f"{self.describe()}: dropped at drop_rate={self._drop:.3f}"
@@ -300,16 +300,20 @@ class TimeSliceLimiter(Policy):
             )
         return drop
 
+    def _sync_steps(self) -> FlowSteps:
+        now, args, local = self._report()
+        return self._apply(
+            now, (yield GuardedApply(self.guard, SLICE_SYNC, self._key, args, local))
+        )
+
     def sync(self) -> float:
         """Report this slice's count, get the drop rate for the next one (one round trip);
         never raises a store error. Returns the new drop rate."""
-        now, args, local = self._report()
-        return self._apply(now, self.guard.apply(SLICE_SYNC, self._key, args, local))
+        return settle(self._sync_steps())  # type: ignore[no-any-return]
 
     async def sync_async(self) -> float:
         """:meth:`sync` for async callers."""
-        now, args, local = self._report()
-        return self._apply(now, await self.guard.apply_async(SLICE_SYNC, self._key, args, local))
+        return await settle_async(self._sync_steps())  # type: ignore[no-any-return]
 
     @property
     def drop_rate(self) -> float:

@@ -51,7 +51,11 @@ class _Bucket:
 
 
 class TokenBucket(RateLimiter[_Bucket]):
-    """Token bucket of ``capacity = 1 + burst`` tokens refilled at ``rate`` (module docstring)."""
+    """Token bucket of ``capacity = 1 + burst`` tokens refilled at ``rate`` (module docstring).
+
+    As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` takes a token or raises the
+    rejection; ``max_wait`` reserves the token, then sleeps until it has refilled.
+    """
 
     algorithm = "token_bucket"
     books_ahead = True

@@ -61,7 +61,11 @@ class _Warm:
 
 
 class WarmUp(RateLimiter[_Warm]):
-    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (module docstring)."""
+    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (module docstring).
+
+    As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` takes the next slot at the
+    current (warming) rate or raises; ``max_wait`` books the slot, then sleeps to it.
+    """
 
     algorithm = "warm_up"
     books_ahead = True
