@@ -4,26 +4,45 @@ Ops run their Python :meth:`~floodwall.stores.Op.step` under one lock, with ``no
 injected clock (monotonic seconds), so a :class:`~floodwall.FakeClock` drives every expiry in
 tests. Nothing is shared with other processes: a limit kept here is per worker.
 
-Expired records are dropped when touched, and swept in full every ``sweep_every`` ops
-(O(records) then, amortised O(1) per op), so idle keys do not pile up.
+**Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000, about
+230 bytes each: ``benchmarks/memory_keys.py`` measures it). Records sit in one ordered table
+that a sweeping hand walks two steps per op: an expired record it reaches is dropped, a live
+one goes to the back of the line (a CLOCK sweep), so no op ever scans the table. Expired
+records are also dropped when touched. A new key arriving at a full table first gives the hand
+up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; when every record
+it meets is live, the record at the front of the line (roughly the oldest) is evicted and
+counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
+``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
+
+Records are held as plain ``(value, expires_at)`` tuples, which the garbage collector stops
+tracking, so a million records add no collector pauses; ops see :class:`Record` objects made
+for the keys they touch.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
+from floodwall._core.validate import count
 from floodwall.stores.base import KEEP, Arg, Op, R, Record, Store
 
 __all__ = ["MemoryStore"]
 
+_Held = tuple[bytes, float | None]
+
 
 class MemoryStore(Store):
-    """A thread-safe in-process store (``memory://``)."""
+    """A thread-safe in-process store (``memory://``) of at most ``max_keys`` records."""
+
+    HAND_STEPS = 2
+    """Records the sweeping hand visits per op: more than one, so it outruns new keys."""
+    ROOM_STEPS = 4
+    """Extra steps a new key at a full table may take to find an expired record to replace."""
 
     def __init__(
         self,
@@ -31,16 +50,15 @@ class MemoryStore(Store):
         *,
         prefix: str = defaults.STORE_PREFIX,
         clock: Clock = SYSTEM_CLOCK,
-        sweep_every: int = defaults.STORE_MEMORY_SWEEP_EVERY,
+        max_keys: int = defaults.STORE_MEMORY_MAX_KEYS,
     ) -> None:
         super().__init__(url, prefix=prefix)
-        if not isinstance(sweep_every, int) or sweep_every < 1:
-            raise ConfigError(f"sweep_every must be an integer >= 1, got {sweep_every!r}")
         self.clock = clock
-        self.sweep_every = sweep_every
-        self._data: dict[str, Record] = {}
+        self.max_keys = count("max_keys", max_keys)
+        self._data: OrderedDict[str, _Held] = OrderedDict()
         self._lock = threading.Lock()
-        self._ops = 0
+        self.evicted = 0
+        """Live records dropped to make room for a new key (0 when ``max_keys`` is enough)."""
 
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
@@ -49,46 +67,88 @@ class MemoryStore(Store):
             data = self._data
             records: list[Record | None] = []
             for full in keys:
-                record = data.get(full)
-                records.append(record if record is not None and record.alive(now) else None)
+                held = data.get(full)
+                if held is None or (held[1] is not None and held[1] <= now):
+                    records.append(None)
+                else:
+                    records.append(Record(*held))
             writes, result = op.step(records, now, args)
             for full, write in zip(keys, writes, strict=True):
                 if write is None:
                     data.pop(full, None)
                 elif isinstance(write, Record):
-                    data[full] = write
-                elif write is KEEP and full in data and not data[full].alive(now):
-                    del data[full]
-            self._ops += 1
-            if self._ops % self.sweep_every == 0:
-                self._sweep(now)
+                    if len(data) >= self.max_keys and full not in data:
+                        self._make_room(now)
+                    data[full] = (write.value, write.expires_at)
+                elif write is KEEP:
+                    held = data.get(full)
+                    if held is not None and held[1] is not None and held[1] <= now:
+                        del data[full]
+            self._sweep_steps(self.HAND_STEPS, now)
         return result
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         return self.apply(op, key, args)
 
-    def _sweep(self, now: float) -> None:
-        dead = [key for key, record in self._data.items() if not record.alive(now)]
-        for key in dead:
-            del self._data[key]
+    def _sweep_steps(self, steps: int, now: float) -> None:
+        """Move the hand ``steps`` records on (lock held), dropping the expired ones it meets."""
+        data = self._data
+        for _ in range(min(steps, len(data))):
+            full = next(iter(data))
+            expires_at = data[full][1]
+            if expires_at is not None and expires_at <= now:
+                del data[full]
+            else:
+                data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
+
+    def _make_room(self, now: float) -> None:
+        """Free one slot of a full table: an expired record if the hand meets one within
+        :attr:`ROOM_STEPS`, else the record at the front of the line."""
+        data = self._data
+        for _ in range(self.ROOM_STEPS):
+            full = next(iter(data))
+            expires_at = data[full][1]
+            if expires_at is not None and expires_at <= now:
+                del data[full]
+                return
+            data.move_to_end(full)
+        data.popitem(last=False)
+        self.evicted += 1
+
+    def sweep(self) -> int:
+        """Drop every expired record now and give the table's spare memory back; how many went.
+
+        O(records) under the lock: for housekeeping, never needed for the bound.
+        """
+        with self._lock:
+            now = self.clock.monotonic()
+            live = OrderedDict((k, h) for k, h in self._data.items() if h[1] is None or h[1] > now)
+            gone = len(self._data) - len(live)
+            self._data = live
+            return gone
 
     def __len__(self) -> int:
-        """Live records (expired ones are swept first)."""
-        with self._lock:
-            self._sweep(self.clock.monotonic())
-            return len(self._data)
+        """Records held now: the live ones and expired ones the hand has not reached yet."""
+        return len(self._data)
 
     def raw(self, full_key: str) -> Record | None:
         """The live record under a full key, for inspection and tests."""
         with self._lock:
-            record = self._data.get(full_key)
+            held = self._data.get(full_key)
             now = self.clock.monotonic()
-            return record if record is not None and record.alive(now) else None
+            if held is None or (held[1] is not None and held[1] <= now):
+                return None
+            return Record(*held)
 
     def clear(self) -> None:
         """Drop every record."""
         with self._lock:
-            self._data.clear()
+            self._data = OrderedDict()
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "records": len(self)}
+        return {
+            "url": self.url,
+            "records": len(self),
+            "max_keys": self.max_keys,
+            "evicted": self.evicted,
+        }
