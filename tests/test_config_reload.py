@@ -239,3 +239,17 @@ def test_200_rewrites_under_traffic_keep_the_last_good_document(tmp_path: Path) 
     # each version once; the half-written ones were refused while they stood half done
     assert seen == {"empty": 40, "cut short": 80, "invalid": 40}
     assert len(refusals) == 160
+
+
+def test_arming_chaos_rebuilds_the_resources_it_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from floodwall.chaos import InjectedFault
+
+    monkeypatch.delenv("FLOODWALL_CHAOS", raising=False)
+    doc: dict[str, Any] = {"resources": {"a": {"chaos": {"exception": True}}, "b": {}}}
+    registry = Registry(doc)
+    assert registry.get("a").call(lambda: 1) == 1  # inert: the document does not allow it
+    registry.reload({**doc, "allow_chaos": True})
+    with pytest.raises(InjectedFault):
+        registry.get("a").call(lambda: 1)
+    registry.reload(doc)
+    assert registry.get("a").call(lambda: 1) == 1

@@ -757,12 +757,18 @@ class Registry:
             return _new_budget(name, config, self.clock, staged.budgets)
 
         moved = _moved(self.document, document)
+        armed = document.allow_chaos != self.document.allow_chaos
         try:
             for name, configured in document.resources.items():
                 config = self._overridden(name, configured)
                 running = self._resources.get(name)
-                if running is not None and running.config == config and not _uses(config) & moved:
-                    continue  # unchanged, and so are the stores it uses
+                if (
+                    running is not None
+                    and running.config == config
+                    and not _uses(config) & moved
+                    and not (armed and config.chaos is not None)
+                ):
+                    continue  # unchanged, and so are its stores and whether its chaos may act
                 try:
                     built = build(
                         name,
