@@ -14,13 +14,16 @@ it meets is live, the record at the front of the line (roughly the oldest) is ev
 counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
 ``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
 
-Records are held as plain ``(value, expires_at)`` tuples, which the garbage collector stops
-tracking, so a million records add no collector pauses; ops see :class:`Record` objects made
-for the keys they touch.
+**No work for the garbage collector.** A record is held as one ``bytes`` object (its expiry
+packed in front of its value), which the collector never tracks, and full keys are built per
+op rather than cached, so ops leave no tracked object behind: a million records trigger no
+collections. Ops see :class:`Record` objects made for the keys they touch.
 """
 
 from __future__ import annotations
 
+import math
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,12 +31,25 @@ from typing import Any
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
 from floodwall._core.validate import count
 from floodwall.stores.base import KEEP, Arg, Op, R, Record, Store
 
 __all__ = ["MemoryStore"]
 
-_Held = tuple[bytes, float | None]
+_EXPIRY = struct.Struct("d")
+"""A held record: its expiry (``inf``: never) as 8 bytes, then its value."""
+_expiry = _EXPIRY.unpack_from
+
+
+def _hold(record: Record) -> bytes:
+    expires_at = math.inf if record.expires_at is None else record.expires_at
+    return _EXPIRY.pack(expires_at) + record.value
+
+
+def _record(held: bytes) -> Record:
+    expires_at = _expiry(held)[0]
+    return Record(held[8:], None if expires_at == math.inf else expires_at)
 
 
 class MemoryStore(Store):
@@ -55,7 +71,7 @@ class MemoryStore(Store):
         super().__init__(url, prefix=prefix)
         self.clock = clock
         self.max_keys = count("max_keys", max_keys)
-        self._data: OrderedDict[str, _Held] = OrderedDict()
+        self._data: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
         self.evicted = 0
         """Live records dropped to make room for a new key (0 when ``max_keys`` is enough)."""
@@ -68,10 +84,10 @@ class MemoryStore(Store):
             records: list[Record | None] = []
             for full in keys:
                 held = data.get(full)
-                if held is None or (held[1] is not None and held[1] <= now):
+                if held is None or _expiry(held)[0] <= now:
                     records.append(None)
                 else:
-                    records.append(Record(*held))
+                    records.append(_record(held))
             writes, result = op.step(records, now, args)
             for full, write in zip(keys, writes, strict=True):
                 if write is None:
@@ -79,10 +95,10 @@ class MemoryStore(Store):
                 elif isinstance(write, Record):
                     if len(data) >= self.max_keys and full not in data:
                         self._make_room(now)
-                    data[full] = (write.value, write.expires_at)
+                    data[full] = _hold(write)
                 elif write is KEEP:
                     held = data.get(full)
-                    if held is not None and held[1] is not None and held[1] <= now:
+                    if held is not None and _expiry(held)[0] <= now:
                         del data[full]
             self._sweep_steps(self.HAND_STEPS, now)
         return result
@@ -90,13 +106,20 @@ class MemoryStore(Store):
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         return self.apply(op, key, args)
 
+    def keys(self, op: Op[Any], key: str) -> list[str]:
+        """The full keys, built each time: the base class's cache of them would leave two
+        tracked objects per new key for the garbage collector (see the module docstring)."""
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"key must be a non-empty string, got {key!r}")
+        base = f"{self.prefix}{{{key}}}"
+        return [base + suffix for suffix in op.suffixes]
+
     def _sweep_steps(self, steps: int, now: float) -> None:
         """Move the hand ``steps`` records on (lock held), dropping the expired ones it meets."""
         data = self._data
         for _ in range(min(steps, len(data))):
             full = next(iter(data))
-            expires_at = data[full][1]
-            if expires_at is not None and expires_at <= now:
+            if _expiry(data[full])[0] <= now:
                 del data[full]
             else:
                 data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
@@ -107,8 +130,7 @@ class MemoryStore(Store):
         data = self._data
         for _ in range(self.ROOM_STEPS):
             full = next(iter(data))
-            expires_at = data[full][1]
-            if expires_at is not None and expires_at <= now:
+            if _expiry(data[full])[0] <= now:
                 del data[full]
                 return
             data.move_to_end(full)
@@ -122,7 +144,7 @@ class MemoryStore(Store):
         """
         with self._lock:
             now = self.clock.monotonic()
-            live = OrderedDict((k, h) for k, h in self._data.items() if h[1] is None or h[1] > now)
+            live = OrderedDict((k, h) for k, h in self._data.items() if _expiry(h)[0] > now)
             gone = len(self._data) - len(live)
             self._data = live
             return gone
@@ -135,10 +157,9 @@ class MemoryStore(Store):
         """The live record under a full key, for inspection and tests."""
         with self._lock:
             held = self._data.get(full_key)
-            now = self.clock.monotonic()
-            if held is None or (held[1] is not None and held[1] <= now):
+            if held is None or _expiry(held)[0] <= self.clock.monotonic():
                 return None
-            return Record(*held)
+            return _record(held)
 
     def clear(self) -> None:
         """Drop every record."""
