@@ -18,8 +18,10 @@ collector on, as an application would:
 Reported per case: decisions timed one by one, on the wall clock (``perf_counter_ns``) and in
 the thread's CPU time (``thread_time_ns``, which leaves out the time the process waited for a
 core: on a busy machine the wall tail is the scheduler's, the CPU tail the code's); p50 / p99 /
-p99.9 in microseconds and the worst in milliseconds; the growth of the process's peak RSS
-over the run; the records or keys held at the end, the bound, and how many were evicted.
+p99.9 in microseconds and the worst in milliseconds; the same over the *calm* decisions, those
+during which the thread was not preempted (``ru_nivcsw`` unchanged, Linux), with how many were
+preempted; the growth of the process's peak RSS over the run; the records or keys held at the
+end, the bound, and how many were evicted.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def _build(case: str) -> tuple[Callable[[str], object], Callable[[], dict[str, A
     return keyed.try_acquire, keys_held
 
 
+def _switches() -> int:
+    """Involuntary context switches of this thread so far (0 where the OS does not say)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return 0 if who is None else resource.getrusage(who).ru_nivcsw
+
+
 def _rss_mb() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -78,21 +86,25 @@ def run_case(case: str, keys: int) -> dict[str, Any]:
         decide(f"warm-{i}")
     wall = array("q", bytes(8 * keys))  # raw integers: no objects of their own
     cpu = array("q", bytes(8 * keys))
+    switched = bytearray(keys)
     before = _rss_mb()
     perf, thread = time.perf_counter_ns, time.thread_time_ns
     started = time.monotonic()
     for i in range(keys):
         key = f"user-{i}"
+        s0 = _switches()
         c0, t0 = thread(), perf()
         decide(key)
         t1, c1 = perf(), thread()
+        switched[i] = _switches() != s0
         wall[i], cpu[i] = t1 - t0, c1 - c0
     elapsed = time.monotonic() - started
     grown = _rss_mb() - before
     walls, cpus = sorted(wall), sorted(cpu)
+    calm = sorted(w for w, s in zip(wall, switched, strict=True) if not s)
 
     def pct(timings: list[int], q: float) -> float:
-        return timings[min(keys - 1, int(q * keys))] / 1000
+        return timings[min(len(timings) - 1, int(q * len(timings)))] / 1000
 
     return {
         "case": case,
@@ -104,6 +116,9 @@ def run_case(case: str, keys: int) -> dict[str, Any]:
         "worst_ms": round(walls[-1] / 1e6, 3),
         "cpu_p999_us": round(pct(cpus, 0.999), 2),
         "cpu_worst_ms": round(cpus[-1] / 1e6, 3),
+        "preempted": keys - len(calm),
+        "calm_p999_us": round(pct(calm, 0.999), 2),
+        "calm_worst_ms": round(calm[-1] / 1e6, 3),
         "rss_growth_mb": round(grown, 1),
         **held(),
     }
@@ -120,8 +135,8 @@ def main() -> None:
         return
     header = (
         f"{'case':20} {'p50 µs':>8} {'p99 µs':>8} {'p99.9 µs':>9} {'worst ms':>9} "
-        f"{'cpu p99.9':>9} {'cpu worst':>9} {'RSS +MB':>8} {'held':>8} {'bound':>8} "
-        f"{'evicted':>8}"
+        f"{'cpu p99.9':>9} {'cpu worst':>9} {'preempted':>9} {'calm p99.9':>10} "
+        f"{'calm worst':>10} {'RSS +MB':>8} {'held':>8} {'bound':>8} {'evicted':>8}"
     )
     print(header)
     for case in options.case or CASES:
@@ -135,6 +150,7 @@ def main() -> None:
         print(
             f"{r['case']:20} {r['p50_us']:8.2f} {r['p99_us']:8.2f} {r['p999_us']:9.2f} "
             f"{r['worst_ms']:9.3f} {r['cpu_p999_us']:9.2f} {r['cpu_worst_ms']:9.3f} "
+            f"{r['preempted']:9} {r['calm_p999_us']:10.2f} {r['calm_worst_ms']:10.3f} "
             f"{r['rss_growth_mb']:8.1f} {r['held']:8} {r['bound']:8} {r['evicted']:8}",
             flush=True,
         )

@@ -691,14 +691,16 @@ class Registry:
         invalid one (it is what a file caught mid-write looks like); ``allow_empty=True``
         drops every resource on purpose.
         """
+        refused: ConfigError | None = None
         with self._lock:  # one reload at a time, and no operator change between stage and swap
             try:
                 fresh = self._parse(document, source, allow_empty)
-                staged = self._stage(fresh)
+                self._commit(self._stage(fresh))
             except ConfigError as exc:
-                self._refuse(source, exc)
-                raise
-            self._commit(staged)
+                refused = exc
+        if refused is not None:  # reported outside the lock: listeners may take their time
+            self._refuse(source, refused)
+            raise refused
         self._emit("config_applied", f"{source}: {len(fresh.resources)} resource(s)")
 
     def _parse(
