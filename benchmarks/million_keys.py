@@ -13,7 +13,9 @@ collector on, as an application would:
   are evicted to make room;
 * ``keyed-active``: ``Keyed(FixedWindow("5/h"))``: every key stays active, so once the table
   is full new keys are refused (after one pass spread over the new keys);
-* ``keyed-1m``: ``Keyed(TokenBucket("10/s"), max_keys=1_000_000)``: the table grows to a million.
+* ``keyed-1m``: ``Keyed(TokenBucket("10/s"), max_keys=1_000_000)``: the table grows to a million;
+* ``baseline``: no floodwall, a pure-Python body of about one ``Frequency`` decision's cost (30
+  dict insertions and removals of fresh strings): the machine's own tail, to read the others by.
 
 Reported per case: decisions timed one by one, on the wall clock (``perf_counter_ns``) and in
 the thread's CPU time (``thread_time_ns``, which leaves out the time the process waited for a
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CASES = ("frequency", "frequency-expiring", "keyed", "keyed-active", "keyed-1m")
+CASES = ("baseline", "frequency", "frequency-expiring", "keyed", "keyed-active", "keyed-1m")
 
 
 def _build(case: str) -> tuple[Callable[[str], object], Callable[[], dict[str, Any]]]:
@@ -46,6 +48,16 @@ def _build(case: str) -> tuple[Callable[[str], object], Callable[[], dict[str, A
     from floodwall.ratelimit import FixedWindow, Keyed, TokenBucket
     from floodwall.stores import MemoryStore
 
+    if case == "baseline":
+        scratch: dict[str, int] = {}
+
+        def body(key: str) -> None:
+            for j in range(30):
+                name = f"{key}-{j}"
+                scratch[name] = j
+                del scratch[name]
+
+        return body, lambda: {"held": len(scratch), "bound": 0, "evicted": 0}
     if case.startswith("frequency"):
         store = MemoryStore()
         per = 3600.0 if case == "frequency" else 0.2

@@ -4,15 +4,16 @@ Ops run their Python :meth:`~floodwall.stores.Op.step` under one lock, with ``no
 injected clock (monotonic seconds), so a :class:`~floodwall.FakeClock` drives every expiry in
 tests. Nothing is shared with other processes: a limit kept here is per worker.
 
-**Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000, about
-230 bytes each: ``benchmarks/memory_keys.py`` measures it). Records sit in one ordered table
-that a sweeping hand walks two steps per op: an expired record it reaches is dropped, a live
-one goes to the back of the line (a CLOCK sweep), so no op ever scans the table. Expired
-records are also dropped when touched. A new key arriving at a full table first gives the hand
-up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; when every record
-it meets is live, the record at the front of the line (roughly the oldest) is evicted and
-counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
-``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
+**Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000; a record
+with a 40-character full key takes about 220 bytes, 21 MB at the default bound, measured with
+tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in one
+ordered table that a sweeping hand walks two steps per op: an expired record it reaches is
+dropped, a live one goes to the back of the line (a CLOCK sweep), so no op ever scans the
+table. Expired records are also dropped when touched. A new key arriving at a full table first
+gives the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; when
+every record it meets is live, the record at the front of the line (roughly the oldest) is
+evicted and counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so
+size ``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
 
 **No work for the garbage collector.** A record is held as one ``bytes`` object (its expiry
 packed in front of its value), which the collector never tracks, and full keys are built per
