@@ -253,3 +253,37 @@ def test_arming_chaos_rebuilds_the_resources_it_reaches(monkeypatch: pytest.Monk
         registry.get("a").call(lambda: 1)
     registry.reload(doc)
     assert registry.get("a").call(lambda: 1) == 1
+
+
+def test_a_file_source_refuses_bytes_that_are_not_text_and_keeps_polling(tmp_path: Path) -> None:
+    path = tmp_path / "floodwall.yaml"
+    path.write_text("resources: {a: {}}\n")
+    events: list[fw.Event] = []
+    registry = Registry(fw.config.load(path), listeners=[events.append])
+    source = FileSource(path, registry)
+    path.write_bytes(b"resources: {a: {}, b: {}}\n# \xff\xfe\n")
+    assert not source.poll()
+    assert not source.poll()
+    assert source.last_error is not None
+    assert "not UTF-8 text" in source.last_error
+    assert rejected(events) == [source.last_error]
+    assert registry.names() == ["a"]
+    path.write_text("resources: {a: {}, b: {}}\n")
+    assert not source.poll()
+    assert source.poll()
+    assert registry.names() == ["a", "b"]
+
+
+def test_settle_false_applies_at_first_sight(tmp_path: Path) -> None:
+    path = tmp_path / "floodwall.yaml"
+    path.write_text("resources: {a: {}}\n")
+    registry = Registry(fw.config.load(path))
+    source = FileSource(path, registry, settle=False)
+    path.write_text("resources: {a: {}, b: {}}\n")
+    assert source.poll()
+    assert registry.names() == ["a", "b"]
+    path.write_text("resources: {a: {}, b: {}, c: {retry: {attempts: 2")  # cut short
+    assert not source.poll()
+    assert source.last_error is not None
+    assert "the last line has no newline" in source.last_error
+    assert registry.names() == ["a", "b"]
