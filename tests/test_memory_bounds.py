@@ -67,10 +67,10 @@ def test_an_expired_record_makes_room_before_any_live_one() -> None:
 
 def test_expired_records_go_without_being_touched_and_no_op_scans_the_table() -> None:
     clock = fw.FakeClock()
-    store = MemoryStore(clock=clock)
+    store = MemoryStore(clock=clock, max_keys=MemoryStore.SHARD_KEYS)  # one shard, one hand
     for i in range(1000):
         store.apply(ONCE, f"k{i}", [1_000])
-    store._data = table = Counting(store._data)
+    store._shards = [table := Counting(store._shards[0])]
     clock.advance(2.0)
     most = 0
     for _ in range(600):
@@ -82,7 +82,7 @@ def test_expired_records_go_without_being_touched_and_no_op_scans_the_table() ->
     full = MemoryStore(clock=clock, max_keys=50)
     for i in range(50):
         full.apply(ONCE, f"live{i}", [60_000])
-    full._data = table = Counting(full._data)
+    full._shards = [table := Counting(full._shards[0])]
     for i in range(200):
         before = table.touched
         full.apply(ONCE, f"more{i}", [60_000])
@@ -102,7 +102,19 @@ def test_records_are_not_tracked_by_the_garbage_collector() -> None:
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert grown < 100  # 20 000 records, and no tracked object left behind by any op
-    assert not any(gc.is_tracked(held) for held in list(store._data.values())[:100])
+    assert not any(gc.is_tracked(held) for held in list(store._shards[0].values())[:100])
+
+
+def test_a_large_bound_is_kept_shard_by_shard() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=3 * MemoryStore.SHARD_KEYS + 7)
+    assert len(store._shards) == 3
+    for i in range(30_000):
+        store.apply(ONCE, f"k{i}", [60_000])
+        assert len(store) <= store.max_keys
+    assert all(len(shard) == store.max_keys // 3 for shard in store._shards)
+    assert store.evicted == 30_000 - len(store)
+    assert store.raw("floodwall:{k29999}") is not None
 
 
 def test_frequency_on_memory_keeps_its_store_bounded() -> None:

@@ -6,14 +6,17 @@ tests. Nothing is shared with other processes: a limit kept here is per worker.
 
 **Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000; a record
 with a 40-character full key takes about 220 bytes, 21 MB at the default bound, measured with
-tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in one
-ordered table that a sweeping hand walks two steps per op: an expired record it reaches is
-dropped, a live one goes to the back of the line (a CLOCK sweep), so no op ever scans the
-table. Expired records are also dropped when touched. A new key arriving at a full table first
-gives the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; when
-every record it meets is live, the record at the front of the line (roughly the oldest) is
-evicted and counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so
-size ``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
+tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in ordered
+tables (shards of about :attr:`MemoryStore.SHARD_KEYS` records, chosen by the key's hash, each
+holding at most its share of ``max_keys``) that a sweeping hand walks two steps per op: an
+expired record it reaches is dropped, a live one goes to the back of the line (a CLOCK sweep),
+so no op ever scans a table. Expired records are also dropped when touched. A new key arriving
+at a full shard first gives the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find
+an expired record; when every record it meets is live, the record at the front of the line
+(roughly the shard's oldest) is evicted and counted in :attr:`MemoryStore.evicted`: a limit
+kept for that key starts over, so size ``max_keys`` above the keys live at once (``evicted``
+staying 0 says it is). Shards keep Python's occasional rebuild of a table whose records are
+replaced (O(its records)) to a few thousand records.
 
 **No work for the garbage collector.** A record is held as one ``bytes`` object (its expiry
 packed in front of its value), which the collector never tracks, and full keys are built per
@@ -60,6 +63,9 @@ class MemoryStore(Store):
     """Records the sweeping hand visits per op: more than one, so it outruns new keys."""
     ROOM_STEPS = 4
     """Extra steps a new key at a full table may take to find an expired record to replace."""
+    SHARD_KEYS = 4096
+    """Records per shard (up to 256 shards): a table whose records are replaced is rebuilt by
+    Python now and then (O(its records)), and a shard keeps that rebuild small."""
 
     def __init__(
         self,
@@ -72,36 +78,43 @@ class MemoryStore(Store):
         super().__init__(url, prefix=prefix)
         self.clock = clock
         self.max_keys = count("max_keys", max_keys)
-        self._data: OrderedDict[str, bytes] = OrderedDict()
+        shards = max(1, min(256, self.max_keys // self.SHARD_KEYS))
+        self._shard_keys = self.max_keys // shards
+        """Records one shard holds at most: shards x this <= ``max_keys``."""
+        self._shards: list[OrderedDict[str, bytes]] = [OrderedDict() for _ in range(shards)]
         self._lock = threading.Lock()
         self.evicted = 0
         """Live records dropped to make room for a new key (0 when ``max_keys`` is enough)."""
+
+    def _shard(self, full: str) -> OrderedDict[str, bytes]:
+        shards = self._shards
+        return shards[hash(full) % len(shards)]
 
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
         with self._lock:
             now = self.clock.monotonic()
-            data = self._data
+            tables = [self._shard(full) for full in keys]
             records: list[Record | None] = []
-            for full in keys:
+            for full, data in zip(keys, tables, strict=True):
                 held = data.get(full)
                 if held is None or _expiry(held)[0] <= now:
                     records.append(None)
                 else:
                     records.append(_record(held))
             writes, result = op.step(records, now, args)
-            for full, write in zip(keys, writes, strict=True):
+            for full, data, write in zip(keys, tables, writes, strict=True):
                 if write is None:
                     data.pop(full, None)
                 elif isinstance(write, Record):
-                    if len(data) >= self.max_keys and full not in data:
-                        self._make_room(now)
+                    if len(data) >= self._shard_keys and full not in data:
+                        self._make_room(data, now)
                     data[full] = _hold(write)
                 elif write is KEEP:
                     held = data.get(full)
                     if held is not None and _expiry(held)[0] <= now:
                         del data[full]
-            self._sweep_steps(self.HAND_STEPS, now)
+            self._sweep_steps(tables[0], self.HAND_STEPS, now)
         return result
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
@@ -115,9 +128,9 @@ class MemoryStore(Store):
         base = f"{self.prefix}{{{key}}}"
         return [base + suffix for suffix in op.suffixes]
 
-    def _sweep_steps(self, steps: int, now: float) -> None:
-        """Move the hand ``steps`` records on (lock held), dropping the expired ones it meets."""
-        data = self._data
+    @staticmethod
+    def _sweep_steps(data: OrderedDict[str, bytes], steps: int, now: float) -> None:
+        """Move a shard's hand ``steps`` records on (lock held), dropping the expired ones."""
         for _ in range(min(steps, len(data))):
             full = next(iter(data))
             if _expiry(data[full])[0] <= now:
@@ -125,10 +138,9 @@ class MemoryStore(Store):
             else:
                 data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
 
-    def _make_room(self, now: float) -> None:
-        """Free one slot of a full table: an expired record if the hand meets one within
+    def _make_room(self, data: OrderedDict[str, bytes], now: float) -> None:
+        """Free one slot of a full shard: an expired record if the hand meets one within
         :attr:`ROOM_STEPS`, else the record at the front of the line."""
-        data = self._data
         for _ in range(self.ROOM_STEPS):
             full = next(iter(data))
             if _expiry(data[full])[0] <= now:
@@ -145,19 +157,21 @@ class MemoryStore(Store):
         """
         with self._lock:
             now = self.clock.monotonic()
-            live = OrderedDict((k, h) for k, h in self._data.items() if _expiry(h)[0] > now)
-            gone = len(self._data) - len(live)
-            self._data = live
+            gone = 0
+            for i, data in enumerate(self._shards):
+                live = OrderedDict((k, h) for k, h in data.items() if _expiry(h)[0] > now)
+                gone += len(data) - len(live)
+                self._shards[i] = live
             return gone
 
     def __len__(self) -> int:
         """Records held now: the live ones and expired ones the hand has not reached yet."""
-        return len(self._data)
+        return sum(len(data) for data in self._shards)
 
     def raw(self, full_key: str) -> Record | None:
         """The live record under a full key, for inspection and tests."""
         with self._lock:
-            held = self._data.get(full_key)
+            held = self._shard(full_key).get(full_key)
             if held is None or _expiry(held)[0] <= self.clock.monotonic():
                 return None
             return _record(held)
@@ -165,7 +179,7 @@ class MemoryStore(Store):
     def clear(self) -> None:
         """Drop every record."""
         with self._lock:
-            self._data = OrderedDict()
+            self._shards = [OrderedDict() for _ in self._shards]
 
     def describe(self) -> dict[str, Any]:
         return {
