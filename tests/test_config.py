@@ -96,6 +96,41 @@ def test_inheritance_and_level_rules(tmp_path: Path) -> None:
     assert doc.stores == {"default": "memory://"}
 
 
+def test_level_rules_bound_the_users_defaults_without_undoing_them() -> None:
+    doc = parse(
+        {
+            "defaults": {
+                "retry": {"attempts": 4},
+                "circuit_breaker": {"minimum_calls": 5, "failure_rate": 0.9},
+            },
+            "resources": {
+                "optional": {"level": 3},
+                "critical": {"level": 1},
+                "own": {"level": 1, "circuit_breaker": {"minimum_calls": 20}},
+                "off": {"level": 3, "circuit_breaker": {"failure_rate": None, "error_count": 3}},
+            },
+        }
+    )
+    optional, critical, own, off = (
+        doc.resources[n] for n in ("optional", "critical", "own", "off")
+    )
+    assert optional.circuit_breaker is not None
+    assert optional.circuit_breaker.minimum_calls == 5  # already earlier than level 3's 10
+    assert optional.circuit_breaker.failure_rate == 0.3  # 0.9 is later: lowered to the bound
+    assert optional.retry is not None
+    assert optional.retry.attempts == 1
+    assert critical.circuit_breaker is not None
+    assert critical.circuit_breaker.minimum_calls == 40  # level 1 asks for more evidence
+    assert critical.circuit_breaker.failure_rate == 0.9  # already past 0.6: kept
+    assert own.circuit_breaker is not None
+    assert own.circuit_breaker.minimum_calls == 20  # the resource's own key beats the rule
+    assert off.circuit_breaker is not None
+    assert off.circuit_breaker.failure_rate is None  # an explicit null stays off
+    bare = parse({"resources": {"r": {"level": 3, "circuit_breaker": {}}}}).resources["r"]
+    assert bare.circuit_breaker is not None
+    assert bare.circuit_breaker.minimum_calls == 10  # unset: the rule's value
+
+
 def test_toml_and_json_documents(tmp_path: Path) -> None:
     toml = write(
         tmp_path,

@@ -23,15 +23,18 @@ def timeout_of(registry: Registry, name: str) -> float | None:
 
 def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: Path) -> None:
     path = tmp_path / "floodwall.yaml"
-    path.write_text("resources: {a: {timeout: 1s}}")
+    path.write_text("resources: {a: {timeout: 1s}}\n")
     events: list[fw.Event] = []
     registry = Registry(fw.config.load(path), listeners=[events.append])
     source = FileSource(path, registry)
     assert not source.poll()  # unchanged
-    path.write_text("resources: {a: {timeout: 3s}}")
+    path.write_text("resources: {a: {timeout: 3s}}\n")
+    assert not source.poll()  # seen once: applies when the next poll reads it unchanged
+    assert timeout_of(registry, "a") == 1.0
     assert source.poll()
     assert timeout_of(registry, "a") == 3.0
-    path.write_text("resources: {a: {timeout: later}}")
+    path.write_text("resources: {a: {timeout: later}}\n")
+    assert not source.poll()
     assert not source.poll()
     assert timeout_of(registry, "a") == 3.0  # the bad document changed nothing
     assert source.last_error is not None
@@ -46,16 +49,17 @@ def test_file_source_reloads_on_change_and_keeps_the_last_good(tmp_path: Path) -
 
 async def test_file_source_runs_on_its_clock(tmp_path: Path) -> None:
     path = tmp_path / "floodwall.yaml"
-    path.write_text("resources: {a: {timeout: 1s}}")
+    path.write_text("resources: {a: {timeout: 1s}}\n")
     clock = fw.FakeClock()
     registry = Registry(fw.config.load(path), clock=clock)
     source = FileSource(path, registry, interval=1.0)
     task = asyncio.create_task(source.run())
     await asyncio.sleep(0)
-    path.write_text("resources: {a: {timeout: 2s}}")
-    clock.advance(1.0)
-    for _ in range(5):
-        await asyncio.sleep(0)
+    path.write_text("resources: {a: {timeout: 2s}}\n")
+    for _ in range(2):  # seen, then seen unchanged one interval later
+        clock.advance(1.0)
+        for _ in range(5):
+            await asyncio.sleep(0)
     assert timeout_of(registry, "a") == 2.0
     source.stop()
     clock.advance(1.0)

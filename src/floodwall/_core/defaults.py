@@ -139,8 +139,8 @@ STORE_POOL_SIZE = 10
 """PostgreSQL connections per store (sync), and per event loop (async)."""
 STORE_REDIS_MAX_CONNECTIONS = 50
 """Redis: connections per async client (per node on a cluster)."""
-STORE_MEMORY_SWEEP_EVERY = 1000
-"""Memory store: every this many ops, drop all expired records (amortised O(1))."""
+STORE_MEMORY_MAX_KEYS = 100_000
+"""Memory store: records held at most (about 21 MB); a new key past it evicts (see memory.py)."""
 STORE_SQL_PURGE_EVERY = 1000
 """SQL stores: every this many ops, delete up to ``STORE_SQL_PURGE_BATCH`` expired rows."""
 STORE_SQL_PURGE_BATCH = 1000

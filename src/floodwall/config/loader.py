@@ -5,6 +5,12 @@ document's ``defaults`` section, the rules of the resource's dependency level, a
 resource's own keys. Sections merge key by key (a resource that sets only ``retry.attempts``
 keeps the inherited backoff); ``false`` or ``null`` switches an inherited policy off.
 
+A level rule is a bound in its level's direction, never a reset of what the user wrote: level 1
+only asks for more evidence (a setting from ``defaults`` below the rule is raised to it), level 3
+only makes a resource give up sooner (a setting above the rule is lowered to it). So
+``defaults.circuit_breaker.minimum_calls: 5`` stays 5 on a level-3 resource (already earlier than
+the rule's 10), and a ``null`` in ``defaults`` stays off.
+
 Every error names the source, the path inside the document and the bad value::
 
     floodwall.yaml: resources.payments.retry.attempts: Input should be greater than or equal
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,13 @@ LEVEL_RULES: dict[int, dict[str, dict[str, Any]]] = {
 }
 """What a dependency level changes, applied over ``defaults`` and under the resource's own keys.
 
-A level rule only touches a policy the resource has (inherited or its own)."""
+A level rule only touches a policy the resource has (inherited or its own), and only moves a
+setting in its level's direction (see the module docstring)."""
+
+_LEVEL_DIRECTION: dict[int, Callable[[float, float], float]] = {1: max, 3: min}
+"""How a level's rule meets a value the user set in ``defaults``: level 1 raises it to the rule
+(more calls and a higher failure rate before opening), level 3 lowers it (fewer attempts, an
+earlier breaker). A key the user left unset takes the rule's value."""
 
 
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,13 +67,29 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _with_level(section: dict[str, Any], level: int) -> dict[str, Any]:
+def _bounded(given: Any, bound: Any, level: int) -> Any:
+    """The rule's ``bound`` applied to the user's ``given`` value, in the level's direction."""
+    tighten = _LEVEL_DIRECTION.get(level)
+    numbers = (int, float)
+    if tighten is None or isinstance(given, bool) or not isinstance(given, numbers):
+        return given  # an explicit null (off), or a bad value the schema will name
+    return tighten(given, bound)
+
+
+def _with_level(section: dict[str, Any], own: Mapping[str, Any], level: int) -> dict[str, Any]:
+    """``section`` (from ``defaults``) with the level's rules, for each policy the resource has
+    there or in its ``own`` keys (which are merged on top afterwards, and so beat the rule)."""
     rules = LEVEL_RULES.get(level, {})
     out = dict(section)
     for policy, rule in rules.items():
         current = out.get(policy)
+        if not isinstance(current, Mapping) and isinstance(own.get(policy), Mapping):
+            current = {}
         if isinstance(current, Mapping):
-            out[policy] = _merge(current, rule)
+            merged = dict(current)
+            for key, bound in rule.items():
+                merged[key] = _bounded(current[key], bound, level) if key in current else bound
+            out[policy] = merged
     return out
 
 
@@ -81,7 +109,7 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(own, Mapping):
             raise ConfigError(f"resources.{name}: must be a mapping, got {own!r}")
         level = own.get("level", inherited.get("level", 2))
-        section = _with_level(_merge({}, inherited), level if isinstance(level, int) else 2)
+        section = _with_level(_merge({}, inherited), own, level if isinstance(level, int) else 2)
         resolved[name] = _merge(section, own)
     return {**raw, "resources": resolved}
 

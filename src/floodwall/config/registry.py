@@ -7,11 +7,14 @@ policy (``call``/``call_async``/decorator) whose pipeline, built in the fixed or
     -> idempotency -> retry -> timeout -> call
 
 can be swapped by :meth:`Registry.reload` while callers hold on to it: decorated functions and
-stored handles follow reloads. A reload is validated first; an invalid document raises
-:class:`ConfigError`, emits a ``config_rejected`` event and leaves the running configuration
-untouched. A changed threshold reconfigures the existing breaker, so its state and counts
-survive; a removed resource is drained (handles still work with its last pipeline, it is just
-no longer listed or reachable by name).
+stored handles follow reloads. A reload is all or nothing: the document is validated and built
+aside (stores, then resources) before one swap; an invalid document raises
+:class:`ConfigError`, emits a ``config_rejected`` event, logs a warning and leaves the running
+configuration untouched, and so does an empty one or one that drops every resource (unless
+``allow_empty=True``). A changed threshold reconfigures the existing breaker, so its state and
+counts survive; a removed resource is drained (handles still work with its last pipeline, it is
+just no longer listed or reachable by name). A store whose URL a reload changes or removes is
+closed at the next reload, so drained handles have that long to finish.
 
 Operator overrides (force a breaker open or closed, shed a dependency level) are explicit,
 listed by :meth:`Registry.overrides`, and expire after their TTL.
@@ -20,6 +23,7 @@ listed by :meth:`Registry.overrides`, and expire after their TTL.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from bisect import bisect_right as _bisect
 from collections.abc import Callable, Iterable, Mapping
@@ -90,6 +94,8 @@ __all__ = ["Built", "Override", "Registry", "Resource", "build", "build_backoff"
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_log = logging.getLogger("floodwall.config")
 
 
 def build_backoff(config: BackoffConfig) -> Backoff:
@@ -506,6 +512,37 @@ def _raise(error: BaseException) -> Any:
     raise error
 
 
+@dataclass
+class _Staged:
+    """A reload built aside, ready to swap in."""
+
+    document: Document
+    stores: dict[str, Store]
+    """Every store the new document's resources use: kept ones and new ones."""
+    opened: list[Store]
+    """Stores connected for this reload (closed again if it is refused)."""
+    budgets: dict[str, RetryBudget]
+    built: dict[str, tuple[ResourceConfig, Built]]
+    """New or changed resources: their config and their policies."""
+
+
+def _uses(config: ResourceConfig) -> set[str]:
+    """The ``stores`` entries a resource's policies use."""
+    used: set[str] = set()
+    if config.rate_limit is not None and config.rate_limit.scope == "global":
+        used.add(config.rate_limit.store)
+    if config.cache is not None and config.cache.store is not None:
+        used.add(config.cache.store)
+    if config.idempotency is not None:
+        used.add(config.idempotency.store)
+    return used
+
+
+def _moved(old: Document, new: Document) -> set[str]:
+    """Store names whose URL a reload changes or removes."""
+    return {name for name, url in old.stores.items() if new.stores.get(name) != url}
+
+
 class Registry:
     """Every resource of a configuration document, built and kept live."""
 
@@ -531,6 +568,8 @@ class Registry:
         self._resources: dict[str, Resource] = {}
         self._budgets: dict[str, RetryBudget] = {}
         self._stores: dict[str, Store] = {}
+        self._retired: list[Store] = []
+        """Stores the last reload stopped using; closed at the next one, or by :meth:`close`."""
         self._overrides: dict[tuple[str, str], Override] = {}
         self._shed_levels: frozenset[int] = frozenset()
         self._next_expiry = float("inf")
@@ -563,8 +602,9 @@ class Registry:
     def close(self) -> None:
         """Close the connections of the stores this registry opened for ``stores:`` entries."""
         with self._lock:
-            stores, self._stores = self._stores, {}
-        for store in stores.values():
+            stores, self._stores = [*self._stores.values(), *self._retired], {}
+            self._retired = []
+        for store in stores:
             store.close()
 
     def names(self) -> list[str]:
@@ -587,7 +627,7 @@ class Registry:
         return store
 
     def _build(self, resource: Resource, config: ResourceConfig) -> None:
-        """(Re)build ``resource``'s policies from ``config``, keeping the breaker's state."""
+        """(Re)build ``resource``'s policies from ``config`` against the running document."""
         built = build(
             resource.name,
             config,
@@ -597,8 +637,12 @@ class Registry:
             store=self._store,
             allow_chaos=self.document.allow_chaos,
         )
+        self._install(resource, config, built)
+
+    def _install(self, resource: Resource, config: ResourceConfig, built: Built) -> None:
+        """Swap ``built`` into ``resource``, keeping the live breaker's state (its window, open
+        timer and counts), a live-tuned sampled drop and an unchanged cache's entries."""
         if built.breaker is not None and resource.breaker is not None:
-            # Keep the live breaker (its state, window, open timer); give it the new options.
             resource.breaker.reconfigure(**built.breaker.options())
             built = built.replace(built.breaker, resource.breaker, "breaker")
         if built.sampled is not None and resource.sampled is not None and config.sampled_drop:
@@ -628,67 +672,157 @@ class Registry:
     # -- reloading --------------------------------------------------------------------------
 
     def reload(
-        self, document: Document | Mapping[str, Any] | str, source: str = "<reload>"
+        self,
+        document: Document | Mapping[str, Any] | str,
+        source: str = "<reload>",
+        *,
+        allow_empty: bool = False,
     ) -> None:
-        """Apply a new document (a model, a mapping, or text named by ``source``'s extension);
-        on any error keep the old one, emit ``config_rejected`` and raise :class:`ConfigError`."""
-        from floodwall.config.loader import loads, parse
+        """Apply a new document (a model, a mapping, or text named by ``source``'s extension),
+        all or nothing.
 
-        try:
-            if isinstance(document, str):
-                document = loads(document, source)
-            fresh = document if isinstance(document, Document) else parse(document, source)
-            self._check_buildable(fresh)
-        except ConfigError as exc:
-            self._emit("config_rejected", f"{source}: {exc}")
-            raise
-        with self._lock:
-            for name, config in fresh.resources.items():
-                resource = self._resources.get(name)
-                if resource is None:
-                    resource = Resource(name, config, self)
-                    self._build(resource, config)
-                    self._resources[name] = resource
-                elif resource.config != config:
-                    self._build(resource, config)
-            for name in set(self._resources) - set(fresh.resources):
-                self._resources.pop(name).removed = True
-            self.document = fresh
-            for override in self._overrides.values():
-                held = self._resources.get(override.target)
-                if (
-                    override.action == "set_limit"
-                    and held is not None
-                    and held.config.rate_limit is not None
-                ):
-                    self._apply_limit(held, override.value)  # operators outrank reloads
+        The document is parsed, validated and fully built aside (its stores first, then every
+        new or changed resource) before anything running changes; then one swap under the lock
+        installs it, and :attr:`document` is the document that runs. On any error nothing
+        changes: ``config_rejected`` is emitted, a warning naming ``source`` and the reason is
+        logged on ``floodwall.config``, and :class:`ConfigError` is raised.
+
+        An empty document, or one without resources while resources run, is refused like an
+        invalid one (it is what a file caught mid-write looks like); ``allow_empty=True``
+        drops every resource on purpose.
+        """
+        refused: ConfigError | None = None
+        with self._lock:  # one reload at a time, and no operator change between stage and swap
+            try:
+                fresh = self._parse(document, source, allow_empty)
+                self._commit(self._stage(fresh))
+            except ConfigError as exc:
+                refused = exc
+        if refused is not None:  # reported outside the lock: listeners may take their time
+            self._refuse(source, refused)
+            raise refused
         self._emit("config_applied", f"{source}: {len(fresh.resources)} resource(s)")
 
-    def _check_buildable(self, document: Document) -> None:
-        """Build every resource aside once, so a reload never fails half-applied."""
-        scratch: dict[str, RetryBudget] = {}
+    def _parse(
+        self, document: Document | Mapping[str, Any] | str, source: str, allow_empty: bool
+    ) -> Document:
+        from floodwall.config.loader import loads, parse
 
-        def budget(name: str, config: RetryConfig) -> RetryBudget | None:
-            return _new_budget(name, config, self.clock, scratch)
+        if isinstance(document, str):
+            document = loads(document, source)
+        if not isinstance(document, Document) and not document and not allow_empty:
+            raise ConfigError(
+                f"{source}: the document is empty (a file caught mid-write?); "
+                "reload(..., allow_empty=True) drops every resource on purpose"
+            )
+        fresh = document if isinstance(document, Document) else parse(document, source)
+        if not fresh.resources and self._resources and not allow_empty:
+            raise ConfigError(
+                f"{source}: the document has no resources and would drop all "
+                f"{len(self._resources)} running; reload(..., allow_empty=True) does it on purpose"
+            )
+        return fresh
+
+    def _refuse(self, source: str, exc: ConfigError) -> None:
+        """Report a refused document: an event and one log line, both naming the source."""
+        reason = str(exc)
+        if not reason.startswith(source):
+            reason = f"{source}: {reason}"
+        _log.warning("configuration refused, the last good one stays: %s", reason)
+        self._emit("config_rejected", reason)
+
+    def _stage(self, document: Document) -> _Staged:
+        """Build ``document`` aside: every store its resources use, then every new or changed
+        resource (with the operator's limit overrides applied), touching nothing that runs."""
+        staged = _Staged(document, {}, [], dict(self._budgets), {})
+        for name, url in document.stores.items():  # a store kept as is stays connected
+            if self.document.stores.get(name) == url and name in self._stores:
+                staged.stores[name] = self._stores[name]
 
         def store(name: str) -> Store:
-            if name not in document.stores:
+            held = staged.stores.get(name)
+            if held is not None:
+                return held
+            url = document.stores.get(name)
+            if url is None:
                 known = ", ".join(sorted(document.stores)) or "none"
                 raise ConfigError(f"no store named {name!r} (stores: {known})")
-            return connect("memory://")  # names checked; connections made on apply
-
-        for name, config in document.resources.items():
             try:
-                build(
-                    name,
-                    config,
-                    clock=self.clock,
-                    budget=budget,
-                    listeners=Listeners(),
-                    store=store,
-                )
-            except (ConfigError, ValueError, TypeError) as exc:
-                raise ConfigError(f"resources.{name}: {exc}") from exc
+                held = connect(url)
+            except (ConfigError, ImportError, ValueError, TypeError) as exc:
+                raise ConfigError(f"stores.{name}: {exc}") from exc
+            staged.stores[name] = held
+            staged.opened.append(held)
+            return held
+
+        def budget(name: str, config: RetryConfig) -> RetryBudget | None:
+            return _new_budget(name, config, self.clock, staged.budgets)
+
+        moved = _moved(self.document, document)
+        armed = document.allow_chaos != self.document.allow_chaos
+        try:
+            for name, configured in document.resources.items():
+                config = self._overridden(name, configured)
+                running = self._resources.get(name)
+                if (
+                    running is not None
+                    and running.config == config
+                    and not _uses(config) & moved
+                    and not (armed and config.chaos is not None)
+                ):
+                    continue  # unchanged, and so are its stores and whether its chaos may act
+                try:
+                    built = build(
+                        name,
+                        config,
+                        clock=self.clock,
+                        budget=budget,
+                        listeners=self.listeners,
+                        store=store,
+                        allow_chaos=document.allow_chaos,
+                    )
+                except (ConfigError, ValueError, TypeError) as exc:
+                    raise ConfigError(f"resources.{name}: {exc}") from exc
+                except Exception as exc:  # a reload refuses, it never half-fails
+                    raise ConfigError(f"resources.{name}: {type(exc).__name__}: {exc}") from exc
+                staged.built[name] = (config, built)
+        except ConfigError:
+            for opened in staged.opened:
+                opened.close()
+            raise
+        return staged
+
+    def _overridden(self, name: str, config: ResourceConfig) -> ResourceConfig:
+        """``config`` with the operator's ``set_limit`` on ``name`` (operators outrank reloads)."""
+        override = self._overrides.get((name, "set_limit"))
+        if override is None or config.rate_limit is None:
+            return config
+        return config.model_copy(update={"rate_limit": override.value})
+
+    def _commit(self, staged: _Staged) -> None:
+        """Install a staged document in one step (lock held; nothing here can fail)."""
+        resources: dict[str, Resource] = {}
+        for name in staged.document.resources:
+            resource = self._resources.get(name)
+            if name in staged.built:
+                config, built = staged.built[name]
+                if resource is None:
+                    resource = Resource(name, config, self)
+                self._install(resource, config, built)
+            assert resource is not None  # unchanged resources were running
+            resources[name] = resource
+        for name, resource in self._resources.items():
+            if name not in resources:
+                resource.removed = True
+        kept = {id(store) for store in staged.stores.values()}
+        retired = [store for store in self._stores.values() if id(store) not in kept]
+        self._resources = resources
+        self.document = staged.document
+        self._stores = staged.stores
+        self._budgets = staged.budgets
+        for store in self._retired:
+            store.close()  # a reload ago: drained resources had that long to finish
+        self._retired = retired
 
     # -- operators --------------------------------------------------------------------------
 

@@ -6,8 +6,10 @@ stays in force. A source never raises into the application; it reports through e
 ``last_error``.
 
 * :class:`FileSource` polls the file's content every ``interval`` seconds (default 1 s) on the
-  injected clock and reloads when it changed. Polling a hash is portable (containers, network
-  mounts, editors that replace the file) and costs one ``stat`` plus one read per change.
+  injected clock and reloads when it changed and stood still for one more poll (so a change
+  applies within two intervals, and a file caught mid-write never does). Polling a hash is
+  portable (containers, network mounts, editors that replace the file) and costs two ``stat``
+  calls and one read per poll.
 * :class:`RedisSource` keeps the document in one Redis key and announces changes on a pub/sub
   channel; every instance subscribed applies a change as soon as the message arrives (well
   under a second on a LAN), and re-reads the key on (re)connect so a missed message is never
@@ -31,7 +33,18 @@ __all__ = ["FileSource", "RedisSource"]
 
 
 class FileSource:
-    """Reload ``registry`` whenever the file at ``path`` changes."""
+    """Reload ``registry`` whenever the file at ``path`` changes, never from a half-written one.
+
+    A writer that does not rename atomically leaves the file empty, then partly written, for a
+    while. So a change applies only when it is whole by three signs: the file did not change
+    while it was read; a second poll (one ``interval`` later) reads the same bytes (``settle``;
+    ``settle=False`` applies at first sight, for writers that always rename); and a YAML or
+    TOML file ends with a newline (a last line without one was cut short; JSON cut short never
+    parses). An empty file, or one without resources, is refused by :meth:`Registry.reload`
+    unless ``allow_empty=True``. A refused file keeps the last good configuration and is
+    reported (a ``config_rejected`` event, a warning log line naming the file and the reason,
+    :attr:`last_error`) once per content.
+    """
 
     def __init__(
         self,
@@ -39,6 +52,8 @@ class FileSource:
         registry: Registry,
         *,
         interval: float = 1.0,
+        settle: bool = True,
+        allow_empty: bool = False,
         clock: Clock | None = None,
     ) -> None:
         if not interval > 0:
@@ -46,38 +61,74 @@ class FileSource:
         self.path = Path(path)
         self.registry = registry
         self.interval = float(interval)
+        self.settle = bool(settle)
+        self.allow_empty = bool(allow_empty)
         self.clock = clock or registry.clock
         self.last_error: str | None = None
         self.reloads = 0
         self._digest: str | None = None
+        """The content last applied or refused (never retried until it changes)."""
+        self._pending: str | None = None
+        """A change seen once, waiting for the next poll to read it unchanged."""
         self._stop = threading.Event()
         try:
-            self._digest = self._read_digest()[1]
-        except OSError:
+            self._digest = self._read()[1]
+        except (OSError, _Changing):
             self._digest = None
 
-    def _read_digest(self) -> tuple[str, str]:
-        text = self.path.read_text(encoding="utf-8")
-        return text, hashlib.sha256(text.encode()).hexdigest()
+    def _read(self) -> tuple[bytes, str]:
+        before = self.path.stat()
+        data = self.path.read_bytes()
+        after = self.path.stat()
+        stamp = (before.st_size, before.st_mtime_ns)
+        if stamp != (after.st_size, after.st_mtime_ns) or len(data) != before.st_size:
+            raise _Changing
+        return data, hashlib.sha256(data).hexdigest()
 
     def poll(self) -> bool:
         """Check the file once; reload if it changed. Returns True when a new config applied."""
         try:
-            text, digest = self._read_digest()
+            data, digest = self._read()
         except OSError as exc:
             self.last_error = f"{self.path}: cannot read the file: {exc.strerror}"
             return False
-        if digest == self._digest:
+        except _Changing:
+            self._pending = None  # being written: wait for it to stand still
             return False
+        if digest == self._digest:
+            self._pending = None
+            return False
+        if self.settle and digest != self._pending:
+            self._pending = digest
+            return False
+        self._pending = None
         self._digest = digest
         try:
-            self.registry.reload(text, str(self.path))
+            self.registry.reload(self._text(data), str(self.path), allow_empty=self.allow_empty)
         except ConfigError as exc:
-            self.last_error = str(exc)  # reload() emitted config_rejected; the old config stays
+            self.last_error = str(exc)  # reload() reported it; the old config stays
             return False
         self.last_error = None
         self.reloads += 1
         return True
+
+    def _text(self, data: bytes) -> str:
+        """The file's text, or a refusal (reported like any invalid document)."""
+        source = str(self.path)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            error = ConfigError(f"{source}: not UTF-8 text (caught mid-write?): {exc.reason}")
+            self.registry._refuse(source, error)
+            raise error from None
+        if text.strip() and not text.endswith("\n") and not source.endswith(".json"):
+            error = ConfigError(
+                f"{source}: the last line has no newline, so the file looks cut short "
+                "(caught mid-write?); end the file with a newline"
+            )
+            self.registry._refuse(source, error)
+            raise error
+        return text
 
     async def run(self) -> None:
         """Poll forever (until cancelled or :meth:`stop`) on the clock's async sleep."""
@@ -102,11 +153,16 @@ class FileSource:
         self._stop.set()
 
 
+class _Changing(Exception):  # noqa: N818 - a signal inside FileSource, never raised out of it
+    """The file changed while it was read."""
+
+
 class RedisSource:
     """A config centre on Redis: the document in ``key``, change notices on ``channel``.
 
     ``publish(text)`` (any instance, or an operator's tool) validates the document, stores it
     and notifies; every instance running :meth:`run` reloads. ``url`` is a ``redis://`` URL.
+    ``allow_empty`` lets a document without resources through (see :meth:`Registry.reload`).
     """
 
     def __init__(
@@ -117,9 +173,11 @@ class RedisSource:
         key: str = "floodwall:config",
         channel: str | None = None,
         interval: float = 5.0,
+        allow_empty: bool = False,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.url = url
+        self.allow_empty = bool(allow_empty)
         self.registry = registry
         self.key = key
         self.channel = channel or f"{key}:changed"
@@ -135,8 +193,14 @@ class RedisSource:
         return redis.asyncio.Redis.from_url(self.url)
 
     async def publish(self, text: str, source: str = "<publish>") -> None:
-        """Validate ``text`` and make it every instance's configuration."""
-        parse(loads(text, source), source)  # refuse to publish what nobody could apply
+        """Validate ``text`` and make it every instance's configuration (a document without
+        resources only with ``allow_empty=True``: every instance would refuse it otherwise)."""
+        document = parse(loads(text, source), source)  # refuse what nobody could apply
+        if not document.resources and not self.allow_empty:
+            raise ConfigError(
+                f"{source}: the document has no resources; publishing it would drop every "
+                "resource (RedisSource(..., allow_empty=True) does it on purpose)"
+            )
         client = self._client()
         try:
             await client.set(self.key, text)
@@ -155,7 +219,7 @@ class RedisSource:
         self._applied = digest
         source = f"redis:{self.key}"
         try:
-            self.registry.reload(text, source)
+            self.registry.reload(text, source, allow_empty=self.allow_empty)
         except ConfigError as exc:
             self.last_error = str(exc)
             return

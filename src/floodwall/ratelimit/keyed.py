@@ -13,9 +13,12 @@ the key is *idle*, and forgetting it changes no later decision, so idle keys are
 * on demand: :meth:`Keyed.sweep` evicts every idle key and gives the table's memory back.
 
 **An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
-tracked, the table is scanned once for an idle key to evict (O(keys); the scan also learns the
-earliest moment any tracked key goes idle, and no scan runs again before it, so a table full of
-active keys refuses new keys in O(1)). If every key is active, ``overflow`` decides:
+tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries per
+new key, so one pass over a full table is spread over ``max_keys / 16`` new keys and no decision
+costs O(keys). A pass that meets only active keys learns the earliest moment any of them goes
+idle, and no pass starts again before it, so a table full of active keys refuses new keys in
+O(1). While a pass is under way a new key may be refused although a key further along is
+idle: stricter for that moment, never looser. Without room, ``overflow`` decides:
 
 * ``"reject"`` (default): the new key is refused (``retry_after`` = when the earliest tracked key
   goes idle); tracked keys are unaffected;
@@ -89,6 +92,10 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._idle = limiter._idle_at
         self._fresh = limiter._new_state
         self._full_until = -INF
+        self._scan_left = 0
+        """Entries left in the current pass over a full table (0: no pass under way)."""
+        self._scan_soonest = INF
+        """The earliest moment a key looked at in this pass goes idle."""
         self._peak = 0
         self.evicted = 0
         """Idle keys forgotten since the limiter was built."""
@@ -145,33 +152,46 @@ class Keyed(RateLimiter[S], Generic[S]):
         """Two steps of the sweeping hand: evict the oldest entry if idle, else rotate it."""
         table = self._table
         for _ in range(2):
-            key, st = table.popitem(last=False)
-            if self._idle(st) > now:
-                table[key] = st  # active: back of the line, state untouched
+            key = next(iter(table))
+            if self._idle(table[key]) > now:
+                table.move_to_end(key)  # active: back of the line, state untouched
                 return
+            del table[key]
             self.evicted += 1
             if not table:
                 return
 
+    ROOM_STEPS = 16
+    """Entries one new key at a full table may look at: the scan for an idle key is spread
+    over new keys, so no decision pays for the whole table."""
+
     def _make_room(self, now: float) -> bool:
-        """Evict one idle key from a full table; False when every key is active."""
+        """Evict one idle key from a full table; False when none was found (yet)."""
         if now < self._full_until:
             return False
         table = self._table
-        soonest = INF
-        for _ in range(len(table)):
-            key, st = table.popitem(last=False)
-            idle_at = self._idle(st)
+        if self._scan_left <= 0:  # a new pass over the whole table
+            self._scan_left = len(table)
+            self._scan_soonest = INF
+        idle = self._idle
+        for _ in range(min(self.ROOM_STEPS, self._scan_left)):
+            self._scan_left -= 1
+            key = next(iter(table))
+            idle_at = idle(table[key])
             if idle_at <= now:
+                del table[key]
                 self.evicted += 1
+                self._scan_left = 0
                 return True
-            table[key] = st  # active: back of the line, state untouched
-            soonest = min(soonest, idle_at)
-        self._full_until = soonest
+            table.move_to_end(key)  # active: back of the line, state untouched
+            self._scan_soonest = min(self._scan_soonest, idle_at)
+        if self._scan_left <= 0:  # a whole pass found every key active
+            self._full_until = self._scan_soonest
         return False
 
     def _no_room(self, now: float) -> Decision:
-        wait = max(0.0, self._full_until - now)
+        until = self._full_until if self._scan_left <= 0 else self._scan_soonest
+        wait = max(0.0, until - now)
         return _new(Decision, (False, 0, wait, wait, self.limit))
 
     def _peek_state(self, key: Hashable, now: float) -> S | None:
@@ -183,6 +203,7 @@ class Keyed(RateLimiter[S], Generic[S]):
     def _forget(self, key: Hashable, now: float) -> None:
         self._table.pop(key, None)
         self._full_until = -INF
+        self._scan_left = 0
 
     # -- the shells: every key goes through the table ---------------------------------------
 
@@ -265,6 +286,7 @@ class Keyed(RateLimiter[S], Generic[S]):
                 self._table = OrderedDict(table)
                 self._peak = len(table)
             self._full_until = -INF
+            self._scan_left = 0
             return len(gone)
         finally:
             self._lock_release()

@@ -1,0 +1,167 @@
+"""Bounded memory: ``memory://`` and the keyed limiter hold at most their bound, in O(1) per op.
+
+Functional checks of the bounds and eviction rules; the latency and RSS figures at a million
+keys come from ``python benchmarks/million_keys.py`` (not a timed assertion here).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+
+import floodwall as fw
+from floodwall.frequency import ONCE
+from floodwall.ratelimit import FixedWindow, Keyed, TokenBucket
+from floodwall.stores import MemoryStore
+
+
+class Counting(OrderedDict[str, Any]):
+    """The store's table, counting the records the sweeping hand moves or drops."""
+
+    touched = 0
+
+    def move_to_end(self, key: str, last: bool = True) -> None:
+        self.touched += 1
+        super().move_to_end(key, last)
+
+    def __delitem__(self, key: str) -> None:
+        self.touched += 1
+        super().__delitem__(key)
+
+
+def test_the_store_never_holds_more_than_max_keys_and_evicts_the_oldest() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=100)
+    for i in range(1000):
+        assert store.apply(ONCE, f"k{i}", [60_000])[0]
+        assert len(store) <= 100
+    assert len(store) == 100
+    assert store.evicted == 900
+    assert store.raw("floodwall:{k999}") is not None  # the newest stay
+    assert store.raw("floodwall:{k0}") is None  # the oldest made room
+    assert not store.apply(ONCE, "k999", [60_000])[0]  # a kept record still decides
+    assert store.describe() == {
+        "url": "memory://",
+        "records": 100,
+        "max_keys": 100,
+        "evicted": 900,
+    }
+
+
+def test_an_expired_record_makes_room_before_any_live_one() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=10)
+    for i in range(5):
+        store.apply(ONCE, f"short{i}", [1_000])
+    for i in range(5):
+        store.apply(ONCE, f"long{i}", [60_000])
+    clock.advance(2.0)
+    for i in range(5):
+        store.apply(ONCE, f"new{i}", [60_000])
+    assert store.evicted == 0  # the expired records were replaced, no live one was lost
+    assert all(store.raw(f"floodwall:{{long{i}}}") is not None for i in range(5))
+
+
+def test_expired_records_go_without_being_touched_and_no_op_scans_the_table() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=MemoryStore.SHARD_KEYS)  # one shard, one hand
+    for i in range(1000):
+        store.apply(ONCE, f"k{i}", [1_000])
+    store._shards = [table := Counting(store._shards[0])]
+    clock.advance(2.0)
+    most = 0
+    for _ in range(600):
+        before = table.touched
+        store.apply(ONCE, "busy", [1])
+        most = max(most, table.touched - before)
+    assert len(store) == 1  # two steps of the hand per op swept the 1000 expired ones
+    assert most <= MemoryStore.HAND_STEPS + 1  # its steps, plus the op's own write
+    full = MemoryStore(clock=clock, max_keys=50)
+    for i in range(50):
+        full.apply(ONCE, f"live{i}", [60_000])
+    full._shards = [table := Counting(full._shards[0])]
+    for i in range(200):
+        before = table.touched
+        full.apply(ONCE, f"more{i}", [60_000])
+        assert table.touched - before <= MemoryStore.HAND_STEPS + MemoryStore.ROOM_STEPS
+    assert full.sweep() == 0
+    clock.advance(61.0)
+    assert full.sweep() == 50
+    assert len(full) == 0
+
+
+def test_records_are_not_tracked_by_the_garbage_collector() -> None:
+    store = MemoryStore(clock=fw.FakeClock())
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(20_000):
+        store.apply(ONCE, f"k{i}", [60_000])
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    assert grown < 100  # 20 000 records, and no tracked object left behind by any op
+    assert not any(gc.is_tracked(held) for held in list(store._shards[0].values())[:100])
+
+
+def test_a_large_bound_is_kept_shard_by_shard() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=3 * MemoryStore.SHARD_KEYS + 7)
+    assert len(store._shards) == 3
+    for i in range(30_000):
+        store.apply(ONCE, f"k{i}", [60_000])
+        assert len(store) <= store.max_keys
+    assert all(len(shard) == store.max_keys // 3 for shard in store._shards)
+    assert store.evicted == 30_000 - len(store)
+    assert store.raw("floodwall:{k29999}") is not None
+
+
+def test_frequency_on_memory_keeps_its_store_bounded() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=1000)
+    once = fw.Frequency.once(60, store=store, clock=clock)
+    for i in range(20_000):
+        assert once.allow(f"user-{i}").allowed
+    assert len(store) == 1000
+    assert store.evicted == 19_000
+    assert not once.allow("user-19999").allowed  # the recent keys are still limited
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])
+def test_max_keys_is_checked(bad: object) -> None:
+    with pytest.raises(fw.ConfigError, match=f"max_keys must be an integer >= 1, got {bad!r}"):
+        MemoryStore(max_keys=bad)  # type: ignore[arg-type]
+
+
+def test_the_keyed_limiter_spreads_its_search_for_room_over_new_keys() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/h", clock=clock), max_keys=1000)
+    for i in range(1000):
+        assert limiter.try_acquire(i)
+    looked: list[int] = [0]
+    idle_at = limiter._idle
+
+    def counting(st: Any) -> float:
+        looked[0] += 1
+        return idle_at(st)
+
+    limiter._idle = counting
+    most = 0
+    for i in range(1000, 1200):
+        before = looked[0]
+        assert not limiter.try_acquire(i)  # every tracked key is active
+        most = max(most, looked[0] - before)
+    assert most <= Keyed.ROOM_STEPS
+    assert looked[0] == 1000  # one pass over the table, spread over 1000 / 16 new keys
+    assert len(limiter) == 1000
+
+
+def test_the_keyed_limiter_stays_at_its_bound_through_many_distinct_keys() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(TokenBucket("10/s", clock=clock), max_keys=500)
+    for i in range(50_000):
+        assert limiter.try_acquire(f"user-{i}")
+        assert len(limiter) <= 500
+        clock.advance(0.001)  # a key is idle 0.1 s after its one call
+    assert limiter.evicted >= 50_000 - 500
