@@ -42,7 +42,12 @@ from multidict import CIMultiDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
-from floodwall.gateway._client import UpstreamConnectError, UpstreamResponse
+from floodwall.context import remaining, retry_marker
+from floodwall.gateway._client import (
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
 from floodwall.gateway._headers import (
     REQUEST_DROPPED,
     RESPONSE_DROPPED,
@@ -69,6 +74,7 @@ from floodwall.integrations._outbound import Call, Outbound
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 from floodwall.ratelimit._base import INF, Decision
 from floodwall.ratelimit.headers import rate_limit_headers
+from floodwall.retry import gave_up
 
 __all__ = ["Proxy", "Table", "UpstreamUnavailableError"]
 
@@ -83,6 +89,8 @@ _IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 """What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
+MIN_TRY_TIME: Final = 0.01
+"""Seconds of the request's deadline a try on another endpoint needs at least."""
 _STATUS_OF: Final = {"upstream_5xx": 502}
 """Statuses of gateway rejections the integrations' table does not know (a missing endpoint
 is a 503 like any rejection; an unreachable one, not a rejection, is a 502)."""
@@ -183,10 +191,20 @@ class _Outgoing:
 
 class _Attempt:
     """One try of an :class:`_Outgoing` on a pool: the function the pipeline calls (and
-    retries). Picks an endpoint (another one than the last try's), reports the outcome to
-    outlier detection, and raises the failures the pipeline must see."""
+    retries). Picks an endpoint the request has not tried yet (while there is one), bounds the
+    wait for the answer's head, reports every outcome to the pool (outlier detection and the
+    endpoint's figures), and raises the failures the pipeline must see."""
 
-    __slots__ = ("bounded", "call", "client_host", "error_limit", "out", "pool", "tried")
+    __slots__ = (
+        "bounded",
+        "call",
+        "client_host",
+        "error_limit",
+        "failed",
+        "out",
+        "pool",
+        "tried",
+    )
 
     def __init__(
         self, pool: UpstreamPool, call: Call, out: _Outgoing, bounded: bool, error_limit: int
@@ -197,12 +215,16 @@ class _Attempt:
         self.bounded = bounded
         """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
         self.error_limit = error_limit
-        self.tried: Endpoint | None = None
+        self.tried: list[Endpoint] = []
+        self.failed: bool | None = None
+        """After a try that ended in a gateway failure (timeout, connect, reset): whether it
+        may be sent again (``None``: the last try did not fail that way)."""
         client = pool.config.host_header == "client"
         self.client_host = client_host_of(out.headers) if client else None
 
     async def __call__(self) -> _Live:
         pool, call, out = self.pool, self.call, self.out
+        self.failed = None
         endpoint = pool.pick(self.tried)
         if endpoint is None:
             raise UpstreamUnavailableError(
@@ -211,20 +233,27 @@ class _Attempt:
         body = out.body
         if isinstance(body, _Body) and body.started:
             raise call.io_error(ConnectionError("the streamed request body was already sent"))
-        self.tried = endpoint
+        self.tried.append(endpoint)
         host = self.client_host if self.client_host is not None else endpoint.authority
         endpoint.in_flight += 1
         try:
             answer = await self._send(endpoint, [*out.headers, ("Host", host), *call.headers()])
         except _CONNECT_ERRORS as exc:
-            raise self._gateway_failure(endpoint, call.connect_error(exc)) from None
+            self.failed = True  # nothing reached the upstream: any request may go again
+            raise self._gateway_failure(endpoint, "connect", call.connect_error(exc)) from None
         except TimeoutError as exc:
-            raise self._gateway_failure(endpoint, call.timeout_error(exc)) from None
+            raise self._gateway_failure(endpoint, "timeout", call.timeout_error(exc)) from None
         except _IO_ERRORS as exc:
             if isinstance(body, _Body) and body.error is not None:
                 endpoint.in_flight -= 1
                 raise body.error from None  # the client's body broke a limit, not the upstream
-            raise self._gateway_failure(endpoint, call.io_error(exc)) from None
+            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
+            raise self._gateway_failure(endpoint, why, call.io_error(exc)) from None
+        except asyncio.CancelledError:
+            endpoint.in_flight -= 1
+            if _past_deadline():  # the resource's Timeout (or the deadline) ended this try
+                self._count(endpoint, "timeout")
+            raise  # else the client went away, or the gateway stops: not the endpoint's doing
         except BaseException:
             endpoint.in_flight -= 1
             raise
@@ -240,20 +269,46 @@ class _Attempt:
         raise failure
 
     async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
+        """The answer's head, within ``read_timeout`` and the time this try has left (when
+        the resource's Timeout holds the try to less, its own timer ends it)."""
         client = self.pool.client
         assert client is not None
         out = self.out
         body = out.body
         data = body.chunks() if isinstance(body, _Body) else body
-        if self.bounded:
-            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
-        async with asyncio.timeout(self.call.attempt_timeout()):
+        limit = self.pool.config.read_timeout
+        left = self.call.attempt_timeout()
+        if left is not None and left <= limit:
+            if self.bounded:
+                return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
+            limit = left
+        async with asyncio.timeout(limit):
             return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
 
-    def _gateway_failure(self, endpoint: Endpoint, error: BaseException) -> BaseException:
+    def _gateway_failure(
+        self, endpoint: Endpoint, reason: str, error: BaseException
+    ) -> BaseException:
         endpoint.in_flight -= 1
-        self.pool.report(endpoint, None)
+        self._count(endpoint, reason)
         return error
+
+    def _count(self, endpoint: Endpoint, reason: str) -> None:
+        self.pool.report(endpoint, None, reason)
+        if self.failed is None:
+            self.failed = self.call.retryable and not _sent_once(self.out)
+
+
+def _past_deadline() -> bool:
+    """Whether the deadline the running try was given (the resource's Timeout, inside the
+    request's) has passed: a cancellation then is that timeout, not the client leaving."""
+    left = remaining()
+    return left is not None and left <= 0
+
+
+def _sent_once(out: _Outgoing) -> bool:
+    """Whether the request's body streamed upstream and cannot be sent again."""
+    body = out.body
+    return isinstance(body, _Body) and body.started
 
 
 class Proxy:
@@ -455,13 +510,30 @@ class Proxy:
 
     async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
         """``out`` sent to ``pool`` under ``policy``: a :class:`_Live` answer, a failed
-        :class:`Answer` once retries gave up, or a resource fallback's value."""
+        :class:`Answer` once retries gave up, or a resource fallback's value.
+
+        A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
+        yet when the resource's retry refused it only because a retry "as long as the last try"
+        would not fit in the deadline (:func:`_try_elsewhere`): the next endpoint gets what is
+        left of the deadline, not a whole try's length."""
         call = Call(self.outbound, out.method, pool.name, policy, out.key)
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
         attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
-        return await call.run_async(attempt)
+        tries = 0
+        while True:
+            attempt.failed = None
+            try:
+                if not tries:
+                    return await call.run_async(attempt)
+                with retry_marker(tries + 1, f"gateway:{pool.name}"):
+                    return await call.run_async(attempt)
+            except Exception as error:
+                tries = _try_elsewhere(error, attempt, policy, tries, self.clock.monotonic())
+                if not tries:
+                    raise
+                pool.retries_elsewhere += 1
 
     # -- failures and fallbacks ------------------------------------------------------------------
 
@@ -647,6 +719,36 @@ class _Streaming(web.StreamResponse):
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def _try_elsewhere(
+    error: BaseException, attempt: _Attempt, policy: Any, tries: int, now: float
+) -> int:
+    """Tries made so far if ``error`` may be tried again on another endpoint, else 0.
+
+    It may when the last try failed at the gateway (a timeout, a connection refused or reset)
+    and may be sent again (idempotent, or nothing was sent); the resource has a retry whose
+    only objection was the deadline (on the first pass: its attempts, switch, level and
+    idempotency rules all agreed), attempts are left, an endpoint not tried yet is available,
+    at least :data:`MIN_TRY_TIME` of the request's deadline is left, and the retry budget
+    grants it."""
+    retry = getattr(policy, "retry", None)
+    if retry is None or not attempt.failed:
+        return 0
+    if not tries:
+        record = gave_up(error)
+        if record is None or record.cause != "deadline":
+            return 0
+        tries = record.attempts
+    left = remaining()
+    if tries >= retry.attempts or left is None or left < MIN_TRY_TIME:
+        return 0
+    if not attempt.pool.untried(attempt.tried):
+        return 0
+    budget = retry.budget
+    if budget is not None and not budget.try_withdraw(now):
+        return 0
+    return tries + 1
 
 
 def _upstream_headers(
