@@ -89,6 +89,8 @@ _IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 """What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
+UNRETRYABLE_LEAD: Final = 0.001
+"""Seconds before the resource's per-try timeout that a try which may not be repeated ends."""
 MIN_TRY_TIME: Final = 0.01
 """Seconds of the request's deadline a try on another endpoint needs at least."""
 _STATUS_OF: Final = {"upstream_5xx": 502}
@@ -269,8 +271,12 @@ class _Attempt:
         raise failure
 
     async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
-        """The answer's head, within ``read_timeout`` and the time this try has left (when
-        the resource's Timeout holds the try to less, its own timer ends it)."""
+        """The answer's head, within ``read_timeout`` and the time this try has left.
+
+        When the resource's Timeout holds the try to less, its timer ends the try, unless the
+        request may not be sent again: the Timeout's error is one its retry takes as transient
+        whatever the method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on this
+        attempt's own timer, with an error the retry leaves alone."""
         client = self.pool.client
         assert client is not None
         out = self.out
@@ -279,9 +285,12 @@ class _Attempt:
         limit = self.pool.config.read_timeout
         left = self.call.attempt_timeout()
         if left is not None and left <= limit:
-            if self.bounded:
+            if not self.bounded:
+                limit = left
+            elif self.call.retryable:
                 return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
-            limit = left
+            else:
+                limit = max(0.0, left - UNRETRYABLE_LEAD)
         async with asyncio.timeout(limit):
             return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
 
@@ -521,17 +530,17 @@ class Proxy:
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
         attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
-        tries = 0
+        made = 0  # tries made before this pass (0: the first, whose retry counts its own)
         while True:
             attempt.failed = None
             try:
-                if not tries:
+                if not made:
                     return await call.run_async(attempt)
-                with retry_marker(tries + 1, f"gateway:{pool.name}"):
+                with retry_marker(made + 1, f"gateway:{pool.name}"):
                     return await call.run_async(attempt)
             except Exception as error:
-                tries = _try_elsewhere(error, attempt, policy, tries, self.clock.monotonic())
-                if not tries:
+                made = _try_elsewhere(error, attempt, policy, made, self.clock.monotonic())
+                if not made:
                     raise
                 pool.retries_elsewhere += 1
 
@@ -722,9 +731,10 @@ class _Streaming(web.StreamResponse):
 
 
 def _try_elsewhere(
-    error: BaseException, attempt: _Attempt, policy: Any, tries: int, now: float
+    error: BaseException, attempt: _Attempt, policy: Any, made: int, now: float
 ) -> int:
-    """Tries made so far if ``error`` may be tried again on another endpoint, else 0.
+    """The tries made so far if ``error`` may be tried again on another endpoint, else 0
+    (``made``: the tries made before the pass that failed, 0 for the first pass).
 
     It may when the last try failed at the gateway (a timeout, a connection refused or reset)
     and may be sent again (idempotent, or nothing was sent); the resource has a retry whose
@@ -735,20 +745,22 @@ def _try_elsewhere(
     retry = getattr(policy, "retry", None)
     if retry is None or not attempt.failed:
         return 0
-    if not tries:
+    if made:
+        made += 1  # the pass that failed was one try (its retry saw the marker and stood back)
+    else:
         record = gave_up(error)
         if record is None or record.cause != "deadline":
             return 0
-        tries = record.attempts
+        made = record.attempts
     left = remaining()
-    if tries >= retry.attempts or left is None or left < MIN_TRY_TIME:
+    if made >= retry.attempts or left is None or left < MIN_TRY_TIME:
         return 0
     if not attempt.pool.untried(attempt.tried):
         return 0
     budget = retry.budget
     if budget is not None and not budget.try_withdraw(now):
         return 0
-    return tries + 1
+    return made
 
 
 def _upstream_headers(
