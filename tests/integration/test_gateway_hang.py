@@ -13,12 +13,14 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from conftest import GATEWAY_TOKEN, GatewayThread, Upstream
+from floodwall.gateway import load_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -26,6 +28,7 @@ Start = Callable[[dict[str, Any]], GatewayThread]
 AUTH = {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
 RATE = 100
 SECONDS = 10.0
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
 
 
 def _config(good: Upstream, hanging: Upstream) -> dict[str, Any]:
@@ -166,3 +169,32 @@ def test_a_hanging_endpoint_is_ejected_and_the_route_keeps_answering(
     endpoint = _endpoint(gw.admin("GET", "/status").json(), hanging.url)
     assert endpoint["state"] == "up" and not endpoint["ejected"]
     assert endpoint["consecutive_failures"] == 0
+
+
+def test_the_example_file_answers_from_the_other_endpoint_when_one_hangs(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    """``examples/gateway.yaml`` as shipped (2 s per try, 3 s per request) tries elsewhere."""
+    document, _ = load_gateway(EXAMPLE)
+    hanging, good = upstreams("hanging", "good")
+    hanging.state.delay = 5.0
+    raw = document.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    product = raw["upstreams"]["product"]
+    product["endpoints"] = [hanging.url, good.url]
+    product["balance"] = "round_robin"  # the first request's first try goes to `hanging`
+    route = next(r for r in raw["routes"] if r["upstream"] == "product")
+    config = {
+        "defaults": raw["defaults"],
+        "resources": {"product": raw["resources"]["product"]},
+        "upstreams": {"product": product},
+        "routes": [route],
+    }
+    gw = gateways(config)
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        started = time.monotonic()
+        answer = client.get("/api/product/42")
+        took = time.monotonic() - started
+    assert answer.status_code == 200 and answer.json()["upstream"] == "good"
+    assert 1.9 < took < 3.0  # the 2 s per-try timeout, then the other endpoint at once
+    assert hanging.state.count == 1
+    assert good.state.requests[0]["headers"]["X-Retry-Attempt"] == "2"
