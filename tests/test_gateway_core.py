@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import collections
 import random
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from multidict import CIMultiDict
 
-from floodwall import FakeClock
+from floodwall import FakeClock, Retry, RetryBudget, deadline
 from floodwall._core.window import latency_bin
+from floodwall.backoff import Fixed
 from floodwall.gateway._headers import (
     client_address,
     connection_tokens,
@@ -36,6 +39,7 @@ from floodwall.gateway.fallbacks import (
     cacheable_response,
     degraded_value,
 )
+from floodwall.gateway.proxy import _try_elsewhere
 from floodwall.gateway.routing import Matcher, Router, normalise_host, unsafe_path
 from floodwall.gateway.upstream import HealthTracker, OutlierDetector, UpstreamPool
 
@@ -219,6 +223,48 @@ def test_every_outcome_counts_against_the_endpoint_by_reason(clock: FakeClock) -
     shown = pool.snapshot()["endpoints"][1]
     assert shown["state"] == "up" and shown["consecutive_failures"] == 0
     assert shown["failures"] == 3 and shown["requests"] == 4
+
+
+def _refused_for_time(retry: Retry, clock: FakeClock) -> BaseException:
+    """The error of a try that hung 0.6 s, which ``retry`` refused to repeat within 1 s."""
+
+    def hangs() -> None:
+        clock.advance(0.6)
+        raise TimeoutError("no answer")
+
+    with pytest.raises(TimeoutError) as caught:
+        retry.call(hangs)
+    return caught.value
+
+
+def test_a_try_elsewhere_needs_the_deadline_to_be_the_retrys_only_objection(
+    clock: FakeClock,
+) -> None:
+    pool = _pool("round_robin", 3, clock)
+    budget = RetryBudget(ratio=0.0, min_per_second=0.2, window=10, clock=clock)  # 2 retries
+    retry = Retry(attempts=3, backoff=Fixed(0.05), budget=budget, clock=clock)
+    policy = SimpleNamespace(retry=retry)
+    attempt: Any = SimpleNamespace(failed=True, pool=pool, tried=[pool.endpoints[0]])
+    with deadline(1.0, clock=clock):
+        error = _refused_for_time(retry, clock)  # 0.4 s left: less than another 0.6 s try
+        now = clock.monotonic()
+        attempt.failed = False  # a POST that timed out: never sent again
+        assert _try_elsewhere(error, attempt, policy, 0, now) == 0
+        attempt.failed = True
+        assert _try_elsewhere(error, attempt, None, 0, now) == 0  # no retry: no retries
+        assert _try_elsewhere(error, attempt, policy, 0, now) == 1  # one try made so far
+        attempt.tried = list(pool.endpoints[:2])
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 2
+        attempt.tried = list(pool.endpoints)
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 0  # no endpoint left untried
+        attempt.tried = [pool.endpoints[0]]
+        assert _try_elsewhere(error, attempt, policy, 2, now) == 0  # attempts=3 all made
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 0  # the budget's 2 are spent
+        clock.advance(0.395)
+        fresh = Retry(attempts=3, backoff=Fixed(0.05), clock=clock)
+        assert _try_elsewhere(error, attempt, SimpleNamespace(retry=fresh), 1, now) == 0  # < 10 ms
+    other = TimeoutError("no record: the retry never objected to the time")
+    assert _try_elsewhere(other, attempt, SimpleNamespace(retry=fresh), 0, now) == 0
 
 
 def test_no_available_endpoint_is_none(clock: FakeClock) -> None:
