@@ -21,6 +21,12 @@ answering on its own when it refuses:
    Request bodies up to ``retry_body_limit`` are buffered (so a retry can resend them),
    larger ones stream through once; answers stream back, small ones in one write.
 
+Every try reports its outcome to the upstream pool (outlier detection, the endpoint's figures):
+its status, or the gateway failure that ended it (timeout, connect, reset, protocol), including
+a try the resource's Timeout cancelled. A retry goes to an endpoint the request has not tried
+while there is one, and a try that failed at the gateway goes on to such an endpoint with what
+is left of the deadline when the retry held back only for lack of time (:func:`_try_elsewhere`).
+
 Slow clients: a request head must arrive within ``limits.header_timeout`` (the server's
 protocol closes the connection otherwise), each chunk of a body within
 ``limits.body_timeout`` (408), and each chunk of the answer must be taken within

@@ -17,7 +17,8 @@ the active checks and not ejected by outlier detection) and reports how it went 
   that broke the protocol). Each endpoint keeps its counts by reason and its current run of
   failures, which ``/status``, the dashboard and the metrics show.
 * **Outlier detection** (:class:`OutlierDetector`, pure, Envoy's semantics): consecutive 5xx,
-  or consecutive gateway failures (connect errors, timeouts, 502/503/504), eject an endpoint
+  or consecutive gateway failures (timeouts, connect errors, resets, invalid answers,
+  502/503/504: Envoy's ``consecutive_gateway_failure``), eject an endpoint
   for ``base × n`` seconds, ``n`` the times it was ejected (capped; ``n`` decays by one per
   ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
   least one of two or more). It is the per-endpoint breaker: the route's own breaker sees the
