@@ -192,3 +192,30 @@ def test_a_refused_connection_is_tried_on_another_endpoint_for_any_method(
     assert [a.status_code for a in answers] == [200] * 4  # nothing reached `refused`
     dead, _ = _endpoints(gw, "pool")
     assert dead["failures_by_reason"]["connect"] >= 1
+
+
+def test_a_deadline_the_client_chose_does_not_count_against_the_endpoint(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    slow, good = upstreams("slow", "good")
+    slow.state.delay = 0.3  # healthy, only slower than these clients are willing to wait
+    outliers = {"consecutive_gateway_failures": 2, "base_ejection_time": "30s"}
+    config = {
+        "upstreams": {"pool": {"endpoints": [slow.url, good.url], "outlier_detection": outliers}},
+        "resources": {"pool": {"timeout": "1s", "retry": False}},
+        "routes": [
+            {"match": {"path_prefix": "/r"}, "upstream": "pool", "resource": "pool"},
+            {"match": {"path_prefix": "/n"}, "upstream": "pool", "timeout": "2s"},
+        ],
+    }
+    gw = gateways(config)
+    hurried = {"X-Request-Deadline": "100"}  # milliseconds
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        codes = [client.get(p, headers=hurried).status_code for p in ["/r", "/n"] * 4]
+        assert sorted(codes) == [200] * 4 + [504] * 4  # round robin: half reach `slow`
+        late, fine = _endpoints(gw, "pool")
+        assert late["failures"] == 0 and not late["ejected"] and late["state"] == "up"
+        patient = [client.get(p).status_code for p in ["/r", "/n"] * 2]
+    assert patient == [200] * 4
+    late, fine = _endpoints(gw, "pool")
+    assert late["failures"] == 0 and fine["failures"] == 0

@@ -48,7 +48,7 @@ from multidict import CIMultiDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
-from floodwall.context import remaining, retry_marker
+from floodwall.context import Deadline, remaining, retry_marker
 from floodwall.gateway._client import (
     UpstreamConnectError,
     UpstreamProtocolError,
@@ -97,6 +97,8 @@ _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
 UNRETRYABLE_LEAD: Final = 0.001
 """Seconds before the resource's per-try timeout that a try which may not be repeated ends."""
+CLIENT_DEADLINE_SLACK: Final = 0.001
+"""Seconds by which a client's deadline must undercut the route's to count as the client's."""
 MIN_TRY_TIME: Final = 0.01
 """Seconds of the request's deadline a try on another endpoint needs at least."""
 _STATUS_OF: Final = {"upstream_5xx": 502}
@@ -180,7 +182,7 @@ async def _read_body(request: web.BaseRequest, limit: int, idle: float) -> bytes
 class _Outgoing:
     """The request as it goes upstream (the same for every try and for a backup)."""
 
-    __slots__ = ("body", "headers", "key", "method", "path_qs")
+    __slots__ = ("body", "client_deadline", "headers", "key", "method", "path_qs")
 
     def __init__(
         self,
@@ -195,6 +197,10 @@ class _Outgoing:
         self.headers = headers
         self.body = body
         self.key = key
+        self.client_deadline: Deadline | None = None
+        """The request's deadline when the client chose it shorter than the route's own: a
+        try it ends is not held against the endpoint (else any client could eject endpoints
+        by sending tiny deadlines)."""
 
 
 class _Attempt:
@@ -250,7 +256,10 @@ class _Attempt:
             self.failed = True  # nothing reached the upstream: any request may go again
             raise self._gateway_failure(endpoint, "connect", call.connect_error(exc)) from None
         except TimeoutError as exc:
-            raise self._gateway_failure(endpoint, "timeout", call.timeout_error(exc)) from None
+            endpoint.in_flight -= 1
+            if not self._client_ended():
+                self._count(endpoint, "timeout")
+            raise call.timeout_error(exc) from None
         except _IO_ERRORS as exc:
             if isinstance(body, _Body) and body.error is not None:
                 endpoint.in_flight -= 1
@@ -259,7 +268,7 @@ class _Attempt:
             raise self._gateway_failure(endpoint, why, call.io_error(exc)) from None
         except asyncio.CancelledError:
             endpoint.in_flight -= 1
-            if _past_deadline():  # the resource's Timeout (or the deadline) ended this try
+            if _past_deadline() and not self._client_ended():  # the per-try or route timeout
                 self._count(endpoint, "timeout")
             raise  # else the client went away, or the gateway stops: not the endpoint's doing
         except BaseException:
@@ -307,6 +316,11 @@ class _Attempt:
         self._count(endpoint, reason)
         return error
 
+    def _client_ended(self) -> bool:
+        """Whether the deadline the client chose (shorter than the route's) ended the try."""
+        shortened = self.out.client_deadline
+        return shortened is not None and shortened.remaining() <= CLIENT_DEADLINE_SLACK
+
     def _count(self, endpoint: Endpoint, reason: str) -> None:
         self.pool.report(endpoint, None, reason)
         if self.failed is None:
@@ -318,6 +332,15 @@ def _past_deadline() -> bool:
     request's) has passed: a cancellation then is that timeout, not the client leaving."""
     left = remaining()
     return left is not None and left <= 0
+
+
+def _client_deadline(admitted: Admission, route_timeout: float | None) -> Deadline | None:
+    """The request's deadline if the client's ``X-Request-Deadline`` made it shorter than the
+    route's ``timeout`` (read as the request is admitted), else ``None``."""
+    shortened = admitted.deadline
+    if shortened is None or route_timeout is None:
+        return shortened
+    return shortened if shortened.remaining() < route_timeout - CLIENT_DEADLINE_SLACK else None
 
 
 def _sent_once(out: _Outgoing) -> bool:
@@ -418,6 +441,7 @@ class Proxy:
     ) -> web.StreamResponse:
         headers = request.headers
         rate_headers: list[tuple[str, str]] = []
+        shortened = _client_deadline(admitted, route.config.timeout)
         if route.limiter is not None:
             refused = await self._rate_limit(route, client, headers, params, rate_headers)
             if refused is not None:
@@ -431,7 +455,9 @@ class Proxy:
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             with admitted:
-                response = await self._exchange(request, table, route, rid, client)
+                response = await self._exchange(
+                    request, table, route, rid, client, shortened=shortened
+                )
         except _BodyError as error:
             return _problem(error.status, "request_body", str(error), close=True)
         for name, value in (*rate_headers, *admitted.response_headers(response.status)):
@@ -495,9 +521,17 @@ class Proxy:
         return _Outgoing(request.method, path_qs, headers, body, key)
 
     async def _exchange(
-        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+        self,
+        request: web.BaseRequest,
+        table: Table,
+        route: Route,
+        rid: str,
+        client: str | None,
+        *,
+        shortened: Deadline | None = None,
     ) -> web.StreamResponse:
         out = await self._outgoing(request, table, route, rid, client)
+        out.client_deadline = shortened
         try:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
