@@ -305,7 +305,7 @@ class UpstreamPool:
             return None
         if count == 1:
             return candidates[0]
-        if avoid is not None:
+        if avoid:  # (a first try's empty list costs nothing)
             tried = (avoid,) if isinstance(avoid, Endpoint) else avoid
             fresh = tuple(e for e in candidates if e not in tried)
             if fresh:
