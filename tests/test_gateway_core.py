@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import collections
 import random
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from multidict import CIMultiDict
 
-from floodwall import FakeClock
+from floodwall import FakeClock, Retry, RetryBudget, deadline
 from floodwall._core.window import latency_bin
+from floodwall.backoff import Fixed
 from floodwall.gateway._headers import (
     client_address,
     connection_tokens,
@@ -36,6 +39,7 @@ from floodwall.gateway.fallbacks import (
     cacheable_response,
     degraded_value,
 )
+from floodwall.gateway.proxy import _try_elsewhere
 from floodwall.gateway.routing import Matcher, Router, normalise_host, unsafe_path
 from floodwall.gateway.upstream import HealthTracker, OutlierDetector, UpstreamPool
 
@@ -180,6 +184,87 @@ def test_ejected_endpoints_leave_and_return(clock: FakeClock) -> None:
     assert {pool.pick() for _ in range(4)} == set(pool.endpoints)
     snapshot = pool.snapshot()
     assert snapshot["ejections"] == 1 and snapshot["available"] == 2
+
+
+def test_a_retry_avoids_every_endpoint_it_tried(clock: FakeClock) -> None:
+    pool = _pool("least_request", 3, clock)
+    first, second, third = pool.endpoints
+    assert all(pool.pick([first, second]) is third for _ in range(20))
+    assert pool.untried([first, second]) and not pool.untried(pool.endpoints)
+    # All tried: any available endpoint again rather than none.
+    assert pool.pick(pool.endpoints) in pool.endpoints
+
+
+def test_every_outcome_counts_against_the_endpoint_by_reason(clock: FakeClock) -> None:
+    pool = _pool(
+        "round_robin",
+        2,
+        clock,
+        outlier_detection={"consecutive_gateway_failures": 3, "base_ejection_time": 5},
+    )
+    bad = pool.endpoints[1]
+    pool.report(bad, None, "timeout")
+    pool.report(bad, 503)
+    assert pool.snapshot()["endpoints"][1]["state"] == "failing"
+    pool.report(bad, None, "reset")  # third gateway failure in a row: ejected
+    shown = pool.snapshot()["endpoints"][1]
+    assert shown["state"] == "ejected" and shown["ejected_for"] == 5.0
+    assert shown["failures_by_reason"] == {
+        "timeout": 1,
+        "connect": 0,
+        "reset": 1,
+        "protocol": 0,
+        "5xx": 1,
+    }
+    assert shown["failures"] == 3 and shown["consecutive_failures"] == 3
+    assert shown["last_failure"] == "reset"
+    clock.advance(5.01)
+    pool.report(bad, 200)  # back, and answering: its run of failures ends
+    shown = pool.snapshot()["endpoints"][1]
+    assert shown["state"] == "up" and shown["consecutive_failures"] == 0
+    assert shown["failures"] == 3 and shown["requests"] == 4
+
+
+def _refused_for_time(retry: Retry, clock: FakeClock) -> BaseException:
+    """The error of a try that hung 0.6 s, which ``retry`` refused to repeat within 1 s."""
+
+    def hangs() -> None:
+        clock.advance(0.6)
+        raise TimeoutError("no answer")
+
+    with pytest.raises(TimeoutError) as caught:
+        retry.call(hangs)
+    return caught.value
+
+
+def test_a_try_elsewhere_needs_the_deadline_to_be_the_retrys_only_objection(
+    clock: FakeClock,
+) -> None:
+    pool = _pool("round_robin", 3, clock)
+    budget = RetryBudget(ratio=0.0, min_per_second=0.2, window=10, clock=clock)  # 2 retries
+    retry = Retry(attempts=3, backoff=Fixed(0.05), budget=budget, clock=clock)
+    policy = SimpleNamespace(retry=retry)
+    attempt: Any = SimpleNamespace(failed=True, pool=pool, tried=[pool.endpoints[0]])
+    with deadline(1.0, clock=clock):
+        error = _refused_for_time(retry, clock)  # 0.4 s left: less than another 0.6 s try
+        now = clock.monotonic()
+        attempt.failed = False  # a POST that timed out: never sent again
+        assert _try_elsewhere(error, attempt, policy, 0, now) == 0
+        attempt.failed = True
+        assert _try_elsewhere(error, attempt, None, 0, now) == 0  # no retry: no retries
+        assert _try_elsewhere(error, attempt, policy, 0, now) == 1  # one try made so far
+        attempt.tried = list(pool.endpoints[:2])
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 2
+        attempt.tried = list(pool.endpoints)
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 0  # no endpoint left untried
+        attempt.tried = [pool.endpoints[0]]
+        assert _try_elsewhere(error, attempt, policy, 2, now) == 0  # attempts=3 all made
+        assert _try_elsewhere(error, attempt, policy, 1, now) == 0  # the budget's 2 are spent
+        clock.advance(0.395)
+        fresh = Retry(attempts=3, backoff=Fixed(0.05), clock=clock)
+        assert _try_elsewhere(error, attempt, SimpleNamespace(retry=fresh), 1, now) == 0  # < 10 ms
+    other = TimeoutError("no record: the retry never objected to the time")
+    assert _try_elsewhere(other, attempt, SimpleNamespace(retry=fresh), 0, now) == 0
 
 
 def test_no_available_endpoint_is_none(clock: FakeClock) -> None:
@@ -330,6 +415,47 @@ def test_merging_workers() -> None:
     assert stats["requests"] == 15 and stats["bins"] == {"5": 15}
     assert merged["routes"]["r"]["breaker"]["state"] == "OPEN"
     assert merged["routes"]["r"]["level"] == 2
+
+
+def _upstream(failures: int, state: str, timeouts: int) -> dict[str, object]:
+    endpoint = {
+        "url": "http://10.0.0.2:80",
+        "state": state,
+        "healthy": True,
+        "ejected": state == "ejected",
+        "in_flight": 1,
+        "requests": failures + 10,
+        "failures": failures,
+        "failures_by_reason": {"timeout": timeouts, "5xx": failures - timeouts},
+        "consecutive_failures": 2 if state != "up" else 0,
+        "last_failure": "timeout" if timeouts else None,
+    }
+    return {"balance": "round_robin", "endpoints": [endpoint], "retries_elsewhere": failures}
+
+
+def test_frames_show_failing_and_ejected_endpoints() -> None:
+    before = {"routes": {}, "upstreams": {"u": _upstream(0, "up", 0)}}
+    now = {"routes": {}, "upstreams": {"u": _upstream(6, "failing", 4)}}
+    (upstream,) = frame(now, before, 2.0, 0.0)["upstreams"]
+    (endpoint,) = upstream["endpoints"]
+    assert endpoint["state"] == "failing" and endpoint["up"]
+    assert endpoint["failures_per_s"] == 3.0
+    assert endpoint["failures_by_reason"] == {"timeout": 4, "5xx": 2}
+    assert upstream["retries_elsewhere"] == 6
+    ejected = {"routes": {}, "upstreams": {"u": _upstream(6, "ejected", 4)}}
+    (endpoint,) = frame(ejected, now, 1.0, 0.0)["upstreams"][0]["endpoints"]
+    assert endpoint["state"] == "ejected" and not endpoint["up"]
+    assert endpoint["failures_per_s"] == 0.0
+
+
+def test_merging_workers_keeps_the_worst_endpoint_state() -> None:
+    one = {"routes": {}, "upstreams": {"u": _upstream(1, "up", 0)}}
+    two = {"routes": {}, "upstreams": {"u": _upstream(5, "ejected", 3)}}
+    (endpoint,) = merge_status([one, two])["upstreams"]["u"]["endpoints"]
+    assert endpoint["state"] == "ejected" and endpoint["ejected"]
+    assert endpoint["failures"] == 6
+    assert endpoint["failures_by_reason"] == {"timeout": 3, "5xx": 3}
+    assert endpoint["consecutive_failures"] == 2 and endpoint["last_failure"] == "timeout"
 
 
 def test_admin_token_must_be_set_and_long() -> None:

@@ -137,10 +137,12 @@ class HealthCheckConfig(_Model):
 
 
 class OutlierConfig(_Model):
-    """Passive outlier detection (Envoy's): an endpoint answering ``consecutive_5xx`` 5xx in a
-    row, or ``consecutive_gateway_failures`` connect errors, timeouts or 502/503/504 in a row, is
-    ejected for ``base_ejection_time × times ejected`` (capped at ``max_ejection_time``); never
-    more than ``max_ejection_share`` of a pool at once (at least one endpoint of two or more)."""
+    """Passive outlier detection (Envoy's): an endpoint failing ``consecutive_5xx`` tries in a
+    row (5xx answers and gateway failures), or ``consecutive_gateway_failures`` in a row (Envoy's
+    ``consecutive_gateway_failure``: timeouts, connect errors, resets, invalid answers and
+    502/503/504), is ejected for ``base_ejection_time × times ejected`` (capped at
+    ``max_ejection_time``); never more than ``max_ejection_share`` of a pool at once (at least
+    one endpoint of two or more)."""
 
     consecutive_5xx: int = Field(5, ge=1)
     consecutive_gateway_failures: int = Field(5, ge=1)
@@ -207,7 +209,8 @@ class UpstreamConfig(_Model):
     connect_timeout: Duration = Field(1.0, gt=0)
     """Seconds to get a connection (from the pool, or a new TCP connect)."""
     read_timeout: Duration = Field(30.0, gt=0)
-    """Seconds without a byte from the upstream while streaming its answer."""
+    """Seconds a try may wait for the answer's head (from its start, getting a connection
+    included), then without a byte from the upstream while its answer streams."""
     keepalive: Duration = Field(30.0, gt=0)
     """Seconds an idle pooled connection is kept."""
     host_header: Literal["upstream", "client"] = "upstream"

@@ -11,8 +11,13 @@ state, retries, bulkheads, …; see :mod:`floodwall.observe.prometheus`)::
     floodwall_gateway_in_flight{route}                     gauge
     floodwall_gateway_endpoint_requests_total{upstream, endpoint}  counter
     floodwall_gateway_endpoint_failures_total{upstream, endpoint}  counter (5xx, gateway errors)
+    floodwall_gateway_endpoint_failure_reasons_total{upstream, endpoint, reason}  counter
+                                                           (timeout, connect, reset, protocol, 5xx)
+    floodwall_gateway_endpoint_consecutive_failures{upstream, endpoint}  gauge: the current run
     floodwall_gateway_endpoint_up{upstream, endpoint}      gauge: healthy and not ejected
     floodwall_gateway_endpoint_ejections_total{upstream}   counter
+    floodwall_gateway_retries_elsewhere_total{upstream}    counter: tries sent to an untried
+                                                           endpoint past the retry's time rule
     floodwall_gateway_config_reloads_total{result}         counter (applied, rejected)
 
 With several worker processes the admin listener merges theirs, adding a ``worker`` label
@@ -120,6 +125,16 @@ class GatewayCollector(Collector):
             "5xx answers and gateway failures of an endpoint.",
             labels=labels,
         )
+        reasons = CounterMetricFamily(
+            "floodwall_gateway_endpoint_failure_reasons",
+            "Failures of an endpoint by reason (timeout, connect, reset, protocol, 5xx).",
+            labels=[*labels, "reason"],
+        )
+        streak = GaugeMetricFamily(
+            "floodwall_gateway_endpoint_consecutive_failures",
+            "Failures of an endpoint in a row since its last answer below 500.",
+            labels=labels,
+        )
         up = GaugeMetricFamily(
             "floodwall_gateway_endpoint_up",
             "1 when the endpoint is healthy and not ejected.",
@@ -130,6 +145,11 @@ class GatewayCollector(Collector):
             "Outlier ejections in an upstream.",
             labels=["upstream"],
         )
+        elsewhere = CounterMetricFamily(
+            "floodwall_gateway_retries_elsewhere",
+            "Tries sent to an endpoint not tried yet after a gateway failure, with the time left.",
+            labels=["upstream"],
+        )
         for name, pool in self.gateway.pools().items():
             now = pool.clock.monotonic()
             available = set(pool.available(now))
@@ -137,9 +157,13 @@ class GatewayCollector(Collector):
                 key = [name, endpoint.url]
                 requests.add_metric(key, endpoint.requests)
                 failures.add_metric(key, endpoint.failures)
+                for reason, count in endpoint.reasons.items():
+                    reasons.add_metric([*key, reason], count)
+                streak.add_metric(key, endpoint.streak)
                 up.add_metric(key, 1.0 if endpoint in available else 0.0)
             ejections.add_metric([name], pool.outliers.ejections if pool.outliers else 0)
-        yield from (requests, failures, up, ejections)
+            elsewhere.add_metric([name], pool.retries_elsewhere)
+        yield from (requests, failures, reasons, streak, up, ejections, elsewhere)
 
 
 def render(gateway: Gateway) -> str:

@@ -21,6 +21,12 @@ answering on its own when it refuses:
    Request bodies up to ``retry_body_limit`` are buffered (so a retry can resend them),
    larger ones stream through once; answers stream back, small ones in one write.
 
+Every try reports its outcome to the upstream pool (outlier detection, the endpoint's figures):
+its status, or the gateway failure that ended it (timeout, connect, reset, protocol), including
+a try the resource's Timeout cancelled. A retry goes to an endpoint the request has not tried
+while there is one, and a try that failed at the gateway goes on to such an endpoint with what
+is left of the deadline when the retry held back only for lack of time (:func:`_try_elsewhere`).
+
 Slow clients: a request head must arrive within ``limits.header_timeout`` (the server's
 protocol closes the connection otherwise), each chunk of a body within
 ``limits.body_timeout`` (408), and each chunk of the answer must be taken within
@@ -42,7 +48,12 @@ from multidict import CIMultiDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
-from floodwall.gateway._client import UpstreamConnectError, UpstreamResponse
+from floodwall.context import Deadline, remaining, retry_marker
+from floodwall.gateway._client import (
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
 from floodwall.gateway._headers import (
     REQUEST_DROPPED,
     RESPONSE_DROPPED,
@@ -69,6 +80,7 @@ from floodwall.integrations._outbound import Call, Outbound
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 from floodwall.ratelimit._base import INF, Decision
 from floodwall.ratelimit.headers import rate_limit_headers
+from floodwall.retry import gave_up
 
 __all__ = ["Proxy", "Table", "UpstreamUnavailableError"]
 
@@ -83,6 +95,12 @@ _IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 """What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
+UNRETRYABLE_LEAD: Final = 0.001
+"""Seconds before the resource's per-try timeout that a try which may not be repeated ends."""
+CLIENT_DEADLINE_SLACK: Final = 0.001
+"""Seconds by which a client's deadline must undercut the route's to count as the client's."""
+MIN_TRY_TIME: Final = 0.01
+"""Seconds of the request's deadline a try on another endpoint needs at least."""
 _STATUS_OF: Final = {"upstream_5xx": 502}
 """Statuses of gateway rejections the integrations' table does not know (a missing endpoint
 is a 503 like any rejection; an unreachable one, not a rejection, is a 502)."""
@@ -164,7 +182,7 @@ async def _read_body(request: web.BaseRequest, limit: int, idle: float) -> bytes
 class _Outgoing:
     """The request as it goes upstream (the same for every try and for a backup)."""
 
-    __slots__ = ("body", "headers", "key", "method", "path_qs")
+    __slots__ = ("body", "client_deadline", "headers", "key", "method", "path_qs")
 
     def __init__(
         self,
@@ -179,14 +197,28 @@ class _Outgoing:
         self.headers = headers
         self.body = body
         self.key = key
+        self.client_deadline: Deadline | None = None
+        """The request's deadline when the client chose it shorter than the route's own: a
+        try it ends is not held against the endpoint (else any client could eject endpoints
+        by sending tiny deadlines)."""
 
 
 class _Attempt:
     """One try of an :class:`_Outgoing` on a pool: the function the pipeline calls (and
-    retries). Picks an endpoint (another one than the last try's), reports the outcome to
-    outlier detection, and raises the failures the pipeline must see."""
+    retries). Picks an endpoint the request has not tried yet (while there is one), bounds the
+    wait for the answer's head, reports every outcome to the pool (outlier detection and the
+    endpoint's figures), and raises the failures the pipeline must see."""
 
-    __slots__ = ("bounded", "call", "client_host", "error_limit", "out", "pool", "tried")
+    __slots__ = (
+        "bounded",
+        "call",
+        "client_host",
+        "error_limit",
+        "failed",
+        "out",
+        "pool",
+        "tried",
+    )
 
     def __init__(
         self, pool: UpstreamPool, call: Call, out: _Outgoing, bounded: bool, error_limit: int
@@ -197,12 +229,16 @@ class _Attempt:
         self.bounded = bounded
         """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
         self.error_limit = error_limit
-        self.tried: Endpoint | None = None
+        self.tried: list[Endpoint] = []
+        self.failed: bool | None = None
+        """After a try that ended in a gateway failure (timeout, connect, reset): whether it
+        may be sent again (``None``: the last try did not fail that way)."""
         client = pool.config.host_header == "client"
         self.client_host = client_host_of(out.headers) if client else None
 
     async def __call__(self) -> _Live:
         pool, call, out = self.pool, self.call, self.out
+        self.failed = None
         endpoint = pool.pick(self.tried)
         if endpoint is None:
             raise UpstreamUnavailableError(
@@ -211,20 +247,30 @@ class _Attempt:
         body = out.body
         if isinstance(body, _Body) and body.started:
             raise call.io_error(ConnectionError("the streamed request body was already sent"))
-        self.tried = endpoint
+        self.tried.append(endpoint)
         host = self.client_host if self.client_host is not None else endpoint.authority
         endpoint.in_flight += 1
         try:
             answer = await self._send(endpoint, [*out.headers, ("Host", host), *call.headers()])
         except _CONNECT_ERRORS as exc:
-            raise self._gateway_failure(endpoint, call.connect_error(exc)) from None
+            self.failed = True  # nothing reached the upstream: any request may go again
+            raise self._gateway_failure(endpoint, "connect", call.connect_error(exc)) from None
         except TimeoutError as exc:
-            raise self._gateway_failure(endpoint, call.timeout_error(exc)) from None
+            endpoint.in_flight -= 1
+            if not self._client_ended():
+                self._count(endpoint, "timeout")
+            raise call.timeout_error(exc) from None
         except _IO_ERRORS as exc:
             if isinstance(body, _Body) and body.error is not None:
                 endpoint.in_flight -= 1
                 raise body.error from None  # the client's body broke a limit, not the upstream
-            raise self._gateway_failure(endpoint, call.io_error(exc)) from None
+            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
+            raise self._gateway_failure(endpoint, why, call.io_error(exc)) from None
+        except asyncio.CancelledError:
+            endpoint.in_flight -= 1
+            if _past_deadline() and not self._client_ended():  # the per-try or route timeout
+                self._count(endpoint, "timeout")
+            raise  # else the client went away, or the gateway stops: not the endpoint's doing
         except BaseException:
             endpoint.in_flight -= 1
             raise
@@ -240,20 +286,67 @@ class _Attempt:
         raise failure
 
     async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
+        """The answer's head, within ``read_timeout`` and the time this try has left.
+
+        When the resource's Timeout holds the try to less, its timer ends the try, unless the
+        request may not be sent again: the Timeout's error is one its retry takes as transient
+        whatever the method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on this
+        attempt's own timer, with an error the retry leaves alone."""
         client = self.pool.client
         assert client is not None
         out = self.out
         body = out.body
         data = body.chunks() if isinstance(body, _Body) else body
-        if self.bounded:
-            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
-        async with asyncio.timeout(self.call.attempt_timeout()):
+        limit = self.pool.config.read_timeout
+        left = self.call.attempt_timeout()
+        if left is not None and left <= limit:
+            if not self.bounded:
+                limit = left
+            elif self.call.retryable:
+                return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
+            else:
+                limit = max(0.0, left - UNRETRYABLE_LEAD)
+        async with asyncio.timeout(limit):
             return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
 
-    def _gateway_failure(self, endpoint: Endpoint, error: BaseException) -> BaseException:
+    def _gateway_failure(
+        self, endpoint: Endpoint, reason: str, error: BaseException
+    ) -> BaseException:
         endpoint.in_flight -= 1
-        self.pool.report(endpoint, None)
+        self._count(endpoint, reason)
         return error
+
+    def _client_ended(self) -> bool:
+        """Whether the deadline the client chose (shorter than the route's) ended the try."""
+        shortened = self.out.client_deadline
+        return shortened is not None and shortened.remaining() <= CLIENT_DEADLINE_SLACK
+
+    def _count(self, endpoint: Endpoint, reason: str) -> None:
+        self.pool.report(endpoint, None, reason)
+        if self.failed is None:
+            self.failed = self.call.retryable and not _sent_once(self.out)
+
+
+def _past_deadline() -> bool:
+    """Whether the deadline the running try was given (the resource's Timeout, inside the
+    request's) has passed: a cancellation then is that timeout, not the client leaving."""
+    left = remaining()
+    return left is not None and left <= 0
+
+
+def _client_deadline(admitted: Admission, route_timeout: float | None) -> Deadline | None:
+    """The request's deadline if the client's ``X-Request-Deadline`` made it shorter than the
+    route's ``timeout`` (read as the request is admitted), else ``None``."""
+    shortened = admitted.deadline
+    if shortened is None or route_timeout is None:
+        return shortened
+    return shortened if shortened.remaining() < route_timeout - CLIENT_DEADLINE_SLACK else None
+
+
+def _sent_once(out: _Outgoing) -> bool:
+    """Whether the request's body streamed upstream and cannot be sent again."""
+    body = out.body
+    return isinstance(body, _Body) and body.started
 
 
 class Proxy:
@@ -348,6 +441,7 @@ class Proxy:
     ) -> web.StreamResponse:
         headers = request.headers
         rate_headers: list[tuple[str, str]] = []
+        shortened = _client_deadline(admitted, route.config.timeout)
         if route.limiter is not None:
             refused = await self._rate_limit(route, client, headers, params, rate_headers)
             if refused is not None:
@@ -361,7 +455,9 @@ class Proxy:
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             with admitted:
-                response = await self._exchange(request, table, route, rid, client)
+                response = await self._exchange(
+                    request, table, route, rid, client, shortened=shortened
+                )
         except _BodyError as error:
             return _problem(error.status, "request_body", str(error), close=True)
         for name, value in (*rate_headers, *admitted.response_headers(response.status)):
@@ -425,9 +521,17 @@ class Proxy:
         return _Outgoing(request.method, path_qs, headers, body, key)
 
     async def _exchange(
-        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+        self,
+        request: web.BaseRequest,
+        table: Table,
+        route: Route,
+        rid: str,
+        client: str | None,
+        *,
+        shortened: Deadline | None = None,
     ) -> web.StreamResponse:
         out = await self._outgoing(request, table, route, rid, client)
+        out.client_deadline = shortened
         try:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
@@ -455,13 +559,30 @@ class Proxy:
 
     async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
         """``out`` sent to ``pool`` under ``policy``: a :class:`_Live` answer, a failed
-        :class:`Answer` once retries gave up, or a resource fallback's value."""
+        :class:`Answer` once retries gave up, or a resource fallback's value.
+
+        A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
+        yet when the resource's retry refused it only because a retry "as long as the last try"
+        would not fit in the deadline (:func:`_try_elsewhere`): the next endpoint gets what is
+        left of the deadline, not a whole try's length."""
         call = Call(self.outbound, out.method, pool.name, policy, out.key)
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
         attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
-        return await call.run_async(attempt)
+        made = 0  # tries made before this pass (0: the first, whose retry counts its own)
+        while True:
+            attempt.failed = None
+            try:
+                if not made:
+                    return await call.run_async(attempt)
+                with retry_marker(made + 1, f"gateway:{pool.name}"):
+                    return await call.run_async(attempt)
+            except Exception as error:
+                made = _try_elsewhere(error, attempt, policy, made, self.clock.monotonic())
+                if not made:
+                    raise
+                pool.retries_elsewhere += 1
 
     # -- failures and fallbacks ------------------------------------------------------------------
 
@@ -647,6 +768,39 @@ class _Streaming(web.StreamResponse):
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def _try_elsewhere(
+    error: BaseException, attempt: _Attempt, policy: Any, made: int, now: float
+) -> int:
+    """The tries made so far if ``error`` may be tried again on another endpoint, else 0
+    (``made``: the tries made before the pass that failed, 0 for the first pass).
+
+    It may when the last try failed at the gateway (a timeout, a connection refused or reset)
+    and may be sent again (idempotent, or nothing was sent); the resource has a retry whose
+    only objection was the deadline (on the first pass: its attempts, switch, level and
+    idempotency rules all agreed), attempts are left, an endpoint not tried yet is available,
+    at least :data:`MIN_TRY_TIME` of the request's deadline is left, and the retry budget
+    grants it."""
+    retry = getattr(policy, "retry", None)
+    if retry is None or not attempt.failed:
+        return 0
+    if made:
+        made += 1  # the pass that failed was one try (its retry saw the marker and stood back)
+    else:
+        record = gave_up(error)
+        if record is None or record.cause != "deadline":
+            return 0
+        made = record.attempts
+    left = remaining()
+    if made >= retry.attempts or left is None or left < MIN_TRY_TIME:
+        return 0
+    if not attempt.pool.untried(attempt.tried):
+        return 0
+    budget = retry.budget
+    if budget is not None and not budget.try_withdraw(now):
+        return 0
+    return made
 
 
 def _upstream_headers(

@@ -9,9 +9,16 @@ the active checks and not ejected by outlier detection) and reports how it went 
 * **Balancing**: ``round_robin``, or ``least_request``: the power of two choices (Mitzenmacher
   2001; Envoy's default): two distinct endpoints drawn at random, the one with fewer requests
   in flight wins. It needs no global scan and avoids the herd that "always the least loaded"
-  causes when many balancers share stale figures. A retry avoids the endpoint that just failed.
+  causes when many balancers share stale figures. A retry avoids every endpoint the request
+  already tried while another one is available (Envoy's ``previous_hosts`` predicate).
+* **Every outcome counts** (:meth:`UpstreamPool.report`): an answer by its status, and each
+  gateway failure by its reason (:data:`FAILURE_REASONS`: a try that ran out of time, a
+  connection refused or not opened, a connection reset after the request went out, an answer
+  that broke the protocol). Each endpoint keeps its counts by reason and its current run of
+  failures, which ``/status``, the dashboard and the metrics show.
 * **Outlier detection** (:class:`OutlierDetector`, pure, Envoy's semantics): consecutive 5xx,
-  or consecutive gateway failures (connect errors, timeouts, 502/503/504), eject an endpoint
+  or consecutive gateway failures (timeouts, connect errors, resets, invalid answers,
+  502/503/504: Envoy's ``consecutive_gateway_failure``), eject an endpoint
   for ``base × n`` seconds, ``n`` the times it was ejected (capped; ``n`` decays by one per
   ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
   least one of two or more). It is the per-endpoint breaker: the route's own breaker sees the
@@ -32,7 +39,7 @@ import contextlib
 import itertools
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +52,24 @@ from floodwall.gateway._client import ConnectionPool, Origin, UpstreamResponse
 from floodwall.gateway.config import HealthCheckConfig, OutlierConfig, UpstreamConfig
 
 __all__ = [
+    "FAILURE_REASONS",
     "GATEWAY_FAILURE_STATUSES",
     "Endpoint",
     "HealthTracker",
     "OutlierDetector",
     "UpstreamPool",
+    "endpoint_state",
 ]
 
 GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})
 """Upstream answers that count as gateway failures (with connect errors and timeouts)."""
+
+FAILURE_REASONS = ("timeout", "connect", "reset", "protocol", "5xx")
+"""Why a try failed, as each endpoint counts it: ``timeout`` (no answer head within the try's
+time: the per-try timeout, ``read_timeout`` or the request's deadline), ``connect`` (no
+connection: refused, unreachable, TLS, ``connect_timeout``), ``reset`` (the connection broke
+after the request went out), ``protocol`` (an answer that is not valid HTTP/1.1) and ``5xx``
+(an answer with a 5xx status). All but ``5xx`` are gateway failures; so are 502, 503 and 504."""
 
 _INF = math.inf
 
@@ -69,9 +85,12 @@ class Endpoint:
         "host",
         "in_flight",
         "index",
+        "last_failure",
         "origin",
         "port",
+        "reasons",
         "requests",
+        "streak",
         "url",
     )
 
@@ -87,6 +106,11 @@ class Endpoint:
         self.in_flight = 0
         self.requests = 0
         self.failures = 0
+        self.reasons = dict.fromkeys(FAILURE_REASONS, 0)
+        """Failures by reason (:data:`FAILURE_REASONS`)."""
+        self.streak = 0
+        """Failures in a row since its last answer below 500."""
+        self.last_failure: str | None = None
         self.healthy = True
 
     def __repr__(self) -> str:
@@ -246,6 +270,9 @@ class UpstreamPool:
         self._recheck_at = _INF
         self.client: ConnectionPool | None = None
         self._probes: asyncio.Task[None] | None = None
+        self.retries_elsewhere = 0
+        """Tries the proxy sent to another endpoint after a gateway failure, past the retry
+        policy's own time rule (see :mod:`floodwall.gateway.proxy`)."""
 
     # -- choosing ------------------------------------------------------------------------------
 
@@ -269,31 +296,45 @@ class UpstreamPool:
                 if endpoint not in before:
                     self._emit("returned", endpoint, "back in the pool", now)
 
-    def pick(self, avoid: Endpoint | None = None) -> Endpoint | None:
-        """An endpoint for the next request (not ``avoid`` if another is available)."""
+    def pick(self, avoid: Endpoint | Collection[Endpoint] | None = None) -> Endpoint | None:
+        """An endpoint for the next request: not one of ``avoid`` (the endpoints a request
+        already tried) while another one is available."""
         candidates = self.available(self.clock.monotonic())
         count = len(candidates)
         if count == 0:
             return None
         if count == 1:
             return candidates[0]
-        if avoid is not None and avoid in candidates:
-            candidates = tuple(e for e in candidates if e is not avoid)
-            count -= 1
-            if count == 1:
-                return candidates[0]
+        if avoid:  # (a first try's empty list costs nothing)
+            tried = (avoid,) if isinstance(avoid, Endpoint) else avoid
+            fresh = tuple(e for e in candidates if e not in tried)
+            if fresh:
+                candidates, count = fresh, len(fresh)
+                if count == 1:
+                    return candidates[0]
         if not self.least_request:
             return candidates[next(self._rr) % count]
         first, second = self.rng.sample(candidates, 2)
         return second if second.in_flight < first.in_flight else first
 
+    def untried(self, tried: Collection[Endpoint]) -> bool:
+        """Whether an available endpoint is not in ``tried``."""
+        return any(e not in tried for e in self.available(self.clock.monotonic()))
+
     # -- outcomes ------------------------------------------------------------------------------
 
-    def report(self, endpoint: Endpoint, status: int | None) -> None:
-        """How a request to ``endpoint`` went: its status, or ``None`` for a gateway failure."""
+    def report(self, endpoint: Endpoint, status: int | None, reason: str = "connect") -> None:
+        """How a try on ``endpoint`` went: its answer's ``status``, or ``None`` for a gateway
+        failure with its ``reason`` (one of :data:`FAILURE_REASONS`)."""
         endpoint.requests += 1
         if status is None or status >= 500:
+            kind = "5xx" if status is not None else reason
             endpoint.failures += 1
+            endpoint.reasons[kind] += 1
+            endpoint.streak += 1
+            endpoint.last_failure = kind
+        else:
+            endpoint.streak = 0
         outliers = self.outliers
         if outliers is None:
             return
@@ -395,12 +436,16 @@ class UpstreamPool:
             endpoints.append(
                 {
                     "url": e.url,
+                    "state": endpoint_state(e.healthy, ejected, e.streak),
                     "healthy": e.healthy,
                     "ejected": ejected,
                     "ejected_for": round(until - now, 3) if ejected else 0.0,
                     "in_flight": e.in_flight,
                     "requests": e.requests,
                     "failures": e.failures,
+                    "failures_by_reason": dict(e.reasons),
+                    "consecutive_failures": e.streak,
+                    "last_failure": e.last_failure,
                 }
             )
         return {
@@ -408,4 +453,15 @@ class UpstreamPool:
             "endpoints": endpoints,
             "available": len(self.available(now)),
             "ejections": outliers.ejections if outliers is not None else 0,
+            "retries_elsewhere": self.retries_elsewhere,
         }
+
+
+def endpoint_state(healthy: bool, ejected: bool, streak: int) -> str:
+    """One word for an endpoint: ``ejected`` (by outlier detection), ``unhealthy`` (by the
+    active checks), ``failing`` (its last try failed, not ejected yet) or ``up``."""
+    if ejected:
+        return "ejected"
+    if not healthy:
+        return "unhealthy"
+    return "failing" if streak else "up"

@@ -3,7 +3,9 @@
 The page (``index.html``, ``app.js``, ``style.css`` beside this module) opens an
 ``EventSource`` on ``/dashboard/events``; each event is one :func:`frame`: per route the
 request rate, error rate, latency p50/p99 over the last interval, breaker state, limiter
-rejections, bulkhead use and shedding, and per upstream its endpoints' health, all computed
+rejections, bulkhead use and shedding, and per upstream its endpoints' state (``up``,
+``failing``: a failure since the last frame or in its latest run, ``unhealthy``, ``ejected``)
+with the failures per second and by reason, all computed
 here from two successive cumulative snapshots (so every worker's counters simply add up).
 It is the Hystrix/Sentinel dashboard, for this gateway.
 """
@@ -99,13 +101,59 @@ def merge_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
                 if index >= len(into["endpoints"]):
                     into["endpoints"].append(dict(endpoint))
                     continue
-                mine = into["endpoints"][index]
-                for key in ("requests", "failures", "in_flight"):
-                    mine[key] += endpoint[key]
-                mine["healthy"] = mine["healthy"] and endpoint["healthy"]
-                mine["ejected"] = mine["ejected"] or endpoint["ejected"]
+                _merge_endpoint(into["endpoints"][index], endpoint)
             into["balance"] = upstream.get("balance")
+            into["retries_elsewhere"] = into.get("retries_elsewhere", 0) + upstream.get(
+                "retries_elsewhere", 0
+            )
     return merged
+
+
+_STATE_ORDER = ("up", "failing", "unhealthy", "ejected")
+"""Endpoint states, least alarming first (several workers: the worst is shown)."""
+
+
+def _merge_endpoint(mine: dict[str, Any], other: dict[str, Any]) -> None:
+    """One endpoint as every worker saw it: counts added, up only where all have it up."""
+    for key in ("requests", "failures", "in_flight"):
+        mine[key] += other[key]
+    mine["healthy"] = mine["healthy"] and other["healthy"]
+    mine["ejected"] = mine["ejected"] or other["ejected"]
+    reasons = mine.setdefault("failures_by_reason", {})
+    for reason, count in other.get("failures_by_reason", {}).items():
+        reasons[reason] = reasons.get(reason, 0) + count
+    mine["consecutive_failures"] = max(
+        mine.get("consecutive_failures", 0), other.get("consecutive_failures", 0)
+    )
+    mine["last_failure"] = mine.get("last_failure") or other.get("last_failure")
+    states = [s for s in (mine.get("state"), other.get("state")) if s in _STATE_ORDER]
+    if states:
+        mine["state"] = max(states, key=_STATE_ORDER.index)
+
+
+def _endpoint_frame(
+    now: dict[str, Any], before: dict[str, Any] | None, dt: float
+) -> dict[str, Any]:
+    """An endpoint in a frame: its state and what failed since the previous frame."""
+    failed = max(
+        0, now["failures"] - (before["failures"] if before is not None else now["failures"])
+    )
+    state = now.get("state") or ("ejected" if now["ejected"] else "up")
+    if state == "up" and failed:
+        state = "failing"
+    return {
+        "url": now["url"],
+        "up": now["healthy"] and not now["ejected"],
+        "state": state,
+        "healthy": now["healthy"],
+        "ejected": now["ejected"],
+        "in_flight": now["in_flight"],
+        "requests": now["requests"],
+        "failures": now["failures"],
+        "failures_per_s": round(failed / dt, 2) if dt > 0 else 0.0,
+        "failures_by_reason": now.get("failures_by_reason", {}),
+        "last_failure": now.get("last_failure"),
+    }
 
 
 def _delta_bins(now: dict[str, int], before: dict[str, int]) -> dict[int, int]:
@@ -184,20 +232,15 @@ def frame(
         routes.append(_route_frame(name, route, prior, dt))
     upstreams = []
     for name, upstream in now["upstreams"].items():
+        old = None if before is None else before["upstreams"].get(name)
+        old_endpoints = {e["url"]: e for e in old["endpoints"]} if old is not None else {}
         upstreams.append(
             {
                 "name": name,
                 "balance": upstream.get("balance"),
+                "retries_elsewhere": upstream.get("retries_elsewhere", 0),
                 "endpoints": [
-                    {
-                        "url": e["url"],
-                        "up": e["healthy"] and not e["ejected"],
-                        "healthy": e["healthy"],
-                        "ejected": e["ejected"],
-                        "in_flight": e["in_flight"],
-                        "requests": e["requests"],
-                        "failures": e["failures"],
-                    }
+                    _endpoint_frame(e, old_endpoints.get(e["url"]), dt)
                     for e in upstream["endpoints"]
                 ],
             }

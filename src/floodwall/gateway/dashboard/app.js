@@ -84,9 +84,14 @@ function renderUpstreams(upstreams) {
     div.append(title);
     for (const e of upstream.endpoints) {
       const span = document.createElement("span");
-      span.className = `endpoint ${e.up ? "up" : "down"}`;
-      const why = e.ejected ? " ejected" : e.healthy ? "" : " unhealthy";
-      span.textContent = `${e.url}${why} · ${e.in_flight} in flight · ${e.requests} req · ${e.failures} failed`;
+      const state = e.state || (e.up ? "up" : "down");
+      span.className = `endpoint ${e.up ? "up" : "down"} ${state}`;
+      span.dataset.state = state;
+      const why = state === "up" ? "" : ` ${state}`;
+      const reasons = Object.entries(e.failures_by_reason || {}).filter(([, n]) => n > 0);
+      const by = reasons.length ? ` (${reasons.map(([r, n]) => `${r} ${n}`).join(", ")})` : "";
+      const rate = e.failures_per_s ? ` · ${e.failures_per_s} failed/s` : "";
+      span.textContent = `${e.url}${why} · ${e.in_flight} in flight · ${e.requests} req · ${e.failures} failed${by}${rate}`;
       div.append(span);
     }
     root.append(div);
