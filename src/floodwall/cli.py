@@ -37,6 +37,12 @@ app = typer.Typer(
 )
 
 
+_SCENARIO = typer.Argument(
+    exists=True, dir_okay=False, readable=True, help="Scenario file (YAML or JSON)."
+)
+"""A scenario file argument: a missing or unreadable one is a usage error (status 2)."""
+
+
 def _show_version(value: bool) -> None:
     if value:
         from floodwall import __version__
@@ -77,7 +83,7 @@ def demo(
 
 @app.command()
 def drill(
-    path: str = typer.Argument(..., help="Scenario file (YAML or JSON)."),
+    path: Annotated[Path, _SCENARIO],
     json_out: str | None = typer.Option(
         None, "--json", metavar="PATH", help="Write every figure as JSON."
     ),
@@ -90,7 +96,7 @@ def drill(
     from floodwall.drill.cli import drill as run
 
     try:
-        run(path, json_out, html_out)
+        run(str(path), json_out, html_out)
     except ConfigError as exc:
         typer.echo(f"invalid: {exc}", err=True)
         raise typer.Exit(code=INVALID) from None
@@ -194,13 +200,13 @@ def _print_resources(console: Console, document: Document, registry: Registry) -
 
 
 @app.command()
-def simulate(path: str = typer.Argument(..., help="scenario file (YAML or JSON)")) -> None:
+def simulate(path: Annotated[Path, _SCENARIO]) -> None:
     """Simulate a scenario: goodput, success, shed and latency per phase."""
     from floodwall._core.errors import ConfigError
     from floodwall.sim.cli import simulate as run
 
     try:
-        run(path)
+        run(str(path))
     except ConfigError as exc:
         typer.echo(f"invalid: {exc}", err=True)
         raise typer.Exit(code=INVALID) from None
