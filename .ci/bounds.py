@@ -18,10 +18,10 @@ import sys
 _BOUND = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*(?P<spec>[^;]*)")
 
 
-def bounded() -> dict[str, str]:
-    """``{package: specifier}`` for floodwall's requirements with an upper bound (``<``)."""
+def bounded(requirements: list[str]) -> dict[str, str]:
+    """``{package: specifier}`` for the requirements with an upper bound (``<``)."""
     found: dict[str, str] = {}
-    for requirement in importlib.metadata.requires("floodwall") or []:
+    for requirement in requirements:
         match = _BOUND.match(requirement)
         if match and "<" in match["spec"] and match["name"].lower() != "floodwall":
             found[match["name"].lower()] = match["spec"].strip()
@@ -30,15 +30,22 @@ def bounded() -> dict[str, str]:
 
 def newest(name: str) -> str | None:
     """The newest release of ``name`` on the configured index (``pip index versions``)."""
-    result = subprocess.run(
+    result = subprocess.run(  # noqa: S603 - this interpreter's pip, a package name from metadata
         [sys.executable, "-m", "pip", "index", "versions", name],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    match = re.search(rf"^{re.escape(name)} \((?P<version>[^)]+)\)", result.stdout, re.I | re.M)
+    listed = re.compile(rf"^{re.escape(name)} \((?P<version>[^)]+)\)", re.IGNORECASE | re.MULTILINE)
+    match = listed.search(result.stdout)
     return match["version"] if match else None
+
+
+def keeps_out(spec: str, version: str) -> bool:
+    """Whether ``spec``'s upper bound (``<X``) excludes ``version`` (release numbers only)."""
+    ceiling = re.search(r"<\s*(?P<v>[\w.]+)", spec)
+    return ceiling is not None and _key(version) >= _key(ceiling["v"])
 
 
 def _key(version: str) -> tuple[int, ...]:
@@ -46,15 +53,14 @@ def _key(version: str) -> tuple[int, ...]:
 
 
 def main() -> int:
-    for name, spec in sorted(bounded().items()):
+    for name, spec in sorted(bounded(importlib.metadata.requires("floodwall") or []).items()):
         try:
             installed = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             installed = "not installed"
         latest = newest(name)
-        ceiling = re.search(r"<\s*(?P<v>[\w.]+)", spec)
         line = f"{name} {spec}: installed {installed}, newest {latest or '(look-up failed)'}"
-        if latest and ceiling and _key(latest) >= _key(ceiling["v"]):
+        if latest and keeps_out(spec, latest):
             line += f" -- WARNING: the bound keeps {latest} out: test it, then raise the bound"
         print(line)
     return 0
