@@ -111,6 +111,7 @@ SAMPLES: dict[tuple[str, str], Sample] = {
     ("docs/getting-started.md", "pip install 'floodwall[config,prometheus]' fastapi uvicorn httpx"):
         Sample(every, serve_app=True),
     ("docs/getting-started.md", CLONE): Sample(),  # its commands run as printed: see below
+    ("docs/configuration.md", "pip install 'floodwall[config]'"): Sample(every),
     ("docs/recipes/fastapi-app.md",
      "pip install 'floodwall[config,prometheus,redis]' fastapi uvicorn httpx"):
         Sample(every, needs=("redis",)),
