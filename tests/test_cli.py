@@ -88,6 +88,18 @@ def test_check_config_refuses(tmp_path: Path, text: str, said: str) -> None:
     assert "invalid:" in output and said in " ".join(output.split())
 
 
+def test_check_config_refuses_binary_and_prints_messages_literally(tmp_path: Path) -> None:
+    binary = tmp_path / "doc.yaml"
+    binary.write_bytes(b"\xff\xfe\x00resources")
+    status, output = invoke("check-config", str(binary))
+    assert (status, "not UTF-8 text" in output) == (FAILED, True)
+    status, output = invoke(
+        "check-config", write(tmp_path, "resources: {'[bold]x': {retry: {attempts: 0}}}\n")
+    )
+    assert status == FAILED
+    assert "resources.[bold]x" in output  # the name as written, not read as markup
+
+
 def test_check_config_as_gateway_refuses_a_library_file_and_a_bad_gateway(
     tmp_path: Path,
 ) -> None:

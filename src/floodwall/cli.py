@@ -120,10 +120,11 @@ def check_config(
     """Validate a configuration and print the effective settings per resource.
 
     A file with a gateway section (listen, upstreams, routes, admin, ...) is checked as a gateway
-    file, any other as a library configuration. An empty document, or one that names no
-    resource (and, for a gateway, no route), fails the check.
+    file, any other as a library configuration. An empty document, a library file that names no
+    resource and a gateway file that names no route fail the check.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from floodwall._core.errors import ConfigError
 
@@ -131,7 +132,7 @@ def check_config(
     try:
         _check(console, path, gateway)
     except ConfigError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]invalid:[/] {exc}", markup=True)
+        Console(stderr=True, highlight=False).print(f"[red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=FAILED) from None
 
 
@@ -141,7 +142,11 @@ def _check(console: Console, path: Path, as_gateway: bool) -> None:
     from floodwall.gateway.cli import is_gateway_document
 
     source = str(path)
-    raw = loads(path.read_text(encoding="utf-8"), source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    raw = loads(text, source)
     if not raw:
         raise ConfigError(f"{source}: the document is empty: it configures nothing")
     resources = raw.get("resources", {})
