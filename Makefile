@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.floodwall-installed
+# What the venv installs: this checkout, editable. `make release-check` sets it to the built wheel.
+INSTALL ?= -e '.[dev,all,bench,docs]'
 
-.PHONY: install run test lint unit bench docs clean
+.PHONY: install run test lint unit bench docs release-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,all,bench,docs]'
+	$(PY) -m pip install --quiet $(INSTALL)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,6 +42,11 @@ bench: $(STAMP)
 ## docs: the documentation site, warnings as errors (into build/site)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+## release-check: build sdist and wheel, twine check, install each into a clean venv; in the
+## unpacked sdist, `make run` and `make test` on the installed wheel (what CI runs)
+release-check:
+	.ci/release-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build

@@ -1,15 +1,68 @@
-"""The ``floodwall`` command line (typer + rich, from the ``cli`` extra)."""
+"""The ``floodwall`` command line (typer + rich, from the ``cli`` extra).
+
+Exit status, the same for every subcommand (and shown by ``--help``): 0 when it did what was
+asked; 1 when a check failed (``check-config`` found the document invalid, a drill missed its
+``expect`` section) or a running command failed (the gateway cannot bind); 2 for a usage error
+or invalid input (an unknown option, a file that cannot be read, an invalid configuration or
+scenario given to ``gateway``, ``drill`` or ``simulate``). Shell completion comes from typer
+(``--install-completion``, ``--show-completion``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from floodwall.config import Document, Registry
+
+OK, FAILED, INVALID = 0, 1, 2
+"""Exit statuses: success; a check failed; usage error or invalid input."""
+
+EXIT_CODES = (
+    "Exit status: 0 ok; 1 a check failed (check-config found the document invalid, a drill "
+    "missed its expectations) or a running command failed; 2 usage error or invalid input "
+    "(unreadable file, invalid configuration or scenario)."
+)
 
 app = typer.Typer(
     name="floodwall",
-    help="floodwall: keep partial failures partial.",
+    help=f"floodwall: keep partial failures partial.\n\n{EXIT_CODES}",
     no_args_is_help=True,
-    add_completion=False,
 )
+
+
+_SCENARIO = typer.Argument(
+    exists=True, dir_okay=False, readable=True, help="Scenario file (YAML or JSON)."
+)
+"""A scenario file argument: a missing or unreadable one is a usage error (status 2)."""
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from floodwall import __version__
+
+        typer.echo(f"floodwall {__version__}")
+        raise typer.Exit(OK)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        callback=_show_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
+) -> None:
+    """floodwall: keep partial failures partial."""
 
 
 @app.command()
@@ -30,7 +83,7 @@ def demo(
 
 @app.command()
 def drill(
-    path: str = typer.Argument(..., help="Scenario file (YAML or JSON)."),
+    path: Annotated[Path, _SCENARIO],
     json_out: str | None = typer.Option(
         None, "--json", metavar="PATH", help="Write every figure as JSON."
     ),
@@ -43,31 +96,101 @@ def drill(
     from floodwall.drill.cli import drill as run
 
     try:
-        run(path, json_out, html_out)
+        run(str(path), json_out, html_out)
     except ConfigError as exc:
         typer.echo(f"invalid: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        raise typer.Exit(code=INVALID) from None
 
 
 @app.command("check-config")
 def check_config(
-    path: str = typer.Argument(..., help="YAML, TOML or JSON configuration file"),
+    path: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="YAML, TOML or JSON file: a library configuration or a gateway file.",
+        ),
+    ],
+    gateway: bool = typer.Option(
+        False, "--gateway", help="Check it as a gateway file (default: told by its sections)."
+    ),
 ) -> None:
-    """Validate a configuration file and print the effective settings per resource."""
+    """Validate a configuration and print the effective settings per resource.
+
+    A file with a gateway section (listen, upstreams, routes, admin, ...) is checked as a gateway
+    file, any other as a library configuration. An empty document, a library file that names no
+    resource and a gateway file that names no route fail the check.
+    """
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
     from floodwall._core.errors import ConfigError
-    from floodwall.config import Registry, load
 
     console = Console(highlight=False)
     try:
-        document = load(path)
-        registry = Registry(document)
+        _check(console, path, gateway)
     except ConfigError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]invalid:[/] {exc}")
-        raise typer.Exit(code=1) from None
-    console.print(f"[green]valid:[/] {path}: {len(document.resources)} resource(s)")
+        Console(stderr=True, highlight=False).print(f"[red]invalid:[/] {escape(str(exc))}")
+        raise typer.Exit(code=FAILED) from None
+
+
+def _check(console: Console, path: Path, as_gateway: bool) -> None:
+    from floodwall._core.errors import ConfigError
+    from floodwall.config import Registry, loads, parse
+    from floodwall.gateway.cli import is_gateway_document
+
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    raw = loads(text, source)
+    if not raw:
+        raise ConfigError(f"{source}: the document is empty: it configures nothing")
+    resources = raw.get("resources", {})
+    if not isinstance(resources, Mapping):
+        raise ConfigError(
+            f"{source}: resources: must be a mapping of resource names to their policies, "
+            f"got {resources!r}"
+        )
+    if as_gateway or is_gateway_document(raw):
+        _check_gateway(console, raw, source)
+        return
+    document = parse(raw, source)
+    if not document.resources:
+        raise ConfigError(f"{source}: resources: no resource is configured")
+    registry = Registry(document)
+    console.print(f"[green]valid:[/] {source}: {len(document.resources)} resource(s)")
+    _print_resources(console, document, registry)
+
+
+def _check_gateway(console: Console, raw: dict[str, Any], source: str) -> None:
+    from floodwall._core.errors import ConfigError
+    from floodwall.config import Registry
+    from floodwall.gateway.config import parse_gateway
+
+    document = parse_gateway(raw, source)
+    if not document.routes:
+        raise ConfigError(f"{source}: routes: no route is configured")
+    routes, upstreams = len(document.routes), len(document.upstreams)
+    host, port = document.listen
+    console.print(
+        f"[green]valid:[/] {source}: gateway on {host}:{port}, {routes} route(s), "
+        f"{upstreams} upstream(s), {len(document.resources)} resource(s)"
+    )
+    for name, upstream in document.upstreams.items():
+        console.print(f"upstream {name}: {', '.join(str(e) for e in upstream.endpoints)}")
+    for label in document.route_names():
+        console.print(f"route {label}")
+    if document.resources:
+        _print_resources(console, document, Registry(document))
+
+
+def _print_resources(console: Console, document: Document, registry: Registry) -> None:
+    from rich.table import Table
+
     for name, config in document.resources.items():
         table = Table(title=f"{name} (level {config.level})", title_justify="left")
         table.add_column("policy")
@@ -82,16 +205,16 @@ def check_config(
 
 
 @app.command()
-def simulate(path: str = typer.Argument(..., help="scenario file (YAML or JSON)")) -> None:
+def simulate(path: Annotated[Path, _SCENARIO]) -> None:
     """Simulate a scenario: goodput, success, shed and latency per phase."""
     from floodwall._core.errors import ConfigError
     from floodwall.sim.cli import simulate as run
 
     try:
-        run(path)
+        run(str(path))
     except ConfigError as exc:
         typer.echo(f"invalid: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+        raise typer.Exit(code=INVALID) from None
 
 
 @app.command()

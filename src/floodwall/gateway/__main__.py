@@ -11,7 +11,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m floodwall.gateway")
+    from floodwall import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="python -m floodwall.gateway",
+        epilog="Exit status: 0 ok; 1 the gateway could not start or run; 2 usage error or "
+        "invalid input (unreadable file, invalid or non-gateway configuration).",
+    )
+    parser.add_argument("--version", action="version", version=f"floodwall {__version__}")
     parser.add_argument("-c", "--config", help="gateway configuration file (YAML, JSON or TOML)")
     parser.add_argument("-w", "--workers", type=int, default=None, help="worker processes")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)

@@ -3,7 +3,6 @@
 ::
 
     import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
     from floodwall.aiohttp import ResilientMiddleware
 
     resilience = ResilientMiddleware(registry=registry, routes={"payments.internal": "payments"})
@@ -25,8 +24,13 @@ import asyncio
 from collections.abc import Iterable
 from typing import Unpack
 
-import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
+from floodwall._core.extras import missing_extra
+
+try:
+    import aiohttp
+    from multidict import CIMultiDict, CIMultiDictProxy
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.aiohttp", "aiohttp") from _missing
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import DegradedError

@@ -36,8 +36,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Unpack, cast
 
-import grpc
-import grpc.aio
+from floodwall._core.extras import missing_extra
+
+try:
+    import grpc
+    import grpc.aio
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.grpc", "grpc") from _missing
 
 from floodwall._core.policy import Policy
 from floodwall.integrations._inbound import (

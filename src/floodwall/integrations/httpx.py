@@ -28,7 +28,12 @@ import json
 from collections.abc import Iterable
 from typing import Any, Unpack
 
-import httpx
+from floodwall._core.extras import missing_extra
+
+try:
+    import httpx
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.httpx", "httpx") from _missing
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.policy import Policy

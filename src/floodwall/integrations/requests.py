@@ -24,9 +24,14 @@ import json
 from typing import Any, Unpack, cast
 from urllib.parse import urlsplit
 
-import requests
-import urllib3.exceptions
-from requests.adapters import HTTPAdapter
+from floodwall._core.extras import missing_extra
+
+try:
+    import requests
+    import urllib3.exceptions
+    from requests.adapters import HTTPAdapter
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.requests", "requests") from _missing
 
 from floodwall._core.policy import Policy
 from floodwall.integrations._outbound import Call, Outbound, OutboundOptions

@@ -9,13 +9,20 @@ call was rejected or degraded. Needs ``opentelemetry-api`` (the ``otel`` extra).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry import trace
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from floodwall._core.extras import missing_extra
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.observe.otel", "otel") from _missing
 
 from floodwall._core.events import Event
-from floodwall.config.registry import Registry
+
+if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
+    from floodwall.config.registry import Registry
 
 __all__ = ["SpanEventListener", "instrument"]
 

@@ -38,17 +38,23 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+from floodwall._core.extras import missing_extra
 
-from floodwall.config.registry import Registry
+try:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.observe.prometheus", "prometheus") from _missing
+
+if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
+    from floodwall.config.registry import Registry
 
 __all__ = ["BUCKETS", "FloodwallCollector", "register"]
 
