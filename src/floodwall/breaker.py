@@ -497,6 +497,14 @@ class CircuitBreaker(Policy):
         """Reject every call until :meth:`reset` or another manual state."""
         self._manual(_FORCED_OPEN, reason)
 
+    def trip(self, reason: str) -> None:
+        """Open now as the thresholds would (CLOSED only; DISABLED says ``would_trip``): for a
+        caller that knows one failure proves the dependency down, a store call that timed out."""
+        events: list[Event] = []
+        with self._lock:
+            self._on_threshold(self._now(), reason, events)
+        self._emit(events)
+
     def force_closed(self, reason: str = "forced closed by operator") -> None:
         """Let every call through, counting nothing, until :meth:`reset`."""
         self._manual(_FORCED_CLOSED, reason)

@@ -211,7 +211,13 @@ class GlobalLimiter(Policy):
 
     async def _send(self, key: str, pairs: list[Pair]) -> list[Verdict]:
         args, local = self._args(pairs)
-        guarded = await self.guard.apply_async(self.plan.op, key, args, local)
+        guarded = await self.guard.apply_async(self.plan.op, key, args, local, len(pairs))
+        return self._verdicts(guarded, pairs)
+
+    async def _stuck(self, key: str, pairs: list[Pair]) -> list[Verdict]:
+        """The ``on_store_error`` verdicts for requests stuck behind a batch past the timeout."""
+        args, local = self._args(pairs)
+        guarded = await self.guard.gave_up_async(self.plan.op, key, args, local, len(pairs))
         return self._verdicts(guarded, pairs)
 
     async def _take_async(self, key: str, cmin: int, cmax: int) -> Verdict:
@@ -221,7 +227,10 @@ class GlobalLimiter(Policy):
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = Coalescer(self._send, self.max_batch)
+            bound = self.store.timeout
+            coalescer = self._coalescers[loop] = Coalescer(
+                self._send, self.max_batch, bound, None if bound is None else self._stuck
+            )
         return await coalescer.submit(key, (cmin, cmax))
 
     def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
