@@ -230,6 +230,8 @@ def _parse_cluster(url: str) -> _Target:
 class RedisStore(Store):
     """A store on one Redis server or a Redis Cluster (see the module docstring)."""
 
+    timeout: float
+
     def __init__(
         self,
         url: str,
