@@ -126,5 +126,5 @@ class Coalescer(Generic[Q, A]):
 
     @property
     def pending(self) -> int:
-        """Requests queued behind a send in flight."""
-        return sum(len(lane.queue) for lane in self._lanes.values())
+        """Requests queued behind a send in flight (not those that gave up or were cancelled)."""
+        return sum(not future.done() for lane in self._lanes.values() for _, future in lane.queue)
