@@ -1,9 +1,9 @@
 """Coalescing in front of a store that stops answering: queued requests wait at most the timeout.
 
 The send here is stuck on an :class:`asyncio.Event` until the test releases it, as a batch on a
-frozen server is; the timeout is a few milliseconds of the event loop's own clock, so nothing
-sleeps. The same path against real frozen servers is in
-``tests/integration/test_store_freeze.py``.
+frozen server is. The bound is the event loop's own timer (``asyncio.timeout``), so the one test
+that shows it firing lets 20 ms of the loop's time pass; the others need none. The same path
+against real frozen servers is in ``tests/integration/test_store_freeze.py``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,18 @@ async def stuck(key: str, requests: list[int]) -> list[int]:
     return [-request for request in requests]
 
 
+async def _warm(coalescer: Coalescer[int, int], send: StuckSend) -> None:
+    """One send come back: the store's client is set up."""
+    send.release.set()
+    assert await coalescer.submit("warm", 0) == 0
+    send.release.clear()
+    send.batches.clear()
+
+
 async def test_a_queued_request_gets_the_stuck_answer_after_the_timeout() -> None:
     send = StuckSend()
     coalescer = Coalescer(send.send, max_batch=8, timeout=BOUND, stuck=stuck)
+    await _warm(coalescer, send)
     loop = asyncio.get_running_loop()
     first = asyncio.create_task(coalescer.submit("k", 1))
     await asyncio.sleep(0)  # the lone request is in flight, stuck
@@ -52,6 +61,20 @@ async def test_a_queued_request_gets_the_stuck_answer_after_the_timeout() -> Non
     assert await first == 10, "the lone request is bounded by its own send"
     await asyncio.sleep(0)
     assert send.batches == [[1]], "requests that gave up are never sent afterwards"
+
+
+async def test_requests_queued_behind_the_first_send_wait_for_it() -> None:
+    """The first send sets the store's client up: no stuck batch yet, nobody gives up."""
+    send = StuckSend()
+    coalescer = Coalescer(send.send, max_batch=8, timeout=0.0, stuck=stuck)  # 0: fires at once
+    first = asyncio.create_task(coalescer.submit("k", 1))
+    await asyncio.sleep(0)
+    queued = asyncio.gather(*(coalescer.submit("k", n) for n in (2, 3)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not queued.done() and coalescer.gave_up == 0 and coalescer.pending == 2
+    send.release.set()
+    assert await first == 10 and await queued == [20, 30]
 
 
 async def test_requests_answered_in_time_never_see_the_stuck_answer() -> None:

@@ -18,6 +18,9 @@ Bounded waits: with a ``timeout`` (the store's), a queued request waits at most 
 its arrival, whatever the batch in flight does (a frozen server); then it leaves the queue (or
 drops its answer, as a cancelled waiter does) and gets ``stuck(key, [request])`` instead, the
 answer for a store that did not answer in time. A lone request is bounded by the send itself.
+Until a first send has come back, queued requests wait for it unbounded here: that send is
+setting the store's client up (a cluster client learns the topology, a few hundred ms on a busy
+machine), which has bounds of its own and is no stuck batch.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class Coalescer(Generic[Q, A]):
         """Sends made (a lone request counts as a batch of one)."""
         self.gave_up = 0
         """Queued requests answered by ``stuck`` after waiting ``timeout``."""
+        self._warm = False
+        """Whether a send has come back (the store's client is set up)."""
 
     async def submit(self, key: str, request: Q) -> A:
         """The answer to ``request``, sent alone or with the requests that queue meanwhile."""
@@ -73,10 +78,11 @@ class Coalescer(Generic[Q, A]):
             try:
                 return (await self._send(key, [request]))[0]
             finally:
+                self._warm = True
                 self._next(key, lane)
         future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
         lane.queue.append((request, future))
-        if self._stuck is None:
+        if self._stuck is None or not self._warm:
             return await future
         scope = asyncio.timeout(self.timeout)
         try:
@@ -121,6 +127,7 @@ class Coalescer(Generic[Q, A]):
                 if not future.done():
                     future.set_result(answer)
         finally:
+            self._warm = True
             # one loop turn later: the callers just woken queue their next requests first
             asyncio.get_running_loop().call_soon(self._next, key, lane)
 
