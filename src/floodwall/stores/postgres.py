@@ -84,9 +84,8 @@ __all__ = ["PostgresStore"]
 
 MIGRATE_TIMEOUT_FACTOR = 20
 """A migration may take this many store timeouts (10 s by default): DDL, the advisory lock."""
-_BACKEND_ERRORS = (psycopg.Error, OSError, ValueError, AttributeError)
-"""What a client call can raise; ``ValueError``/``AttributeError`` from a connection closed
-under it by :meth:`PostgresStore.close`."""
+_BACKEND_ERRORS = (psycopg.Error, OSError)
+"""What a client call raises (an op's own bug, even a ``ValueError``, propagates as it is)."""
 _MIGRATE_LOCK = 0x666C6F6F64  # "flood": the advisory lock that serialises migrations
 _Conn = psycopg.Connection[tuple[Any, ...]]
 _AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -436,7 +435,9 @@ class PostgresStore(Store):
                     expired = self._deadlines.release(token)
         except StoreUnavailableError:
             raise
-        except _BACKEND_ERRORS as exc:
+        except Exception as exc:
+            if not (isinstance(exc, _BACKEND_ERRORS) or self._closed):
+                raise
             raise self._failure(exc, op, expired) from exc
 
     @contextlib.asynccontextmanager
@@ -459,7 +460,9 @@ class PostgresStore(Store):
                     timer.cancel()
         except StoreUnavailableError:
             raise
-        except _BACKEND_ERRORS as exc:
+        except Exception as exc:
+            if not (isinstance(exc, _BACKEND_ERRORS) or self._closed):
+                raise
             raise self._failure(exc, op, bool(shut)) from exc
 
     # -- schema ---------------------------------------------------------------------------

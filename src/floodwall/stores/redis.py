@@ -317,8 +317,14 @@ class RedisStore(Store):
             **self._common(),
         )
 
-    def _failure(self, exc: BaseException, op: str) -> StoreUnavailableError:
-        """The typed error for a client's ``exc`` during ``op`` (its cause is ``exc``)."""
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (every call then raises ``StoreClosedError``)."""
+        return self._closed
+
+    def error_for(self, exc: BaseException, op: str) -> StoreUnavailableError:
+        """The typed store error for a client's ``exc`` during ``op`` (its cause is ``exc``):
+        closed, timed out, or unavailable."""
         if self._closed:
             error: StoreUnavailableError = StoreClosedError(self.url, op)
         elif isinstance(exc, _TIMEOUTS):
@@ -339,7 +345,7 @@ class RedisStore(Store):
                     try:
                         self._client = self._make_client()
                     except Exception as exc:
-                        raise self._failure(exc, "connect") from exc
+                        raise self.error_for(exc, "connect") from exc
                 client = self._client
         if not self._checked and self._durable_for:
             self._check_persistence(client)
@@ -446,7 +452,7 @@ class RedisStore(Store):
         except StoreUnavailableError:
             raise
         except Exception as exc:  # a closed socket can raise ValueError or AttributeError
-            raise self._failure(exc, op.script) from exc
+            raise self.error_for(exc, op.script) from exc
         return op.parse(raw)
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
@@ -470,7 +476,7 @@ class RedisStore(Store):
             # After a timeout, redis-py's async cluster client re-initialises and may close a
             # connection another command is still writing on ("'NoneType' object has no
             # attribute 'writelines'"): that command failed on the store, not in the caller.
-            raise self._failure(exc, op.script) from exc
+            raise self.error_for(exc, op.script) from exc
         return op.parse(raw)
 
     def _slots(self) -> asyncio.Semaphore:
@@ -486,7 +492,7 @@ class RedisStore(Store):
         except StoreUnavailableError:
             raise
         except Exception as exc:
-            raise self._failure(exc, "ping") from exc
+            raise self.error_for(exc, "ping") from exc
 
     async def ping_async(self) -> None:
         try:
@@ -496,7 +502,7 @@ class RedisStore(Store):
         except StoreUnavailableError:
             raise
         except Exception as exc:
-            raise self._failure(exc, "ping") from exc
+            raise self.error_for(exc, "ping") from exc
 
     def close(self) -> None:
         with self._lock:
