@@ -411,9 +411,10 @@ class CircuitBreaker(Policy):
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start < self._open_until:
+        elif state is _OPEN and start < (until := self._open_until) < _INF:
+            # read once: a concurrent move to HALF_OPEN sets it to inf (then acquire decides)
             next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_until - start)
+            raise CircuitOpenError(self.name, state, until - start)
         elif state is _FORCED_OPEN:
             next(self._rejections)
             raise CircuitOpenError(self.name, state, None)
@@ -444,9 +445,10 @@ class CircuitBreaker(Policy):
         state = self._state
         if state is _CLOSED:
             permit = self._gen  # the hot path: no lock (acquire() would agree)
-        elif state is _OPEN and start < self._open_until:
+        elif state is _OPEN and start < (until := self._open_until) < _INF:
+            # read once: a concurrent move to HALF_OPEN sets it to inf (then acquire decides)
             next(self._rejections)  # rejecting is the hot path of an outage: no lock either
-            raise CircuitOpenError(self.name, state, self._open_until - start)
+            raise CircuitOpenError(self.name, state, until - start)
         elif state is _FORCED_OPEN:
             next(self._rejections)
             raise CircuitOpenError(self.name, state, None)
