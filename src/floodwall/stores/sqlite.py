@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from floodwall._core import defaults
@@ -64,6 +65,12 @@ def sqlite_path(url: str) -> str:
             f"an SQLite store needs a file (records are shared between connections), got {url!r}"
         )
     return path
+
+
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Retrieve a late op's outcome, so an error nobody waits for is not logged as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 class SqliteStore(Store):
@@ -263,11 +270,16 @@ class SqliteStore(Store):
                 executor = self._executor
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(executor, self.apply, op, key, args)
+            future = loop.run_in_executor(executor, self.apply, op, key, args)
         except RuntimeError as exc:  # the worker was shut down by close()
-            if not self._closed:
-                raise
             raise StoreClosedError(self.url, op.script) from exc
+        try:
+            # queued behind other ops on the one worker: at most the timeout in all; a late op
+            # still runs, and its answer is dropped
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+        except TimeoutError as exc:
+            future.add_done_callback(_drop)
+            raise StoreTimeoutError(self.url, op.script) from exc
 
     def ping(self) -> None:
         with self._conn("ping") as conn:
