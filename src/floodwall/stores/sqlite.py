@@ -13,7 +13,8 @@ Connections: a pool of at most ``pool_size`` (default 4), each taken for one op 
 so descriptors stay bounded however many threads come and go (a connection per thread kept two
 descriptors per thread that ever ran an op, until the process ran out). An op waits at most
 ``timeout`` for a free connection, as for the write lock. Async callers go through one worker
-thread per store (SQLite allows one writer at a time anyway), so the event loop never blocks.
+thread per store (SQLite allows one writer at a time anyway), so the event loop never blocks; an
+async op waits at most ``timeout`` in all, its turn on that thread included.
 After :meth:`SqliteStore.close` every op raises :class:`~floodwall.stores.StoreClosedError`.
 
 Schema: the migrations in ``floodwall/stores/sql/sqlite/`` are applied on first use
