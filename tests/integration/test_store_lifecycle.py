@@ -249,6 +249,20 @@ def test_an_idempotency_store_on_a_redis_without_persistence_warns(
     assert not any("quiet" in r.getMessage() for r in caplog.records)
 
 
+def test_a_cluster_without_persistence_is_reported_per_primary(redis_cluster_url: str) -> None:
+    events: list[Event] = []
+    store = connect(redis_cluster_url, prefix=f"volatile-{uuid.uuid4().hex[:8]}:")
+    try:
+        idem = Idempotency(store, name="orders", listeners=[events.append])
+        assert idem.lookup("k") is None
+    finally:
+        store.close()
+    assert [(e.kind, e.name, e.figures["volatile_nodes"]) for e in events] == [
+        ("store_volatile", "orders", 3)
+    ]
+    assert "3 of 3 primaries" in events[0].reason
+
+
 def test_a_redis_with_an_append_only_file_raises_no_warning() -> None:
     events: list[Event] = []
     with RedisServer(extra_args=["--appendonly", "yes"]) as server:

@@ -50,7 +50,8 @@ Bounds: a server store's ``timeout`` bounds every call, whatever the server does
 a half-open TCP connection); a call that runs out of it raises :class:`StoreTimeoutError`, which
 a :class:`~floodwall.stores.StoreGuard` takes as proof enough that the store is down. After
 ``close()`` the store is closed for good: calls already running and every later one raise
-:class:`StoreClosedError`, which guarded policies handle like any outage.
+:class:`StoreClosedError`, which guarded policies handle like any outage (``aclose()`` only
+releases the running loop's connections).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class StoreTimeoutError(StoreUnavailableError):
 
 
 class StoreClosedError(StoreUnavailableError):
-    """The store was closed (``close()``/``aclose()``) before or while it ran ``op``."""
+    """The store was closed (``close()``) before or while it ran ``op``."""
 
 
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@]*):[^@/]*@", re.IGNORECASE)
@@ -248,13 +249,12 @@ class Store(ABC):
         """
 
     def close(self) -> None:  # noqa: B027 - stores without connections have nothing to close
-        """Release the sync connections; calls running and later calls raise
+        """Close the store for good: calls running and later calls raise
         :class:`StoreClosedError`."""
 
-    async def aclose(self) -> None:
-        """Release the sync connections and the running event loop's async ones, as
-        :meth:`close` does."""
-        self.close()
+    async def aclose(self) -> None:  # noqa: B027 - stores without connections keep none
+        """Release the running event loop's async connections and the idle sync ones (at the
+        end of a loop, of an async test); the store stays usable, :meth:`close` ends it."""
 
     def __enter__(self) -> Store:
         return self
@@ -267,6 +267,7 @@ class Store(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

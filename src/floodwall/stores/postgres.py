@@ -24,7 +24,9 @@ hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), 
 between ops costs no failed op.
 
 Bounds: ``timeout`` (default 0.5 s) bounds each op as a whole, from the call: the wait for a
-pooled connection, connecting, and the statements, whatever the server does.
+pooled connection, connecting, and the statements, whatever the server does. Until the server
+has answered once, calls get ``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a
+busy machine are slow, not an outage.
 
 * On the server, ``statement_timeout`` (the timeout) cancels a statement that runs too long, and
   ``idle_in_transaction_session_timeout`` ends a transaction whose client went away, so row
@@ -39,7 +41,8 @@ pooled connection, connecting, and the statements, whatever the server does.
   costs the caller the timeout, not libpq's whole-second ``connect_timeout`` (2 s at least);
   TCP keepalives and ``tcp_user_timeout`` find a half-open connection.
 
-After :meth:`PostgresStore.close` every call raises :class:`~floodwall.stores.StoreClosedError`.
+After :meth:`PostgresStore.close` every call raises :class:`~floodwall.stores.StoreClosedError`;
+:meth:`PostgresStore.aclose` only closes this loop's connections and the idle sync ones.
 Migrations get ``MIGRATE_TIMEOUT_FACTOR`` times the timeout (DDL and the advisory lock).
 
 Schema: the migrations in ``floodwall/stores/sql/postgresql/`` are applied on first use
@@ -82,6 +85,8 @@ from floodwall.stores.base import (
 
 __all__ = ["PostgresStore"]
 
+COLD_TIMEOUT = 2.0
+"""Seconds the calls before the server first answers may take (libpq's own connect minimum)."""
 MIGRATE_TIMEOUT_FACTOR = 20
 """A migration may take this many store timeouts (10 s by default): DDL, the advisory lock."""
 _BACKEND_ERRORS = (psycopg.Error, OSError)
@@ -260,8 +265,11 @@ class _Pool:
             self._slots.release()
 
     def close(self) -> None:
+        self.closed = True
+        self.close_idle()
+
+    def close_idle(self) -> None:
         with self._lock:
-            self.closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -382,6 +390,7 @@ class PostgresStore(Store):
             weakref.WeakKeyDictionary()
         )
         self._closed = False
+        self._answered = False
         self._migrated = False
         self._ops = 0
 
@@ -420,17 +429,23 @@ class PostgresStore(Store):
         error.__cause__ = exc
         return error
 
+    def _bound(self) -> float:
+        """Seconds a call may take: the timeout, or :data:`COLD_TIMEOUT` until the server has
+        answered once (the first connections of a process, on a busy machine, are no outage)."""
+        return self.timeout if self._answered else max(self.timeout, COLD_TIMEOUT)
+
     @contextlib.contextmanager
     def _bounded(self, op: str, timeout: float | None = None) -> Iterator[_Conn]:
         """A pooled connection whose use ends by the deadline (see the module docstring);
         every client error leaves as a typed store error."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self._bound() if timeout is None else timeout)
         expired = False
         try:
             with self._pool.connection(deadline, op) as conn:
                 token = self._deadlines.watch(conn, deadline)
                 try:
                     yield conn
+                    self._answered = True
                 finally:
                     expired = self._deadlines.release(token)
         except StoreUnavailableError:
@@ -444,7 +459,7 @@ class PostgresStore(Store):
     async def _bounded_async(self, op: str) -> AsyncIterator[_AsyncConn]:
         """:meth:`_bounded` for async callers: the event loop's timer shuts the connection."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        deadline = loop.time() + self._bound()
         shut: list[bool] = []
 
         def expire(conn: _AsyncConn) -> None:
@@ -456,6 +471,7 @@ class PostgresStore(Store):
                 timer = loop.call_at(deadline, expire, conn)
                 try:
                     yield conn
+                    self._answered = True
                 finally:
                     timer.cancel()
         except StoreUnavailableError:
@@ -559,7 +575,7 @@ class PostgresStore(Store):
         self._connector.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
-        self.close()
+        self._pool.close_idle()
         pool = self._apools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()

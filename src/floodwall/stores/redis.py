@@ -21,15 +21,16 @@ Clients: one sync client (thread-safe, pooled), and one async client per running
 at most that many connections (per node on a cluster); further ops wait their turn. Streams
 (:mod:`floodwall.stores.streams`) use the same client beside them.
 
-Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command, and
-an async op as a whole (its wait for a connection included). A command that times out is never
-retried (a frozen server would double the wait) and raises
+Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command, and an
+async op as a whole (its wait for a connection included) once one has succeeded: before, a loop's
+first connections (50 at once, on a busy machine) are bounded step by step. A command that times out
+is never retried (a frozen server would double the wait) and raises
 :class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead connection (a restarted
 server leaves dead pooled sockets, a cluster failover moves a slot) is retried once on a fresh
-connection; then the store raises :class:`~floodwall.stores.StoreUnavailableError`. redis-py's
-own retries are off, so these are the only ones. After :meth:`RedisStore.close`, every call
-raises :class:`~floodwall.stores.StoreClosedError`, including those whose connection was closed
-under them.
+connection; then the store raises :class:`~floodwall.stores.StoreUnavailableError`. redis-py's own
+retries are off, so these are the only ones. After :meth:`RedisStore.close`, every call raises
+:class:`~floodwall.stores.StoreClosedError`, including those whose connection was closed under them;
+:meth:`RedisStore.aclose` only lets go of this loop's client and the sync one.
 
 Persistence: when an :class:`~floodwall.Idempotency` uses the store, its first connection asks
 the server (``CONFIG GET save appendonly``, every primary of a cluster) whether records survive
@@ -257,6 +258,9 @@ class RedisStore(Store):
         self._options = client_options
         self._lock = threading.Lock()
         self._closed = False
+        self._answered = False
+        """Whether an async op has succeeded: until then, connecting is bounded step by step
+        (the first connections of a loop, on a busy machine, are no outage)."""
         self._client: Any = None
         self._run: Any = None
         """How :meth:`apply` sends one command with the sync client (see :func:`_execute`)."""
@@ -418,10 +422,14 @@ class RedisStore(Store):
         lost = sum(volatile(config) for config in configs)
         if not lost:
             return
-        where = f"{lost} of {len(configs)} primaries" if self.cluster else "the server"
+        where = (
+            f"{lost} of {len(configs)} primaries of {self.url} have"
+            if self.cluster
+            else f"the server {self.url} has"
+        )
         reason = (
-            f"{where} of {self.url} has neither AOF nor RDB persistence: a restart loses every "
-            "idempotency record, and completed calls run again"
+            f"{where} neither AOF nor RDB persistence: a restart loses every idempotency "
+            "record, and completed calls run again"
         )
         for name, listeners in self._durable_for:
             log.warning("%s: %s (check_persistence=False silences this)", name, reason)
@@ -468,8 +476,9 @@ class RedisStore(Store):
             # at most max_connections ops in flight, the rest wait their turn: a busy store is
             # load, not an outage (redis-py's cluster client would fail them instead); the wait
             # for a turn counts in the op's timeout
-            async with asyncio.timeout(self.timeout), self._slots():
+            async with asyncio.timeout(self.timeout if self._answered else None), self._slots():
                 raw = await _evalsha(run, script, keys, args)
+            self._answered = True
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -507,12 +516,17 @@ class RedisStore(Store):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the sync client (a later call, unless closed, makes a new one)."""
+        with self._lock:
             client, self._client, self._run = self._client, None, None
         if client is not None:
             client.close()
 
     async def aclose(self) -> None:
-        self.close()
+        self._release()
         loop = asyncio.get_running_loop()
         client = self._aclients.pop(loop, None)
         ready = self._aready.pop(loop, None)

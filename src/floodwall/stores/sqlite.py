@@ -286,6 +286,14 @@ class SqliteStore(Store):
         with self._conn("ping") as conn:
             conn.execute("SELECT 1")
 
+    async def aclose(self) -> None:
+        """Close the idle connections; the store stays usable (:meth:`close` ends it)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
