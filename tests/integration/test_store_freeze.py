@@ -12,8 +12,10 @@ Redis Cluster, and checks what the callers saw:
 * the first ``fail_closed`` answer comes within one timeout of the freeze;
 * calls are answered by the store again within 1 s of SIGCONT.
 
-Each test starts servers of its own (a frozen shared server would stall other tests). Every
-SIGSTOP is undone by a SIGCONT in a ``finally``. Figures go to stdout (``-s``).
+Each freeze test starts servers of its own (a frozen shared server would stall other tests).
+Every SIGSTOP is undone by a SIGCONT in a ``finally``. A live PostgreSQL whose row the op needs
+is locked by another session shows the other half: the caller is answered within the timeout
+and the server cancels the waiting statement. Figures go to stdout (``-s``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis.cluster
 
+from floodwall.frequency import ONCE
 from floodwall.ratelimit.global_limit import GlobalLimiter
-from floodwall.stores import Store, connect
+from floodwall.stores import Store, StoreTimeoutError, connect
 from servers import FAULT_OPEN, PostgresServer, RedisCluster, RedisServer, store_breaker
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("store_freeze")]
@@ -241,3 +245,53 @@ def test_a_frozen_cluster_master_bounds_every_caller() -> None:
         finally:
             client.close()
         _run_freeze(cluster.url, keys, lambda: [frozen_node.pid], "cluster")
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_postgres_op_stuck_on_a_row_lock_ends_on_both_sides(
+    postgres_dsn: str, shell: str
+) -> None:
+    """A live server with the op's row locked by someone else: the caller gets
+    StoreTimeoutError within the timeout, and the server cancels the waiting statement
+    (statement_timeout), so nothing of the caller's keeps waiting on the lock."""
+    prefix = f"lock-{shell}-{os.getpid()}:"
+    store = connect(postgres_dsn, prefix=prefix, timeout=TIMEOUT)
+    store.apply(ONCE, "k", [60_000])  # the row exists, and the store has answered once
+    with psycopg.connect(postgres_dsn) as holder:
+        holder.execute("SELECT 1 FROM floodwall_kv WHERE key = %s FOR UPDATE", (f"{prefix}{{k}}",))
+
+        def call() -> object:
+            if shell == "sync":
+                return store.apply(ONCE, "k", [60_000])
+            return asyncio.run(_apply_async_then_close(store))
+
+        start = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            call()
+        waited = time.monotonic() - start
+
+        def waiting_on_the_lock() -> int:
+            with psycopg.connect(postgres_dsn, autocommit=True) as probe:
+                row = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s",
+                    ("%floodwall_kv%",),
+                ).fetchone()
+                return int(row[0]) if row else -1
+
+        deadline = time.monotonic() + 2 * TIMEOUT
+        while waiting_on_the_lock() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = waiting_on_the_lock()
+        holder.rollback()
+    store.close()
+    print(f"\npostgres row lock ({shell}): caller answered after {1000 * waited:.0f} ms")
+    assert waited <= 1.2 * TIMEOUT + 0.2, waited
+    assert left == 0, "the server still runs the caller's statement"
+
+
+async def _apply_async_then_close(store: Store) -> None:
+    try:
+        await store.apply_async(ONCE, "k", [60_000])
+    finally:
+        await store.aclose()
