@@ -16,7 +16,7 @@ import pytest
 from conftest import SwitchableStore
 from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
 from floodwall.frequency import COUNT, ONCE, Frequency
-from floodwall.stores import Arg, Op, R, StoreGuard
+from floodwall.stores import Arg, Op, R, StoreGuard, StoreTimeoutError
 
 
 @pytest.fixture
@@ -143,3 +143,69 @@ def test_frequency_never_raises_a_store_error(
         with pytest.raises(Exception, match="fail_closed") as caught:
             limiter.call(lambda: None)
         assert caught.value.kind == "rate_limited"  # type: ignore[attr-defined]
+
+
+class FrozenStore(SwitchableStore):
+    """A store whose server can be frozen: ops then fail as a timed-out read does."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock, url="frozen://test")
+        self.frozen = False
+
+    def _check(self, op: Op[object]) -> None:
+        if self.frozen:
+            self.calls += 1
+            try:
+                raise TimeoutError("timed out reading the reply")
+            except TimeoutError as exc:
+                raise StoreTimeoutError(self.url, op.script) from exc
+        super()._check(op)
+
+
+def test_one_timed_out_call_opens_the_breaker_and_counts_its_callers(clock: FakeClock) -> None:
+    store = FrozenStore(clock)
+    events: list[Event] = []
+    guard = StoreGuard(store, on_store_error="fail_open", clock=clock, listeners=[events.append])
+    store.frozen = True
+    first = guard.apply(ONCE, "k", [1000], callers=16)
+    assert first.down is not None and isinstance(first.down.error, StoreTimeoutError)
+    assert guard.breaker.state.name == "OPEN", "a timeout proves the store down: no second wait"
+    later = [guard.apply(ONCE, "k", [1000]) for _ in range(5)]
+    assert store.calls == 1 and all(isinstance(r.down.error, CircuitOpenError) for r in later)  # type: ignore[union-attr]
+    assert guard.failures == 1 and guard.failed_callers == 16 and guard.short_circuits == 5
+    assert guard.snapshot()["failed_callers"] == 16
+    assert [e.kind for e in events] == ["store_down"] and events[0].figures["callers"] == 16
+
+    store.frozen = False
+    clock.advance(1.0)
+    assert guard.apply(ONCE, "x", [1000]).down is None and guard.state == "up"
+
+
+def test_refused_connections_still_take_three_failures(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    """Only a timeout opens at once: a refused connection costs nothing to find out again."""
+    guard = StoreGuard(switch, on_store_error="fail_open", clock=clock)
+    switch.down = True
+    guard.apply(ONCE, "k", [1000])
+    assert guard.breaker.state.name == "CLOSED"
+    guard.apply(ONCE, "k", [1000])
+    guard.apply(ONCE, "k", [1000])
+    assert guard.breaker.state.name == "OPEN" and guard.failures == 3
+
+
+async def test_callers_that_gave_up_get_the_mode_answer_and_are_counted(
+    clock: FakeClock,
+) -> None:
+    store = FrozenStore(clock)
+    local = StoreGuard(store, on_store_error="local", clock=clock)
+    took = await local.gave_up_async(ONCE, "k", [1000], callers=3)
+    assert took.value == (True, 1000), "the local store answered"
+    assert isinstance(took.down.error, StoreTimeoutError)  # type: ignore[union-attr]
+    assert isinstance(took.down.error.__cause__, TimeoutError)  # type: ignore[union-attr]
+    assert local.failed_callers == 3 and local.degraded == 1 and local.failures == 0
+    assert store.calls == 0, "giving up never touches the store"
+    closed = StoreGuard(store, on_store_error="fail_closed", clock=clock)
+    refused = await closed.gave_up_async(ONCE, "k", [1000])
+    assert refused.value is None and refused.down is not None
+    assert refused.down.mode == "fail_closed"

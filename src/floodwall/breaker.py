@@ -414,9 +414,10 @@ class CircuitBreaker(Gate):
         state = self._state
         if state is _CLOSED:
             return self._gen
-        if state is _OPEN and now < self._open_until:
+        if state is _OPEN and now < (until := self._open_until) < _INF:
+            # read once: a concurrent move to HALF_OPEN sets it to inf (then acquire decides)
             self._rejections.add()
-            raise CircuitOpenError(self.name, state, self._open_until - now)
+            raise CircuitOpenError(self.name, state, until - now)
         if state is _FORCED_OPEN:
             self._rejections.add()
             raise CircuitOpenError(self.name, state, None)
@@ -470,6 +471,14 @@ class CircuitBreaker(Gate):
     def force_open(self, reason: str = "forced open by operator") -> None:
         """Reject every call until :meth:`reset` or another manual state."""
         self._manual(_FORCED_OPEN, reason)
+
+    def trip(self, reason: str) -> None:
+        """Open now as the thresholds would (CLOSED only; DISABLED says ``would_trip``): for a
+        caller that knows one failure proves the dependency down, a store call that timed out."""
+        events: list[Event] = []
+        with self._lock:
+            self._on_threshold(self._now(), reason, events)
+        self._emit(events)
 
     def force_closed(self, reason: str = "forced closed by operator") -> None:
         """Let every call through, counting nothing, until :meth:`reset`."""

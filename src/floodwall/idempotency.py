@@ -383,6 +383,7 @@ class Idempotency(Flow):
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.store = resolve(store)
+        self.store.expect_durable(name, self.listeners)  # a restart must not rerun done calls
         self.guard = StoreGuard(
             self.store,
             on_store_error=check_mode(on_store_error),

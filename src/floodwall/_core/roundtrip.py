@@ -32,17 +32,30 @@ A_co = TypeVar("A_co", covariant=True)
 
 
 class _Guards(Protocol):
-    def apply(self, op: Any, key: str, args: Sequence[Any] = ..., local_args: Any = ...) -> Any: ...
+    def apply(
+        self,
+        op: Any,
+        key: str,
+        args: Sequence[Any] = ...,
+        local_args: Any = ...,
+        callers: int = ...,
+    ) -> Any: ...
 
     async def apply_async(
-        self, op: Any, key: str, args: Sequence[Any] = ..., local_args: Any = ...
+        self,
+        op: Any,
+        key: str,
+        args: Sequence[Any] = ...,
+        local_args: Any = ...,
+        callers: int = ...,
     ) -> Any: ...
 
 
 class GuardedApply(Step):
-    """``guard.apply(op, key, args, local_args)``; its value is the guard's ``Guarded``."""
+    """``guard.apply(op, key, args, local_args)``; its value is the guard's ``Guarded``.
+    ``callers``: how many callers the op answers (a batch), for the guard's failure counts."""
 
-    __slots__ = ("args", "guard", "key", "local_args", "op")
+    __slots__ = ("args", "callers", "guard", "key", "local_args", "op")
 
     def __init__(
         self,
@@ -51,18 +64,23 @@ class GuardedApply(Step):
         key: str,
         args: Sequence[Any],
         local_args: Sequence[Any] | None = None,
+        *,
+        callers: int = 1,
     ) -> None:
         self.guard = guard
         self.op = op
         self.key = key
         self.args = args
         self.local_args = local_args
+        self.callers = callers
 
     def run(self, call: Callable[[], Any]) -> Any:
-        return self.guard.apply(self.op, self.key, self.args, self.local_args)
+        return self.guard.apply(self.op, self.key, self.args, self.local_args, self.callers)
 
     async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        return await self.guard.apply_async(self.op, self.key, self.args, self.local_args)
+        return await self.guard.apply_async(
+            self.op, self.key, self.args, self.local_args, self.callers
+        )
 
     def __repr__(self) -> str:
         return f"GuardedApply({type(self.op).__name__}, {self.key!r})"

@@ -13,6 +13,14 @@ concurrently. A batch holds at most ``max_batch`` requests; the rest wait for th
 A waiter that is cancelled before its batch is sent is left out of it; after, its answer (and any
 permit it took) is dropped. If a send raises, every request of the batch gets the exception.
 One :class:`Coalescer` serves one event loop.
+
+Bounded waits: with a ``timeout`` (the store's), a queued request waits at most that long from
+its arrival, whatever the batch in flight does (a frozen server); then it leaves the queue (or
+drops its answer, as a cancelled waiter does) and gets ``stuck(key, [request])`` instead, the
+answer for a store that did not answer in time. A lone request is bounded by the send itself.
+Until a first send has come back, queued requests wait for it unbounded here: that send is
+setting the store's client up (a cluster client learns the topology, a few hundred ms on a busy
+machine), which has bounds of its own and is no stuck batch.
 """
 
 from __future__ import annotations
@@ -39,13 +47,27 @@ class _Lane(Generic[Q, A]):
 class Coalescer(Generic[Q, A]):
     """Sends ``send(key, requests) -> answers`` (one answer per request, in order) per lane."""
 
-    def __init__(self, send: Callable[[str, list[Q]], Awaitable[list[A]]], max_batch: int) -> None:
+    def __init__(
+        self,
+        send: Callable[[str, list[Q]], Awaitable[list[A]]],
+        max_batch: int,
+        timeout: float | None = None,
+        stuck: Callable[[str, list[Q]], Awaitable[list[A]]] | None = None,
+    ) -> None:
+        if (timeout is None) != (stuck is None):
+            raise ValueError("timeout and stuck go together: both or neither")
         self._send = send
         self.max_batch = max_batch
+        self.timeout = timeout
+        self._stuck = stuck
         self._lanes: dict[str, _Lane[Q, A]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         """Sends made (a lone request counts as a batch of one)."""
+        self.gave_up = 0
+        """Queued requests answered by ``stuck`` after waiting ``timeout``."""
+        self._warm = False
+        """Whether a send has come back (the store's client is set up)."""
 
     async def submit(self, key: str, request: Q) -> A:
         """The answer to ``request``, sent alone or with the requests that queue meanwhile."""
@@ -56,10 +78,21 @@ class Coalescer(Generic[Q, A]):
             try:
                 return (await self._send(key, [request]))[0]
             finally:
+                self._warm = True
                 self._next(key, lane)
         future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
         lane.queue.append((request, future))
-        return await future
+        if self._stuck is None or not self._warm:
+            return await future
+        scope = asyncio.timeout(self.timeout)
+        try:
+            async with scope:
+                return await future  # on expiry the future is cancelled: no batch takes it
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the batch's own error
+            self.gave_up += 1
+        return (await self._stuck(key, [request]))[0]
 
     def _next(self, key: str, lane: _Lane[Q, A]) -> None:
         """Send the lane's queue as the next batch, or free the lane when nobody waits."""
@@ -94,10 +127,11 @@ class Coalescer(Generic[Q, A]):
                 if not future.done():
                     future.set_result(answer)
         finally:
+            self._warm = True
             # one loop turn later: the callers just woken queue their next requests first
             asyncio.get_running_loop().call_soon(self._next, key, lane)
 
     @property
     def pending(self) -> int:
-        """Requests queued behind a send in flight."""
-        return sum(len(lane.queue) for lane in self._lanes.values())
+        """Requests queued behind a send in flight (not those that gave up or were cancelled)."""
+        return sum(not future.done() for lane in self._lanes.values() for _, future in lane.queue)

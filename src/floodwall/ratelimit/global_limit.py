@@ -39,7 +39,7 @@ most that long, never past the ambient deadline) and retries after ``retry_after
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from functools import partial
 from typing import Any
 
@@ -197,9 +197,7 @@ class GlobalLimiter(_Acquiring, Gate):
             list(self.local_plan.params) if self.guard.mode == "local" else None
         )
         self._lanes: Lanes[Pair, Verdict] | None = (
-            Lanes(self._round_trip, partial(Coalescer, max_batch=self.max_batch))
-            if self.batch
-            else None
+            Lanes(self._round_trip, self._coalescer) if self.batch else None
         )
         self._now = clock.monotonic
         self._rejections = Tally()
@@ -225,14 +223,31 @@ class GlobalLimiter(_Acquiring, Gate):
         retry_us = round(1_000_000 * (defaults.STORE_BREAKER_OPEN if retry is None else retry))
         return [(False, 0, 0, retry_us, retry_us) for _ in pairs]
 
-    def _round_trip(self, key: str, pairs: list[Pair]) -> Step:
-        """The step of one round trip deciding ``pairs`` in order; its value, their verdicts."""
+    def _args(self, pairs: list[Pair]) -> tuple[list[Arg], list[Arg] | None]:
+        """The op's arguments for ``pairs`` on the store, and for the in-process fallback."""
         flat: list[Arg] = [encode(x) for pair in pairs for x in pair]
         local = self._local_params
-        apply = GuardedApply(
-            self.guard, self._op, key, self._params + flat, None if local is None else local + flat
-        )
+        return self._params + flat, None if local is None else local + flat
+
+    def _round_trip(self, key: str, pairs: list[Pair]) -> Step:
+        """The step of one round trip deciding ``pairs`` in order; its value, their verdicts."""
+        args, local = self._args(pairs)
+        apply = GuardedApply(self.guard, self._op, key, args, local, callers=len(pairs))
         return Then(apply, partial(self._verdicts, pairs=pairs))
+
+    def _coalescer(
+        self, send: Callable[[str, list[Pair]], Awaitable[list[Verdict]]]
+    ) -> Coalescer[Pair, Verdict]:
+        """One event loop's coalescer: a queued request waits at most the store's timeout
+        behind a batch in flight, then takes the ``on_store_error`` answer (:meth:`_stuck`)."""
+        bound = self.store.timeout
+        return Coalescer(send, self.max_batch, bound, None if bound is None else self._stuck)
+
+    async def _stuck(self, key: str, pairs: list[Pair]) -> list[Verdict]:
+        """The ``on_store_error`` verdicts for requests stuck behind a batch past the timeout."""
+        args, local = self._args(pairs)
+        guarded = await self.guard.gave_up_async(self._op, key, args, local, len(pairs))
+        return self._verdicts(guarded, pairs)
 
     def _take(self, key: str, cmin: int, cmax: int) -> Step:
         """The step of one request on the store (admitted with at least ``cmin``, at most

@@ -43,7 +43,15 @@ bound to the running event loop (one per loop, made on first use); close them wi
 ``await store.aclose()`` in that loop, and the sync ones with ``store.close()``.
 
 Every backend error surfaces as :class:`StoreUnavailableError` (``url`` without the password,
-``op``, ``__cause__`` = the client's exception), wrapped once at the store's edge.
+``op``, ``__cause__`` = the client's exception), wrapped once at the store's edge; no client
+library exception reaches a caller, not even one raised by a connection closed under it.
+
+Bounds: a server store's ``timeout`` bounds every call, whatever the server does (frozen, slow,
+a half-open TCP connection); a call that runs out of it raises :class:`StoreTimeoutError`, which
+a :class:`~floodwall.stores.StoreGuard` takes as proof enough that the store is down. After
+``close()`` the store is closed for good: calls already running and every later one raise
+:class:`StoreClosedError`, which guarded policies handle like any outage (``aclose()`` only
+releases the running loop's connections).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from floodwall._core.errors import ConfigError, FloodwallError
+from floodwall._core.events import Listeners
 
 __all__ = [
     "DELETE",
@@ -63,6 +72,8 @@ __all__ = [
     "Op",
     "Record",
     "Store",
+    "StoreClosedError",
+    "StoreTimeoutError",
     "StoreUnavailableError",
     "Write",
     "redact",
@@ -159,6 +170,15 @@ class StoreUnavailableError(FloodwallError):
         return f"store {self.url} unavailable during {self.op!r}{detail}"
 
 
+class StoreTimeoutError(StoreUnavailableError):
+    """The store did not answer ``op`` within its ``timeout``: a frozen or overloaded server,
+    a half-open connection. Waiting longer would make the protection layer the failure."""
+
+
+class StoreClosedError(StoreUnavailableError):
+    """The store was closed (``close()``) before or while it ran ``op``."""
+
+
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@]*):[^@/]*@", re.IGNORECASE)
 
 
@@ -175,6 +195,8 @@ class Store(ABC):
 
     url: str
     prefix: str
+    timeout: float | None = None
+    """Seconds that bound each call on a server (``None``: the store never waits on one)."""
 
     def __init__(self, url: str, *, prefix: str) -> None:
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
@@ -218,12 +240,21 @@ class Store(ABC):
         """:meth:`ping` for async callers."""
         self.ping()
 
-    def close(self) -> None:  # noqa: B027 - stores without connections have nothing to close
-        """Release the sync connections (the store can be used again afterwards)."""
+    def expect_durable(self, name: str, listeners: Listeners) -> None:  # noqa: B027 - see below
+        """Note that ``name``'s records must survive a server restart (idempotency).
 
-    async def aclose(self) -> None:
-        """Release the sync connections and the running event loop's async ones."""
-        self.close()
+        A store that can tell its server would lose them (a Redis with neither AOF nor RDB)
+        logs a warning and emits a ``"store_volatile"`` event to ``listeners`` when it first
+        connects; the others have nothing to check (docs/distributed.md says what each keeps).
+        """
+
+    def close(self) -> None:  # noqa: B027 - stores without connections have nothing to close
+        """Close the store for good: calls running and later calls raise
+        :class:`StoreClosedError`."""
+
+    async def aclose(self) -> None:  # noqa: B027 - stores without connections keep none
+        """Release the running event loop's async connections and the idle sync ones (at the
+        end of a loop, of an async test); the store stays usable, :meth:`close` ends it."""
 
     def __enter__(self) -> Store:
         return self
@@ -236,6 +267,7 @@ class Store(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -15,8 +15,10 @@ policy applies its ``on_store_error`` mode:
   its share of the limit until the store is back.
 
 Cost of an outage: the failing calls before the breaker opens (``STORE_BREAKER_ERRORS`` = 3
-within ``STORE_BREAKER_WINDOW`` = 10 s) each wait at most the store's ``timeout``; once open,
-calls do not touch the network at all (``short_circuits``). After ``STORE_BREAKER_OPEN`` = 1 s
+within ``STORE_BREAKER_WINDOW`` = 10 s) each wait at most the store's ``timeout``; a call that
+*timed out* (:class:`~floodwall.stores.StoreTimeoutError`: a frozen server) opens it at once,
+since every caller behind it would wait as long. Once open, calls do not touch the network at
+all (``short_circuits``). After ``STORE_BREAKER_OPEN`` = 1 s
 one probe tries the store; success closes the breaker and the guard is back, with no operator
 action; failure doubles the open time, up to ``STORE_BREAKER_MAX_OPEN`` = 10 s, which bounds how
 long a recovered store can go unnoticed.
@@ -27,7 +29,10 @@ after it (``recoveries`` += 1, ``figures["down_for"]`` in seconds). A call alrea
 the store failed says nothing about its recovery: PostgreSQL ends its backends one by one on
 shutdown, so such a straggler can succeed between two failures, and would split one outage in
 two. ``failures``, ``short_circuits`` and
-``degraded`` count calls. An exception that is not a store error (a bug in an op) propagates.
+``degraded`` count calls; ``failed_callers`` counts the callers those failed calls answered (a
+batched call carries many: ``callers=``), with those that gave up waiting behind a stuck call
+(:meth:`StoreGuard.gave_up_async`). An exception that is not a store error (a bug in an op)
+propagates.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall.breaker import CircuitBreaker
-from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+from floodwall.stores.base import Arg, Op, R, Store, StoreTimeoutError, StoreUnavailableError
 from floodwall.stores.memory import MemoryStore
 
 __all__ = ["StoreDown", "StoreErrorMode", "StoreGuard", "check_mode"]
@@ -126,6 +131,7 @@ class StoreGuard:
         self.listeners = listeners if isinstance(listeners, Listeners) else Listeners(listeners)
         """Shared with the policy when it passes its own :class:`Listeners`."""
         self.failures = 0
+        self.failed_callers = 0
         self.short_circuits = 0
         self.degraded = 0
         self.outages = 0
@@ -145,10 +151,13 @@ class StoreGuard:
         self.short_circuits += 1
         return StoreDown(self.mode, exc)
 
-    def _failed(self, exc: StoreUnavailableError) -> StoreDown:
+    def _failed(self, exc: StoreUnavailableError, callers: int) -> StoreDown:
         self.failures += 1
+        self.failed_callers += callers
+        if isinstance(exc, StoreTimeoutError):
+            self.breaker.trip(f"a store call timed out, failing {callers} caller(s): {exc}")
         if self._down_since is None:
-            self._mark_down(self.clock.monotonic(), exc)
+            self._mark_down(self.clock.monotonic(), exc, callers)
         return StoreDown(self.mode, exc)
 
     def _fallback(self) -> bool:
@@ -156,7 +165,7 @@ class StoreGuard:
         self.degraded += 1
         return self.mode == "local"
 
-    def _mark_down(self, now: float, exc: StoreUnavailableError) -> None:
+    def _mark_down(self, now: float, exc: StoreUnavailableError, callers: int) -> None:
         with self._lock:
             if self._down_since is not None:
                 return
@@ -171,7 +180,12 @@ class StoreGuard:
                     name=self.name,
                     time=now,
                     reason=str(exc),
-                    figures={"store": self.store.url, "mode": self.mode, "op": exc.op},
+                    figures={
+                        "store": self.store.url,
+                        "mode": self.mode,
+                        "op": exc.op,
+                        "callers": callers,
+                    },
                 )
             )
 
@@ -211,15 +225,17 @@ class StoreGuard:
         key: str,
         args: Sequence[Arg] = (),
         local_args: Sequence[Arg] | None = None,
+        callers: int = 1,
     ) -> Guarded[R]:
-        """Run ``op`` on the store; when it is down, degrade (never raises a store error)."""
+        """Run ``op`` on the store; when it is down, degrade (never raises a store error).
+        ``callers``: how many callers the op answers (a batch), for ``failed_callers``."""
         was_down = self._down_since is not None
         try:
             value = self.breaker.call(self.store.apply, op, key, args)
         except CircuitOpenError as exc:
             down = self._short_circuited(exc)
         except StoreUnavailableError as exc:
-            down = self._failed(exc)
+            down = self._failed(exc, callers)
         else:
             if was_down and self._down_since is not None:
                 self._mark_up(self.clock.monotonic())
@@ -235,6 +251,7 @@ class StoreGuard:
         key: str,
         args: Sequence[Arg] = (),
         local_args: Sequence[Arg] | None = None,
+        callers: int = 1,
     ) -> Guarded[R]:
         """:meth:`apply` for async callers."""
         was_down = self._down_since is not None
@@ -243,11 +260,36 @@ class StoreGuard:
         except CircuitOpenError as exc:
             down = self._short_circuited(exc)
         except StoreUnavailableError as exc:
-            down = self._failed(exc)
+            down = self._failed(exc, callers)
         else:
             if was_down and self._down_since is not None:
                 self._mark_up(self.clock.monotonic())
             return _new(Guarded, (value, None))
+        if self._fallback():
+            local = await self.local.apply_async(
+                op, key, args if local_args is None else local_args
+            )
+            return _new(Guarded, (local, down))
+        return _new(Guarded, (None, down))
+
+    async def gave_up_async(
+        self,
+        op: Op[R],
+        key: str,
+        args: Sequence[Arg] = (),
+        local_args: Sequence[Arg] | None = None,
+        callers: int = 1,
+    ) -> Guarded[R]:
+        """The degraded answer for callers that waited the store's whole ``timeout`` behind a
+        call still in flight (a batch on a frozen server): counted in ``failed_callers``; the
+        call in flight, when it times out, is what opens the breaker."""
+        try:
+            raise TimeoutError(f"waited {self.store.timeout}s behind a store call in flight")
+        except TimeoutError as cause:
+            error = StoreTimeoutError(self.store.url, op.script)
+            error.__cause__ = cause
+        self.failed_callers += callers
+        down = StoreDown(self.mode, error)
         if self._fallback():
             local = await self.local.apply_async(
                 op, key, args if local_args is None else local_args
@@ -261,6 +303,7 @@ class StoreGuard:
             "state": self.state,
             "breaker": self.breaker.state.name,
             "failures": self.failures,
+            "failed_callers": self.failed_callers,
             "short_circuits": self.short_circuits,
             "degraded": self.degraded,
             "outages": self.outages,

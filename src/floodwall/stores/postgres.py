@@ -21,8 +21,29 @@ Connections: a small pool of ``pool_size`` (default 10) autocommit connections f
 and one per running event loop for async callers (``psycopg.AsyncConnection``). A connection
 that failed, or whose op was cancelled, is closed rather than reused; so is an idle one the server
 hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), so a restart
-between ops costs no failed op. ``timeout`` is the connect timeout (libpq rounds it up to whole
-seconds, 2 s at least).
+between ops costs no failed op.
+
+Bounds: ``timeout`` (default 0.5 s) bounds each op as a whole, from the call: the wait for a
+pooled connection, connecting, and the statements, whatever the server does. Until the server
+has answered once, calls get ``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a
+busy machine are slow, not an outage.
+
+* On the server, ``statement_timeout`` (the timeout) cancels a statement that runs too long, and
+  ``idle_in_transaction_session_timeout`` ends a transaction whose client went away, so row
+  locks never outlive their caller; a frozen server cancels the statement as soon as it resumes.
+* On the client, a statement still running at the deadline has its connection shut down (one
+  watcher thread per store for sync callers, a timer in the event loop for async ones): the
+  caller gets :class:`~floodwall.stores.StoreTimeoutError` at once, the connection is dropped,
+  and the server rolls the transaction back when it sees the connection gone. Shutting the
+  socket down, rather than cancelling the coroutine, keeps psycopg from waiting seconds on a
+  cancel request to a server that does not answer.
+* Connecting runs in a helper thread (at most ``pool_size``) so a connect to a frozen server
+  costs the caller the timeout, not libpq's whole-second ``connect_timeout`` (2 s at least);
+  TCP keepalives and ``tcp_user_timeout`` find a half-open connection.
+
+After :meth:`PostgresStore.close` every call raises :class:`~floodwall.stores.StoreClosedError`;
+:meth:`PostgresStore.aclose` only closes this loop's connections and the idle sync ones.
+Migrations get ``MIGRATE_TIMEOUT_FACTOR`` times the timeout (DDL and the advisory lock).
 
 Schema: the migrations in ``floodwall/stores/sql/postgresql/`` are applied on first use
 (``auto_migrate``, default on; serialised across processes by an advisory lock) or by
@@ -33,24 +54,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
+import os
 import select
+import socket
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
-from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+from floodwall.stores.base import (
+    Arg,
+    Op,
+    R,
+    Store,
+    StoreClosedError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 
 __all__ = ["PostgresStore"]
 
+COLD_TIMEOUT = 2.0
+"""Seconds the calls before the server first answers may take (libpq's own connect minimum)."""
+MIGRATE_TIMEOUT_FACTOR = 20
+"""A migration may take this many store timeouts (10 s by default): DDL, the advisory lock."""
 _BACKEND_ERRORS = (psycopg.Error, OSError)
+"""What a client call raises (an op's own bug, even a ``ValueError``, propagates as it is)."""
 _MIGRATE_LOCK = 0x666C6F6F64  # "flood": the advisory lock that serialises migrations
 _Conn = psycopg.Connection[tuple[Any, ...]]
 _AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -107,18 +147,98 @@ def _hung_up(conn: _Conn | _AsyncConn) -> bool:
         return True
 
 
+def _shut(conn: _Conn | _AsyncConn) -> None:
+    """Shut the connection's socket down under a call blocked on it: the call fails at once
+    (the server's reply can no longer arrive), and the connection is never reused."""
+    with contextlib.suppress(OSError, ValueError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
+class _Deadlines:
+    """Sync calls' deadlines, kept by one daemon thread per store that shuts down the
+    connection of a call still running at its deadline. At most ``pool_size`` calls are
+    watched at once, so finding the next deadline scans a handful of entries."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._running: dict[int, tuple[float, _Conn]] = {}
+        self._expired: set[int] = set()
+        self._tokens = itertools.count()
+        self._wakes_at = math.inf
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, conn: _Conn, deadline: float) -> int:
+        token = next(self._tokens)
+        with self._cond:
+            if self._stopped:  # the store was closed meanwhile: this call ends now
+                self._expired.add(token)
+                _shut(conn)
+                return token
+            self._running[token] = (deadline, conn)
+            if deadline < self._wakes_at:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="floodwall-pg-deadlines", daemon=True
+                    )
+                    self._thread.start()
+                self._cond.notify()
+        return token
+
+    def release(self, token: int) -> bool:
+        """Stop watching; True when the deadline passed and the connection was shut down."""
+        with self._cond:
+            if self._running.pop(token, None) is not None:
+                return False
+            self._expired.discard(token)
+            return True
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                for token, (deadline, conn) in list(self._running.items()):
+                    if deadline <= now:
+                        del self._running[token]
+                        self._expired.add(token)
+                        _shut(conn)  # under the lock: the call cannot hand it back meanwhile
+                self._wakes_at = min((d for d, _ in self._running.values()), default=math.inf)
+                self._cond.wait(None if self._wakes_at == math.inf else self._wakes_at - now)
+
+    def stop(self) -> None:
+        """End every watched call now (the store is closing) and the thread."""
+        with self._cond:
+            self._stopped = True
+            for token, (_, conn) in self._running.items():
+                self._expired.add(token)
+                _shut(conn)
+            self._running.clear()
+            self._cond.notify()
+
+
 class _Pool:
     """At most ``size`` connections; idle ones are reused, failed ones closed."""
 
-    def __init__(self, factory: Callable[[], _Conn], size: int) -> None:
+    def __init__(self, factory: Callable[[float | None], _Conn], size: int, url: str) -> None:
         self._factory = factory
+        self._url = url
         self._idle: list[_Conn] = []
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
+        self.closed = False
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[_Conn]:
-        self._slots.acquire()
+    def connection(self, deadline: float | None = None, op: str = "connect") -> Iterator[_Conn]:
+        """A connection, waited for and made by ``deadline`` (monotonic; ``None``: no bound)."""
+        if self.closed:
+            raise StoreClosedError(self._url, op)
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._slots.acquire(timeout=wait):
+            raise StoreTimeoutError(self._url, op) from TimeoutError("every connection busy")
         conn: _Conn | None = None
         try:
             while True:
@@ -128,7 +248,7 @@ class _Pool:
                     break
                 conn.close()
             if conn is None:
-                conn = self._factory()
+                conn = self._factory(deadline)
             yield conn
         except BaseException:
             if conn is not None:
@@ -137,7 +257,7 @@ class _Pool:
             raise
         finally:
             if conn is not None:
-                if conn.info.transaction_status == TransactionStatus.IDLE:
+                if not self.closed and conn.info.transaction_status == TransactionStatus.IDLE:
                     with self._lock:
                         self._idle.append(conn)
                 else:
@@ -145,6 +265,10 @@ class _Pool:
             self._slots.release()
 
     def close(self) -> None:
+        self.closed = True
+        self.close_idle()
+
+    def close_idle(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -154,43 +278,83 @@ class _Pool:
 class _AsyncPool:
     """:class:`_Pool` for one event loop."""
 
-    def __init__(self, url: str, options: dict[str, Any], size: int) -> None:
+    def __init__(self, url: str, options: dict[str, Any], size: int, redacted: str) -> None:
         self._url = url
+        self._redacted = redacted
         self._options = options
         self._idle: list[_AsyncConn] = []
         self._slots = asyncio.Semaphore(size)
+        self.closed = False
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncConn]:
-        async with self._slots:
+    async def connection(
+        self, deadline: float | None = None, op: str = "connect"
+    ) -> AsyncIterator[_AsyncConn]:
+        """A connection, waited for and made by ``deadline`` (the loop's time; ``None``: no
+        bound)."""
+        if self.closed:
+            raise StoreClosedError(self._redacted, op)
+        async with asyncio.timeout_at(deadline):  # cancelling a wait or a connect is safe
+            await self._slots.acquire()
+        conn: _AsyncConn | None = None
+        try:
             conn = self._idle.pop() if self._idle else None
             while conn is not None and _hung_up(conn):
                 await conn.close()
                 conn = self._idle.pop() if self._idle else None
-            try:
-                if conn is None:
+            if conn is None:
+                async with asyncio.timeout_at(deadline):
                     conn = await psycopg.AsyncConnection.connect(self._url, **self._options)
-                yield conn
-            except BaseException:
-                if conn is not None:
+            yield conn
+        except BaseException:
+            if conn is not None:
+                await conn.close()
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                if not self.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+                    self._idle.append(conn)
+                else:
                     await conn.close()
-                    conn = None
-                raise
-            finally:
-                if conn is not None:
-                    if conn.info.transaction_status == TransactionStatus.IDLE:
-                        self._idle.append(conn)
-                    else:
-                        await conn.close()
+            self._slots.release()
 
     async def close(self) -> None:
+        self.closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close()
 
 
+def _close_late(future: Future[_Conn]) -> None:
+    """A connect the caller stopped waiting for: close what it made, if anything."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
+def _server_bounds(url: str, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """libpq options that bound what the server and the kernel do: statement and idle-in-
+    transaction timeouts (in front of the user's own ``options``), TCP keepalives and
+    ``tcp_user_timeout``. The user's values win."""
+    ms = max(1, round(1000 * timeout))
+    given = {**conninfo_to_dict(url), **options}
+    server = f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={10 * ms}"
+    user = given.get("options")
+    bounds: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(timeout)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": ms,
+        "options": server if not user else f"{server} {user}",
+    }
+    return {name: value for name, value in bounds.items() if name == "options" or name not in given}
+
+
 class PostgresStore(Store):
     """A store in PostgreSQL (see the module docstring). ``connect_options`` go to psycopg."""
+
+    timeout: float
 
     def __init__(
         self,
@@ -204,8 +368,8 @@ class PostgresStore(Store):
         **connect_options: Any,
     ) -> None:
         super().__init__(url, prefix=prefix)
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if not 0 < timeout < math.inf:
+            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if not isinstance(pool_size, int) or pool_size < 1:
             raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
         self.timeout = float(timeout)
@@ -216,50 +380,131 @@ class PostgresStore(Store):
         self._options: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(1, math.ceil(timeout)),
+            **_server_bounds(url, connect_options, self.timeout),
             **connect_options,
         }
-        self._pool = _Pool(self._connect, pool_size)
+        self._pool = _Pool(self._connect, pool_size, self.url)
+        self._deadlines = _Deadlines()
+        self._connector = ThreadPoolExecutor(pool_size, thread_name_prefix="floodwall-pg-connect")
         self._apools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncPool] = (
             weakref.WeakKeyDictionary()
         )
+        self._closed = False
+        self._answered = False
         self._migrated = False
         self._ops = 0
 
-    def _connect(self) -> _Conn:
-        return psycopg.connect(self._url, **self._options)
+    def _connect(self, deadline: float | None) -> _Conn:
+        """A new connection by ``deadline``; the attempt runs on in its thread if it is late,
+        and what it makes then is closed."""
+        try:
+            future = self._connector.submit(psycopg.connect, self._url, **self._options)
+        except RuntimeError as exc:  # the store was closed meanwhile
+            raise StoreClosedError(self.url, "connect") from exc
+        try:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return future.result(timeout=wait)
+        except TimeoutError as exc:
+            future.add_done_callback(_close_late)
+            raise StoreTimeoutError(self.url, "connect") from exc
 
     def _apool(self) -> _AsyncPool:
+        if self._closed:
+            raise StoreClosedError(self.url, "connect")
         loop = asyncio.get_running_loop()
         pool = self._apools.get(loop)
         if pool is None:
-            pool = self._apools[loop] = _AsyncPool(self._url, self._options, self.pool_size)
+            pool = self._apools[loop] = _AsyncPool(
+                self._url, self._options, self.pool_size, self.url
+            )
         return pool
+
+    def _failure(self, exc: BaseException, op: str, expired: bool) -> StoreUnavailableError:
+        if self._closed:
+            error: StoreUnavailableError = StoreClosedError(self.url, op)
+        elif expired or isinstance(exc, TimeoutError | psycopg.errors.QueryCanceled):
+            error = StoreTimeoutError(self.url, op)
+        else:
+            error = StoreUnavailableError(self.url, op)
+        error.__cause__ = exc
+        return error
+
+    def _bound(self) -> float:
+        """Seconds a call may take: the timeout, or :data:`COLD_TIMEOUT` until the server has
+        answered once (the first connections of a process, on a busy machine, are no outage)."""
+        return self.timeout if self._answered else max(self.timeout, COLD_TIMEOUT)
+
+    @contextlib.contextmanager
+    def _bounded(self, op: str, timeout: float | None = None) -> Iterator[_Conn]:
+        """A pooled connection whose use ends by the deadline (see the module docstring);
+        every client error leaves as a typed store error."""
+        deadline = time.monotonic() + (self._bound() if timeout is None else timeout)
+        expired = False
+        try:
+            with self._pool.connection(deadline, op) as conn:
+                token = self._deadlines.watch(conn, deadline)
+                try:
+                    yield conn
+                    self._answered = True
+                finally:
+                    expired = self._deadlines.release(token)
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            if not (isinstance(exc, _BACKEND_ERRORS) or self._closed):
+                raise
+            raise self._failure(exc, op, expired) from exc
+
+    @contextlib.asynccontextmanager
+    async def _bounded_async(self, op: str) -> AsyncIterator[_AsyncConn]:
+        """:meth:`_bounded` for async callers: the event loop's timer shuts the connection."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._bound()
+        shut: list[bool] = []
+
+        def expire(conn: _AsyncConn) -> None:
+            shut.append(True)
+            _shut(conn)
+
+        try:
+            async with self._apool().connection(deadline, op) as conn:
+                timer = loop.call_at(deadline, expire, conn)
+                try:
+                    yield conn
+                    self._answered = True
+                finally:
+                    timer.cancel()
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            if not (isinstance(exc, _BACKEND_ERRORS) or self._closed):
+                raise
+            raise self._failure(exc, op, bool(shut)) from exc
 
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Apply the migrations this database lacks (under an advisory lock); return them."""
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-                conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_sql.SCHEMA_TABLE} (version INTEGER PRIMARY KEY,"
-                    " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-                )
-                cursor = conn.execute(f"SELECT version FROM {_sql.SCHEMA_TABLE}")  # noqa: S608
-                done = {row[0] for row in cursor.fetchall()}
-                applied = []
-                for migration in _sql.migrations("postgresql"):
-                    if migration.version not in done:
-                        for statement in migration.statements:
-                            conn.execute(statement.encode())
-                        conn.execute(
-                            f"INSERT INTO {_sql.SCHEMA_TABLE} (version, name) VALUES (%s, %s)",  # noqa: S608
-                            (migration.version, migration.name),
-                        )
-                        applied.append(migration.version)
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "migrate") from exc
+        bound = MIGRATE_TIMEOUT_FACTOR * self.timeout
+        with self._bounded("migrate", bound) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL statement_timeout = {round(1000 * bound)}")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {_sql.SCHEMA_TABLE} (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            cursor = conn.execute(f"SELECT version FROM {_sql.SCHEMA_TABLE}")  # noqa: S608
+            done = {row[0] for row in cursor.fetchall()}
+            applied = []
+            for migration in _sql.migrations("postgresql"):
+                if migration.version not in done:
+                    for statement in migration.statements:
+                        conn.execute(statement.encode())
+                    conn.execute(
+                        f"INSERT INTO {_sql.SCHEMA_TABLE} (version, name) VALUES (%s, %s)",  # noqa: S608
+                        (migration.version, migration.name),
+                    )
+                    applied.append(migration.version)
         self._migrated = True
         return applied
 
@@ -270,22 +515,19 @@ class PostgresStore(Store):
             self.migrate()
         keys = self.keys(op, key)
         table = _sql.table(op)
-        try:
-            with self._pool.connection() as conn:
-                with conn.transaction():
-                    rows, now = _rows(conn.execute(_lock_sql(table), (keys,)).fetchall())
-                    writes, result = op.step(_sql.records(keys, rows, now), now, args)
-                    upserts, deletes = _sql.plan(keys, rows, writes)
-                    for upsert in upserts:
-                        conn.execute(_update_sql(table), upsert)
-                    if deletes:
-                        conn.execute(_delete_sql(table), (deletes,))
-                self._ops += 1
-                if self._ops % self.purge_every == 0:
-                    for name in _sql.TABLES.values():
-                        conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, op.script) from exc
+        with self._bounded(op.script) as conn:
+            with conn.transaction():
+                rows, now = _rows(conn.execute(_lock_sql(table), (keys,)).fetchall())
+                writes, result = op.step(_sql.records(keys, rows, now), now, args)
+                upserts, deletes = _sql.plan(keys, rows, writes)
+                for upsert in upserts:
+                    conn.execute(_update_sql(table), upsert)
+                if deletes:
+                    conn.execute(_delete_sql(table), (deletes,))
+            self._ops += 1
+            if self._ops % self.purge_every == 0:
+                for name in _sql.TABLES.values():
+                    conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
         return result
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
@@ -293,56 +535,47 @@ class PostgresStore(Store):
             await asyncio.to_thread(self.migrate)
         keys = self.keys(op, key)
         table = _sql.table(op)
-        try:
-            async with self._apool().connection() as conn:
-                async with conn.transaction():
-                    cursor = await conn.execute(_lock_sql(table), (keys,))
-                    rows, now = _rows(await cursor.fetchall())
-                    writes, result = op.step(_sql.records(keys, rows, now), now, args)
-                    upserts, deletes = _sql.plan(keys, rows, writes)
-                    for upsert in upserts:
-                        await conn.execute(_update_sql(table), upsert)
-                    if deletes:
-                        await conn.execute(_delete_sql(table), (deletes,))
-                self._ops += 1
-                if self._ops % self.purge_every == 0:
-                    for name in _sql.TABLES.values():
-                        await conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, op.script) from exc
+        async with self._bounded_async(op.script) as conn:
+            async with conn.transaction():
+                cursor = await conn.execute(_lock_sql(table), (keys,))
+                rows, now = _rows(await cursor.fetchall())
+                writes, result = op.step(_sql.records(keys, rows, now), now, args)
+                upserts, deletes = _sql.plan(keys, rows, writes)
+                for upsert in upserts:
+                    await conn.execute(_update_sql(table), upsert)
+                if deletes:
+                    await conn.execute(_delete_sql(table), (deletes,))
+            self._ops += 1
+            if self._ops % self.purge_every == 0:
+                for name in _sql.TABLES.values():
+                    await conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
         return result
 
     def purge_expired(self) -> int:
         """Delete up to ``STORE_SQL_PURGE_BATCH`` expired rows per table; return how many."""
         removed = 0
-        try:
-            with self._pool.connection() as conn:
-                for name in _sql.TABLES.values():
-                    cursor = conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
-                    removed += cursor.rowcount
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "purge") from exc
+        with self._bounded("purge") as conn:
+            for name in _sql.TABLES.values():
+                cursor = conn.execute(_purge_sql(name), (defaults.STORE_SQL_PURGE_BATCH,))
+                removed += cursor.rowcount
         return removed
 
     def ping(self) -> None:
-        try:
-            with self._pool.connection() as conn:
-                conn.execute("SELECT 1")
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "ping") from exc
+        with self._bounded("ping") as conn:
+            conn.execute("SELECT 1")
 
     async def ping_async(self) -> None:
-        try:
-            async with self._apool().connection() as conn:
-                await conn.execute("SELECT 1")
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "ping") from exc
+        async with self._bounded_async("ping") as conn:
+            await conn.execute("SELECT 1")
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()
+        self._deadlines.stop()
+        self._connector.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
-        self.close()
+        self._pool.close_idle()
         pool = self._apools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()

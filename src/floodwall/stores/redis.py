@@ -19,17 +19,33 @@ Clients: one sync client (thread-safe, pooled), and one async client per running
 (made on first use; close it with ``await store.aclose()`` in that loop). At most
 ``max_connections`` (default 50) ops (``apply_async``) run at once per event loop, so they hold
 at most that many connections (per node on a cluster); further ops wait their turn. Streams
-(:mod:`floodwall.stores.streams`) use the same client beside them. ``timeout`` (default
-``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command; a failed command is retried once
-on a fresh connection (a restarted server leaves dead pooled sockets), then the store raises
-:class:`~floodwall.stores.StoreUnavailableError`.
+(:mod:`floodwall.stores.streams`) use the same client beside them.
+
+Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command, and an
+async op as a whole (its wait for a connection included) once one has succeeded: before, a loop's
+first connections (50 at once, on a busy machine) are bounded step by step. A command that times out
+is never retried (a frozen server would double the wait) and raises
+:class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead connection (a restarted
+server leaves dead pooled sockets, a cluster failover moves a slot) is retried once on a fresh
+connection; then the store raises :class:`~floodwall.stores.StoreUnavailableError`. redis-py's own
+retries are off, so these are the only ones. After :meth:`RedisStore.close`, every call raises
+:class:`~floodwall.stores.StoreClosedError`, including those whose connection was closed under them;
+:meth:`RedisStore.aclose` only lets go of this loop's client and the sync one.
+
+Persistence: when an :class:`~floodwall.Idempotency` uses the store, its first connection asks
+the server (``CONFIG GET save appendonly``, every primary of a cluster) whether records survive
+a restart; with neither RDB snapshots nor an AOF it logs a warning and emits a
+``"store_volatile"`` event. ``check_persistence=False`` turns the check off (a server whose
+``CONFIG`` is disabled is logged as unknown, never failed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,19 +61,31 @@ import redis.asyncio.retry
 import redis.cluster
 import redis.retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
-from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+from floodwall._core.events import Event, Listeners
+from floodwall.stores.base import (
+    Arg,
+    Op,
+    R,
+    Store,
+    StoreClosedError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 
-__all__ = ["RedisStore", "Script", "load_script"]
+__all__ = ["RedisStore", "Script", "load_script", "volatile"]
 
-_BACKEND_ERRORS = (RedisError, RedisClusterException, OSError)
-_RETRIED = (RedisConnectionError, RedisTimeoutError, OSError)
-"""What redis-py's ``Retry`` retries (a socket timeout is an ``OSError``)."""
+log = logging.getLogger("floodwall.stores")
+
+_TIMEOUTS = (RedisTimeoutError, TimeoutError)
+"""A command that ran out of time (``socket.timeout`` is ``TimeoutError``): never retried."""
+_RETRIED = (RedisConnectionError, ClusterDownError, ConnectionError)
+"""A command that failed on a dead connection: retried once, on a fresh one."""
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
 
@@ -81,15 +109,18 @@ def load_script(name: str) -> Script:
 
 
 def _execute(pool: Any, *command: Any) -> Any:
-    """One command on a connection of a single-node client's ``pool``, with the client's retry
-    (once, on a fresh connection) and none of ``execute_command``'s per-call bookkeeping
-    (observability hooks, closures): about 4 µs less per decision, which on a ~50 µs loopback
-    round trip is what separates a decision from a raw ``EVALSHA``."""
+    """One command on a connection of a single-node client's ``pool``, retried once on a fresh
+    connection when the pooled one was dead (never after a timeout), with none of
+    ``execute_command``'s per-call bookkeeping (observability hooks, closures): about 4 µs less
+    per decision, which on a ~50 µs loopback round trip is what separates a decision from a raw
+    ``EVALSHA``."""
     conn = pool.get_connection()
     try:
         try:
             conn.send_command(*command)
             return conn.read_response()
+        except _TIMEOUTS:
+            raise
         except _RETRIED:
             conn.disconnect()  # a dead pooled socket (a restarted server): one fresh try
             conn.send_command(*command)
@@ -111,6 +142,8 @@ async def _execute_async(pool: Any, *command: Any) -> Any:
         try:
             await conn.send_command(*command)
             return await conn.read_response()
+        except _TIMEOUTS:
+            raise
         except _RETRIED:
             await conn.disconnect()
             await conn.send_command(*command)
@@ -124,6 +157,27 @@ async def _execute_async(pool: Any, *command: Any) -> Any:
         await pool.release(conn)
 
 
+def _retried(client: Any, *command: Any) -> Any:
+    """One command on a cluster client, once more after a dead connection or a failover (the
+    client has re-learnt the topology meanwhile), never after a timeout."""
+    try:
+        return client.execute_command(*command)
+    except _TIMEOUTS:
+        raise
+    except _RETRIED:
+        return client.execute_command(*command)
+
+
+async def _retried_async(client: Any, *command: Any) -> Any:
+    """:func:`_retried` for the async cluster client."""
+    try:
+        return await client.execute_command(*command)
+    except _TIMEOUTS:
+        raise
+    except _RETRIED:
+        return await client.execute_command(*command)
+
+
 async def _evalsha(
     run: Callable[..., Awaitable[Any]], script: Script, keys: list[str], args: Sequence[Arg]
 ) -> Any:
@@ -131,6 +185,17 @@ async def _evalsha(
         return await run("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:  # a restarted server, a new node, SCRIPT FLUSH: run it by its source
         return await run("EVAL", script.source, len(keys), *keys, *args)
+
+
+def volatile(config: dict[str, Any]) -> bool:
+    """Whether a server with this ``CONFIG GET save appendonly`` reply keeps nothing across a
+    restart: no RDB save points and no append-only file."""
+    text = {_text(k): _text(v) for k, v in config.items()}
+    return not text.get("save", "").strip() and text.get("appendonly", "no") != "yes"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +231,8 @@ def _parse_cluster(url: str) -> _Target:
 class RedisStore(Store):
     """A store on one Redis server or a Redis Cluster (see the module docstring)."""
 
+    timeout: float
+
     def __init__(
         self,
         url: str,
@@ -173,24 +240,32 @@ class RedisStore(Store):
         prefix: str = defaults.STORE_PREFIX,
         timeout: float = defaults.STORE_TIMEOUT,
         max_connections: int = defaults.STORE_REDIS_MAX_CONNECTIONS,
+        check_persistence: bool = True,
         **client_options: Any,
     ) -> None:
         super().__init__(url, prefix=prefix)
         scheme = urlsplit(url).scheme
         if scheme not in _SCHEMES:
             raise ConfigError(f"url scheme must be one of {sorted(_SCHEMES)}, got {url!r}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
         self.max_connections = max_connections
+        self.check_persistence = check_persistence
         self.cluster = scheme.endswith("+cluster")
         self._url = url
         self._target = _parse_cluster(url) if self.cluster else None
         self._options = client_options
         self._lock = threading.Lock()
+        self._closed = False
+        self._answered = False
+        """Whether an async op has succeeded: until then, connecting is bounded step by step
+        (the first connections of a loop, on a busy machine, are no outage)."""
         self._client: Any = None
         self._run: Any = None
         """How :meth:`apply` sends one command with the sync client (see :func:`_execute`)."""
+        self._durable_for: list[tuple[str, Listeners]] = []
+        self._checked = False
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
@@ -211,7 +286,7 @@ class RedisStore(Store):
         }
 
     def _make_client(self) -> Any:
-        retry = redis.retry.Retry(NoBackoff(), 1)
+        retry = redis.retry.Retry(NoBackoff(), 0)  # the store retries, once, what may be retried
         if self._target is None:
             return redis.Redis.from_url(self._url, retry=retry, **self._common())
         target = self._target
@@ -228,7 +303,7 @@ class RedisStore(Store):
         )
 
     def _make_async_client(self) -> Any:
-        retry = redis.asyncio.retry.Retry(NoBackoff(), 1)
+        retry = redis.asyncio.retry.Retry(NoBackoff(), 0)
         if self._target is None:
             # ops queue for a free connection on the store's own semaphore (_slots), not in
             # redis-py's BlockingConnectionPool, whose condition costs ~7 µs per command
@@ -246,23 +321,46 @@ class RedisStore(Store):
             **self._common(),
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (every call then raises ``StoreClosedError``)."""
+        return self._closed
+
+    def error_for(self, exc: BaseException, op: str) -> StoreUnavailableError:
+        """The typed store error for a client's ``exc`` during ``op`` (its cause is ``exc``):
+        closed, timed out, or unavailable."""
+        if self._closed:
+            error: StoreUnavailableError = StoreClosedError(self.url, op)
+        elif isinstance(exc, _TIMEOUTS):
+            error = StoreTimeoutError(self.url, op)
+        else:
+            error = StoreUnavailableError(self.url, op)
+        error.__cause__ = exc
+        return error
+
     def client(self) -> Any:
         """The sync redis-py client (made on first use)."""
         client = self._client
         if client is None:
             with self._lock:
+                if self._closed:
+                    raise StoreClosedError(self.url, "connect")
                 if self._client is None:
                     try:
                         self._client = self._make_client()
-                    except _BACKEND_ERRORS as exc:
-                        raise StoreUnavailableError(self.url, "connect") from exc
+                    except Exception as exc:
+                        raise self.error_for(exc, "connect") from exc
                 client = self._client
+        if not self._checked and self._durable_for:
+            self._check_persistence(client)
         return client
 
     def _runner(self) -> Any:
         """Make the sync client if need be, and how :meth:`apply` sends one command with it."""
         client = self.client()
-        run = client.execute_command if self.cluster else partial(_execute, client.connection_pool)
+        run = (
+            partial(_retried, client) if self.cluster else partial(_execute, client.connection_pool)
+        )
         self._run = run
         return run
 
@@ -273,6 +371,8 @@ class RedisStore(Store):
         client's lazy discovery can find their connection closed under them (and redis-py then
         retries them, which would run a script twice).
         """
+        if self._closed:
+            raise StoreClosedError(self.url, "connect")
         loop = asyncio.get_running_loop()
         ready = self._aready.get(loop)
         if ready is None:
@@ -284,6 +384,66 @@ class RedisStore(Store):
     async def _initialize(self, client: Any) -> None:
         if self.cluster:
             await client.initialize()
+        if not self._checked and self._durable_for:
+            await self._check_persistence_async(client)
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def expect_durable(self, name: str, listeners: Listeners) -> None:
+        if self.check_persistence:
+            self._durable_for.append((name, listeners))
+            self._checked, self._run = False, None  # the next sync op asks the server
+
+    def _check_persistence(self, client: Any) -> None:
+        self._checked = True
+        try:
+            if self.cluster:
+                replies = client.config_get("save", "appendonly", target_nodes=client.PRIMARIES)
+                self._persistence(list(replies.values()))
+            else:
+                self._persistence([client.config_get("save", "appendonly")])
+        except Exception as exc:  # noqa: BLE001 - a disabled CONFIG, a server away: unknown
+            log.info("could not tell whether %s persists its records: %s", self.url, exc)
+
+    async def _check_persistence_async(self, client: Any) -> None:
+        self._checked = True
+        try:
+            if self.cluster:
+                replies = await client.config_get(
+                    "save", "appendonly", target_nodes=client.PRIMARIES
+                )
+                self._persistence(list(replies.values()))
+            else:
+                self._persistence([await client.config_get("save", "appendonly")])
+        except Exception as exc:  # noqa: BLE001 - as in _check_persistence
+            log.info("could not tell whether %s persists its records: %s", self.url, exc)
+
+    def _persistence(self, configs: list[dict[str, Any]]) -> None:
+        lost = sum(volatile(config) for config in configs)
+        if not lost:
+            return
+        where = (
+            f"{lost} of {len(configs)} primaries of {self.url} have"
+            if self.cluster
+            else f"the server {self.url} has"
+        )
+        reason = (
+            f"{where} neither AOF nor RDB persistence: a restart loses every idempotency "
+            "record, and completed calls run again"
+        )
+        for name, listeners in self._durable_for:
+            log.warning("%s: %s (check_persistence=False silences this)", name, reason)
+            if listeners:
+                listeners.emit(
+                    Event(
+                        kind="store_volatile",
+                        source="store",
+                        name=name,
+                        time=time.monotonic(),
+                        reason=reason,
+                        figures={"store": self.url, "volatile_nodes": lost},
+                    )
+                )
 
     # -- the interface ------------------------------------------------------------------
 
@@ -297,8 +457,10 @@ class RedisStore(Store):
                 raw = run("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
                 raw = run("EVAL", script.source, len(keys), *keys, *args)
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, op.script) from exc
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:  # a closed socket can raise ValueError or AttributeError
+            raise self.error_for(exc, op.script) from exc
         return op.parse(raw)
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
@@ -307,23 +469,23 @@ class RedisStore(Store):
         try:
             client = await self.async_client()
             run = (
-                client.execute_command
+                partial(_retried_async, client)
                 if self.cluster
                 else partial(_execute_async, client.connection_pool)
             )
             # at most max_connections ops in flight, the rest wait their turn: a busy store is
-            # load, not an outage (redis-py's cluster client would fail them instead)
-            async with self._slots():
+            # load, not an outage (redis-py's cluster client would fail them instead); the wait
+            # for a turn counts in the op's timeout
+            async with asyncio.timeout(self.timeout if self._answered else None), self._slots():
                 raw = await _evalsha(run, script, keys, args)
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, op.script) from exc
-        except AttributeError as exc:
-            if not self.cluster:
-                raise
+            self._answered = True
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
             # After a timeout, redis-py's async cluster client re-initialises and may close a
             # connection another command is still writing on ("'NoneType' object has no
             # attribute 'writelines'"): that command failed on the store, not in the caller.
-            raise StoreUnavailableError(self.url, op.script) from exc
+            raise self.error_for(exc, op.script) from exc
         return op.parse(raw)
 
     def _slots(self) -> asyncio.Semaphore:
@@ -336,23 +498,35 @@ class RedisStore(Store):
     def ping(self) -> None:
         try:
             self.client().ping()
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "ping") from exc
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            raise self.error_for(exc, "ping") from exc
 
     async def ping_async(self) -> None:
         try:
-            await (await self.async_client()).ping()
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "ping") from exc
+            client = await self.async_client()
+            async with asyncio.timeout(self.timeout):
+                await client.ping()
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            raise self.error_for(exc, "ping") from exc
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the sync client (a later call, unless closed, makes a new one)."""
         with self._lock:
             client, self._client, self._run = self._client, None, None
         if client is not None:
             client.close()
 
     async def aclose(self) -> None:
-        self.close()
+        self._release()
         loop = asyncio.get_running_loop()
         client = self._aclients.pop(loop, None)
         ready = self._aready.pop(loop, None)

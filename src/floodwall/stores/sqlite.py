@@ -9,8 +9,13 @@ injectable as ``wall_clock``): every process sharing the file is on that host. M
 switches the file to WAL mode. ``timeout`` (default 5 s) is how long an op waits for the write
 lock before the store counts as unavailable.
 
-Sync callers get one connection per thread; async callers go through one worker thread per
-store (SQLite allows one writer at a time anyway), so the event loop never blocks.
+Connections: a pool of at most ``pool_size`` (default 4), each taken for one op and handed back,
+so descriptors stay bounded however many threads come and go (a connection per thread kept two
+descriptors per thread that ever ran an op, until the process ran out). An op waits at most
+``timeout`` for a free connection, as for the write lock. Async callers go through one worker
+thread per store (SQLite allows one writer at a time anyway), so the event loop never blocks; an
+async op waits at most ``timeout`` in all, its turn on that thread included.
+After :meth:`SqliteStore.close` every op raises :class:`~floodwall.stores.StoreClosedError`.
 
 Schema: the migrations in ``floodwall/stores/sql/sqlite/`` are applied on first use
 (``auto_migrate``, default on) or by :func:`floodwall.stores.migrate`.
@@ -23,19 +28,30 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
-from floodwall.stores.base import Arg, Op, R, Store, StoreUnavailableError
+from floodwall.stores.base import (
+    Arg,
+    Op,
+    R,
+    Store,
+    StoreClosedError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 
 __all__ = ["SqliteStore", "sqlite_path"]
 
 SQLITE_TIMEOUT = 5.0
+SQLITE_POOL_SIZE = 4
+"""Connections per store: ops on one file are serialised by its write lock anyway."""
 _BACKEND_ERRORS = (sqlite3.Error, OSError)
 
 
@@ -52,8 +68,16 @@ def sqlite_path(url: str) -> str:
     return path
 
 
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Retrieve a late op's outcome, so an error nobody waits for is not logged as lost."""
+    if not future.cancelled():
+        future.exception()
+
+
 class SqliteStore(Store):
     """A store in one SQLite file (see the module docstring)."""
+
+    timeout: float
 
     def __init__(
         self,
@@ -61,22 +85,26 @@ class SqliteStore(Store):
         *,
         prefix: str = defaults.STORE_PREFIX,
         timeout: float = SQLITE_TIMEOUT,
+        pool_size: int = SQLITE_POOL_SIZE,
         auto_migrate: bool = True,
         wall_clock: Callable[[], float] = time.time,
         purge_every: int = defaults.STORE_SQL_PURGE_EVERY,
     ) -> None:
         super().__init__(url, prefix=prefix)
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+            raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
         self.path = sqlite_path(url)
         self.timeout = float(timeout)
+        self.pool_size = pool_size
         self.auto_migrate = auto_migrate
         self.wall_clock = wall_clock
         self.purge_every = purge_every
-        self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections: list[sqlite3.Connection] = []
-        self._generation = 0
+        self._idle: list[sqlite3.Connection] = []
+        self._slots = threading.BoundedSemaphore(pool_size)
+        self._closed = False
         self._migrated = False
         self._ops = 0
         self._executor: ThreadPoolExecutor | None = None
@@ -91,24 +119,54 @@ class SqliteStore(Store):
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    def _conn(self) -> sqlite3.Connection:
-        local = self._local
-        if getattr(local, "generation", None) != self._generation:
-            fresh = self._connect()
+    @contextlib.contextmanager
+    def _conn(self, op: str) -> Iterator[sqlite3.Connection]:
+        """A pooled connection for one op, every error as a typed store error."""
+        if self._closed:
+            raise StoreClosedError(self.url, op)
+        if not self._slots.acquire(timeout=self.timeout):
+            raise StoreTimeoutError(self.url, op) from TimeoutError("every connection busy")
+        conn: sqlite3.Connection | None = None
+        try:
             with self._lock:
-                self._connections.append(fresh)
-            local.conn, local.generation = fresh, self._generation
-        conn: sqlite3.Connection = local.conn
-        return conn
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._connect()
+            yield conn
+        except BaseException as exc:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                conn = None
+            if isinstance(exc, StoreUnavailableError) or not isinstance(exc, _BACKEND_ERRORS):
+                raise
+            raise self._failure(exc, op) from exc
+        finally:
+            if conn is not None:
+                with self._lock:
+                    keep = not self._closed
+                    if keep:
+                        self._idle.append(conn)
+                if not keep:
+                    conn.close()
+            self._slots.release()
+
+    def _failure(self, exc: BaseException, op: str) -> StoreUnavailableError:
+        if self._closed:
+            error: StoreUnavailableError = StoreClosedError(self.url, op)
+        elif isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            error = StoreTimeoutError(self.url, op)  # the write lock not free within timeout
+        else:
+            error = StoreUnavailableError(self.url, op)
+        error.__cause__ = exc
+        return error
 
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Apply the migrations this file lacks; return their versions."""
-        try:
-            return self._migrate(self._conn())
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "migrate") from exc
+        with self._conn("migrate") as conn:
+            return self._migrate(conn)
 
     def _migrate(self, conn: sqlite3.Connection) -> list[int]:
         with self._lock:  # switching to WAL needs the file to itself; it persists in the file
@@ -146,16 +204,13 @@ class SqliteStore(Store):
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
         name = _sql.table(op)
-        try:
-            conn = self._conn()
+        with self._conn(op.script) as conn:
             if self.auto_migrate and not self._migrated:
                 self._migrate(conn)
             result = self._run(conn, op, name, keys, args)
             self._ops += 1
             if self._ops % self.purge_every == 0:
                 self._purge(conn)
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, op.script) from exc
         return result
 
     def _run(
@@ -202,33 +257,50 @@ class SqliteStore(Store):
 
     def purge_expired(self) -> int:
         """Delete up to ``STORE_SQL_PURGE_BATCH`` expired rows per table; return how many."""
-        try:
-            return self._purge(self._conn())
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "purge") from exc
+        with self._conn("purge") as conn:
+            return self._purge(conn)
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         executor = self._executor
         if executor is None:
             with self._lock:
+                if self._closed:
+                    raise StoreClosedError(self.url, op.script)
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix="floodwall-sqlite")
                 executor = self._executor
-        return await asyncio.get_running_loop().run_in_executor(executor, self.apply, op, key, args)
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(executor, self.apply, op, key, args)
+        except RuntimeError as exc:  # the worker was shut down by close()
+            raise StoreClosedError(self.url, op.script) from exc
+        try:
+            # queued behind other ops on the one worker: at most the timeout in all; a late op
+            # still runs, and its answer is dropped
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+        except TimeoutError as exc:
+            future.add_done_callback(_drop)
+            raise StoreTimeoutError(self.url, op.script) from exc
 
     def ping(self) -> None:
-        try:
-            self._conn().execute("SELECT 1")
-        except _BACKEND_ERRORS as exc:
-            raise StoreUnavailableError(self.url, "ping") from exc
+        with self._conn("ping") as conn:
+            conn.execute("SELECT 1")
+
+    async def aclose(self) -> None:
+        """Close the idle connections; the store stays usable (:meth:`close` ends it)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
 
     def close(self) -> None:
         with self._lock:
-            connections, self._connections = self._connections, []
-            self._generation += 1
+            self._closed = True
+            idle, self._idle = self._idle, []
             executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
-        for conn in connections:
+        if executor is not None:  # queued ops still run, and find the store closed
+            executor.shutdown(wait=False)
+        for conn in idle:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()

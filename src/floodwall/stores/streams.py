@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
@@ -112,9 +112,15 @@ class RedisStream:
     def url(self) -> str:
         return self.store.url
 
-    def _error(self, op: str, exc: BaseException) -> StoreUnavailableError:
-        """The store error for ``op``; raised ``from exc`` by the caller."""
-        return StoreUnavailableError(self.store.url, op)
+    def _fail(self, op: str, exc: Exception) -> NoReturn:
+        """Raise the typed store error for a client's ``exc`` during ``op`` (any exception once
+        the store is closed: a socket closed under a command raises ``ValueError``); an error
+        that is not the client's propagates as it is."""
+        if isinstance(exc, StoreUnavailableError):
+            raise exc
+        if isinstance(exc, _BACKEND_ERRORS) or self.store.closed:
+            raise self.store.error_for(exc, op) from exc
+        raise exc
 
     # -- sync -----------------------------------------------------------------------------------
 
@@ -142,8 +148,8 @@ class RedisStream:
             argv.extend((field, value))
         try:
             raw = self._script(self.store.client(), "stream_add", argv)
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_add", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_add", exc)
         return None if raw is None else _text(raw)
 
     def read(self, count: int) -> list[StreamEntry]:
@@ -160,8 +166,8 @@ class RedisStream:
                 self._group_ready = False  # the stream was deleted under us: start over
                 self._ensure_group(client)
                 return self._read(client, count)
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_read", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_read", exc)
 
     def _read(self, client: Any, count: int) -> list[StreamEntry]:
         mine = _entries(client.xreadgroup(self.group, self.consumer, {self.key: "0"}, count=count))
@@ -182,23 +188,23 @@ class RedisStream:
             return 0
         try:
             raw = self._script(self.store.client(), "stream_ack", [self.group, *ids])
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_ack", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_ack", exc)
         return int(raw)
 
     def length(self) -> int:
         """Entries in the stream: the backlog (delivered or not, not yet acknowledged)."""
         try:
             return int(self.store.client().xlen(self.key))
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_length", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_length", exc)
 
     def delete(self) -> None:
         """Remove the stream and its group (tests, decommissioning)."""
         try:
             self.store.client().delete(self.key)
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_delete", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_delete", exc)
         self._group_ready = False
 
     # -- async ----------------------------------------------------------------------------------
@@ -228,8 +234,8 @@ class RedisStream:
         try:
             client = await self.store.async_client()
             raw = await self._script_async(client, "stream_add", argv)
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_add", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_add", exc)
         return None if raw is None else _text(raw)
 
     async def read_async(self, count: int) -> list[StreamEntry]:
@@ -245,8 +251,8 @@ class RedisStream:
                 self._group_ready = False
                 await self._ensure_group_async(client)
                 return await self._read_async(client, count)
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_read", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_read", exc)
 
     async def _read_async(self, client: Any, count: int) -> list[StreamEntry]:
         mine = _entries(
@@ -272,8 +278,8 @@ class RedisStream:
         try:
             client = await self.store.async_client()
             raw = await self._script_async(client, "stream_ack", [self.group, *ids])
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_ack", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_ack", exc)
         return int(raw)
 
     async def length_async(self) -> int:
@@ -281,8 +287,8 @@ class RedisStream:
         try:
             client = await self.store.async_client()
             return int(await client.xlen(self.key))
-        except _BACKEND_ERRORS as exc:
-            raise self._error("stream_length", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _fail
+            self._fail("stream_length", exc)
 
     def __repr__(self) -> str:
         return f"RedisStream({self.name!r}, consumer={self.consumer!r}, store={self.store.url})"

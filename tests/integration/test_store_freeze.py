@@ -1,0 +1,297 @@
+"""Freeze a real server with SIGSTOP for 3 s under load, then SIGCONT it.
+
+A frozen server is the fault a protection layer exists for: the TCP connection stays up, the
+kernel acknowledges every byte, and no reply ever comes. Each test runs a global limiter
+(``on_store_error="fail_closed"``, a limit no caller reaches, so *allowed* means "the store
+answered") from sync threads and async tasks at once, on PostgreSQL, Redis and one master of a
+Redis Cluster, and checks what the callers saw:
+
+* no exception escapes;
+* the worst wait of any call is at most 1.2 × the store timeout (plus the worst wait measured on
+  the healthy store just before, which is what a busy machine adds to any call);
+* the first ``fail_closed`` answer comes within one timeout of the freeze;
+* calls are answered by the store again within 1 s of SIGCONT.
+
+Each freeze test starts servers of its own (a frozen shared server would stall other tests).
+Every SIGSTOP is undone by a SIGCONT in a ``finally``. A live PostgreSQL whose row the op needs
+is locked by another session shows the other half: the caller is answered within the timeout
+and the server cancels the waiting statement. Figures go to stdout (``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis.cluster
+
+from floodwall.frequency import ONCE
+from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.stores import Store, StoreTimeoutError, connect
+from servers import FAULT_OPEN, PostgresServer, RedisCluster, RedisServer, store_breaker
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("store_freeze")]
+
+TIMEOUT = 0.5
+"""The stores' timeout (the default, ``STORE_TIMEOUT``)."""
+FREEZE = 3.0
+HEALTHY = 1.0
+"""Seconds of load before the freeze (the baseline) and after SIGCONT."""
+AFTER = 1.5
+THREADS = 8
+TASKS = 64
+KEYS = 4
+"""Keys the callers share: async tasks on one key are coalesced into batches."""
+RESTORED_WITHIN = 1.0
+
+
+@dataclass
+class Load:
+    """What the callers saw: ``(start, end, shell, allowed)`` per call, and any escape."""
+
+    calls: list[tuple[float, float, str, bool]] = field(default_factory=list)
+    escaped: list[BaseException] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def window(self, since: float, until: float) -> list[float]:
+        """How long each call that started in ``[since, until)`` took."""
+        return [end - start for start, end, _, _ in self.calls if since <= start < until]
+
+    def healthy(self, since: float, until: float) -> list[float]:
+        """How long each call that ran entirely within ``[since, until)`` took."""
+        return [end - start for start, end, _, _ in self.calls if since <= start and end < until]
+
+
+def _sync_worker(limiter: GlobalLimiter, keys: list[str], n: int, load: Load) -> None:
+    key = keys[n % len(keys)]
+    while not load.stop.is_set():
+        start = time.monotonic()
+        try:
+            allowed = limiter.try_acquire(key)
+        except BaseException as exc:
+            load.escaped.append(exc)
+            return
+        load.calls.append((start, time.monotonic(), "sync", allowed))
+        time.sleep(0.001)
+
+
+def _async_load(limiter: GlobalLimiter, keys: list[str], load: Load, store: Store) -> None:
+    async def task(n: int) -> None:
+        key = keys[n % len(keys)]
+        while not load.stop.is_set():
+            start = time.monotonic()
+            try:
+                allowed = await limiter.try_acquire_async(key)
+            except BaseException as exc:
+                load.escaped.append(exc)
+                return
+            load.calls.append((start, time.monotonic(), "async", allowed))
+            await asyncio.sleep(0.001)
+
+    async def main() -> None:
+        try:
+            await asyncio.gather(*(task(n) for n in range(TASKS)))
+        finally:
+            await store.aclose()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def frozen(pids: Callable[[], list[int]]) -> Iterator[list[float]]:
+    """SIGSTOP ``pids()`` now; SIGCONT them on exit, whatever happens; yields ``[stopped_at,
+    continued_at]`` (the second set on exit)."""
+    stopped = pids()
+    marks = [time.monotonic()]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield marks
+    finally:
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        marks.append(time.monotonic())
+
+
+def _run_freeze(url: str, keys: list[str], pids: Callable[[], list[int]], label: str) -> None:
+    store = connect(url, prefix=f"freeze-{label}:", timeout=TIMEOUT)
+    limiter = GlobalLimiter(
+        "fixed_window",
+        "100000000/s",
+        store=store,
+        name=f"freeze-{label}",
+        on_store_error="fail_closed",
+        breaker=store_breaker(label),
+    )
+    assert limiter.try_acquire(keys[0])  # connected (and migrated) before the clock starts
+    load = Load()
+    workers = [
+        threading.Thread(target=_sync_worker, args=(limiter, keys, n, load), daemon=True)
+        for n in range(THREADS)
+    ]
+    workers.append(
+        threading.Thread(target=_async_load, args=(limiter, keys, load, store), daemon=True)
+    )
+    began = time.monotonic()
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(HEALTHY)
+        with frozen(pids) as marks:
+            time.sleep(FREEZE)
+        time.sleep(AFTER)
+    finally:
+        load.stop.set()
+        for worker in workers:
+            worker.join(timeout=10)
+        store.close()
+    assert not any(worker.is_alive() for worker in workers), "a caller is still stuck"
+    _check(load, limiter, label, began, stopped=marks[0], resumed=marks[1])
+
+
+def _check(
+    load: Load, limiter: GlobalLimiter, label: str, began: float, *, stopped: float, resumed: float
+) -> None:
+    assert load.escaped == [], load.escaped[:3]
+    warm = began + 0.2  # threads and the loop started, first connections made
+    baseline = max(load.healthy(warm, stopped))
+    worst = max(end - start for start, end, _, _ in load.calls)
+    allowed_wait = 1.2 * TIMEOUT + baseline
+    first_closed = min(end for start, end, _, ok in load.calls if not ok and start >= stopped)
+    restored = {
+        shell: min(
+            (end for start, end, kind, ok in load.calls if ok and kind == shell and end > resumed),
+            default=float("inf"),
+        )
+        - resumed
+        for shell in ("sync", "async")
+    }
+    before = len(load.healthy(warm, stopped)) / (stopped - warm)
+    during = len(load.window(stopped, resumed)) / (resumed - stopped)
+    tail = resumed + max(restored.values())
+    after = len(load.window(tail, tail + 0.5)) / 0.5
+    answered_late = [
+        (start, end) for start, end, _, ok in load.calls if ok and start > tail and end > tail
+    ]
+    print(
+        f"\n{label}: timeout {TIMEOUT}s, freeze {resumed - stopped:.2f}s; worst call "
+        f"{1000 * worst:.0f} ms (bound {1000 * allowed_wait:.0f} ms = 1.2 x timeout + healthy "
+        f"worst {1000 * baseline:.0f} ms); first fail_closed answer "
+        f"{1000 * (first_closed - stopped):.0f} ms after SIGSTOP; store answering again "
+        f"{ {k: round(1000 * v) for k, v in restored.items()} } ms after SIGCONT; decisions/s "
+        f"before {before:.0f}, frozen {during:.0f}, after {after:.0f}; guard "
+        f"{limiter.guard.snapshot()}"
+    )
+    assert worst <= allowed_wait, (worst, allowed_wait)
+    assert first_closed - stopped <= TIMEOUT + baseline
+    assert all(v <= RESTORED_WITHIN + FAULT_OPEN for v in restored.values()), restored
+    assert answered_late, "no call was answered by the store after it recovered"
+    assert limiter.guard.outages >= 1 and limiter.guard.failed_callers >= 1
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and its children (a postmaster's backends), from /proc."""
+    found = [pid]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_frozen_postgres_bounds_every_caller() -> None:
+    with PostgresServer() as server:
+
+        def pids() -> list[int]:
+            postmaster = server.postmaster_pid()
+            assert postmaster is not None
+            return _descendants(postmaster)
+
+        _run_freeze(server.dsn, [f"k{n}" for n in range(KEYS)], pids, "postgres")
+
+
+def test_frozen_redis_bounds_every_caller() -> None:
+    with RedisServer() as server:
+        _run_freeze(server.url, [f"k{n}" for n in range(KEYS)], lambda: [server.pid], "redis")
+
+
+def test_a_frozen_cluster_master_bounds_every_caller() -> None:
+    """Keys whose slots live on the first master; that master alone is frozen."""
+    with RedisCluster() as cluster:
+        frozen_node = cluster.nodes[0]
+        client = redis.cluster.RedisCluster(host="127.0.0.1", port=frozen_node.port)
+        try:
+            keys: list[str] = []
+            for n in range(10_000):
+                slot = client.keyslot(f"rl:freeze-cluster:k{n}")  # type: ignore[no-untyped-call]
+                node = client.nodes_manager.get_node_from_slot(slot)
+                if node.port == frozen_node.port:
+                    keys.append(f"k{n}")
+                if len(keys) == KEYS:
+                    break
+        finally:
+            client.close()
+        _run_freeze(cluster.url, keys, lambda: [frozen_node.pid], "cluster")
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_postgres_op_stuck_on_a_row_lock_ends_on_both_sides(
+    postgres_dsn: str, shell: str
+) -> None:
+    """A live server with the op's row locked by someone else: the caller gets
+    StoreTimeoutError within the timeout, and the server cancels the waiting statement
+    (statement_timeout), so nothing of the caller's keeps waiting on the lock."""
+    prefix = f"lock-{shell}-{os.getpid()}:"
+    store = connect(postgres_dsn, prefix=prefix, timeout=TIMEOUT)
+    store.apply(ONCE, "k", [60_000])  # the row exists, and the store has answered once
+    with psycopg.connect(postgres_dsn) as holder:
+        holder.execute("SELECT 1 FROM floodwall_kv WHERE key = %s FOR UPDATE", (f"{prefix}{{k}}",))
+
+        def call() -> object:
+            if shell == "sync":
+                return store.apply(ONCE, "k", [60_000])
+            return asyncio.run(_apply_async_then_close(store))
+
+        start = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            call()
+        waited = time.monotonic() - start
+
+        def waiting_on_the_lock() -> int:
+            with psycopg.connect(postgres_dsn, autocommit=True) as probe:
+                row = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s",
+                    ("%floodwall_kv%",),
+                ).fetchone()
+                return int(row[0]) if row else -1
+
+        deadline = time.monotonic() + 2 * TIMEOUT
+        while waiting_on_the_lock() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = waiting_on_the_lock()
+        holder.rollback()
+    store.close()
+    print(f"\npostgres row lock ({shell}): caller answered after {1000 * waited:.0f} ms")
+    assert waited <= 1.2 * TIMEOUT + 0.2, waited
+    assert left == 0, "the server still runs the caller's statement"
+
+
+async def _apply_async_then_close(store: Store) -> None:
+    try:
+        await store.apply_async(ONCE, "k", [60_000])
+    finally:
+        await store.aclose()
