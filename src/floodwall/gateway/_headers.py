@@ -14,6 +14,11 @@
 * **Request ids**: kept from a trusted proxy when well-formed (``[A-Za-z0-9._:-]``, at most
   128 characters), else made here: a random per-process prefix and a counter (unique across
   workers and hosts, and far cheaper than a UUID per request).
+* **Syntax** the parsers let through: an upstream answer whose field names are not RFC 9110
+  tokens (``Content-Length : 8`` arrives as a field named ``"Content-Length "``) or whose field
+  values or reason phrase hold control characters is refused (:func:`answer_head_error`); a
+  ``Host`` that is not an RFC 3986 authority without userinfo is refused
+  (:func:`host_error`). Both are one precompiled scan per message.
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ import ipaddress
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 __all__ = [
     "HOP_BY_HOP",
     "REQUEST_DROPPED",
     "RESPONSE_DROPPED",
+    "answer_head_error",
     "client_address",
     "connection_tokens",
     "forwarded_element",
     "forwarding_headers",
+    "host_error",
     "new_request_id",
     "trust_check",
     "valid_request_id",
@@ -62,6 +69,17 @@ RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level"}
 for the gateway's own early shedding, not for its clients)."""
 
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_NOT_TOKEN: Final = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+"""A byte outside RFC 9110 §5.6.2 ``tchar``."""
+_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+"""A control character other than HTAB (RFC 9110 §5.5: field values are VCHAR, SP, HTAB and
+obs-text)."""
+_CONTROL_TEXT: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_HOST: Final = re.compile(
+    r"(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{0,5})?"
+)
+"""RFC 9110 §7.2 ``Host = uri-host [ ":" port ]``: an RFC 3986 reg-name or IPv4 address, or a
+bracketed IPv6 address (IPvFuture and zone ids are not accepted), then an optional port."""
 _PREFIX: Final = os.urandom(6).hex()
 _COUNTER = itertools.count(1)
 
@@ -171,3 +189,38 @@ def valid_request_id(value: str | None) -> bool:
 def new_request_id() -> str:
     """A fresh request id: 12 random hex digits per process, then a counter."""
     return f"{_PREFIX}-{next(_COUNTER):x}"
+
+
+def answer_head_error(reason: str, raw_headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """Why an upstream answer's head may not be forwarded, or ``None``: a field name that is
+    not a token, a control character in a field value or in the reason phrase. (The parser
+    already refused empty names, NUL, bare CR and conflicting framing.)"""
+    if _NOT_TOKEN.search(b"".join([name for name, _ in raw_headers])):
+        for name, _ in raw_headers:
+            if _NOT_TOKEN.search(name):
+                return f"the field name {name!r} is not a token"
+    if _CONTROL.search(b"".join([value for _, value in raw_headers])):
+        for name, value in raw_headers:
+            if _CONTROL.search(value):
+                return f"a control character in the value of {name.decode('latin-1')}"
+    if _CONTROL_TEXT.search(reason):
+        return "a control character in the reason phrase"
+    return None
+
+
+def host_error(value: str) -> str | None:
+    """Why ``value`` is not a valid ``Host`` (RFC 9110 §7.2), or ``None``. Empty is refused
+    too: an ``http`` URI must have a host (RFC 9110 §4.2.1)."""
+    if _HOST.fullmatch(value) is None:
+        return "Host is not a valid authority (host[:port])"
+    if value.startswith("["):
+        literal = value[1 : value.index("]")]
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return "Host is not a valid IPv6 literal"
+    port = value.rpartition("]")[2] if value.startswith("[") else value
+    _, colon, digits = port.rpartition(":")
+    if colon and len(digits) == 5 and int(digits) > 65535:
+        return "the port in Host is above 65535"
+    return None
