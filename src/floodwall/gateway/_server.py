@@ -172,19 +172,21 @@ class EdgeServer(web.Server):
         rules = self.rules
         if isinstance(protocol, HeadTimeoutProtocol):
             protocol._fw_rules = rules  # a reload reaches open connections' next head
-        if message is ERROR:  # the parser refused it: handle_error answers, in HTTP/1.1
-            request = EdgeRequest(_ERROR_11, payload, protocol, writer, task, self._loop)
-            request.server_header = rules.server_header
-            return request
-        refusal = rules.check(message)
+        refusal = None
         host = None
-        if refusal is not None and refusal.version_error:
-            message = message._replace(version=HttpVersion11, should_close=True)
-        elif refusal is None and message.url.absolute:
-            host = message.url.raw_authority  # RFC 9112 §3.2.2: the target's authority wins
+        if message is ERROR:  # the parser refused it: handle_error answers, in HTTP/1.1
+            message = _ERROR_11
+        else:
+            refusal = rules.check(message)
+            if refusal is not None and refusal.version_error:
+                message = message._replace(version=HttpVersion11, should_close=True)
+            elif refusal is None and message.path[:1] != "/" and message.url.absolute:
+                host = message.url.raw_authority  # RFC 9112 §3.2.2: the target's wins
         request = EdgeRequest(message, payload, protocol, writer, task, self._loop, host=host)
-        request.refusal = refusal
-        request.server_header = rules.server_header
+        if refusal is not None:  # (the defaults are class attributes: no writes per request)
+            request.refusal = refusal
+        if rules.server_header is not None:
+            request.server_header = rules.server_header
         return request
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
