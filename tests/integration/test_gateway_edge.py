@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -459,3 +460,28 @@ def test_valid_answer_fields_still_pass(
     assert _status(answer) == 200, answer[:300]
     assert seen in _head(answer)
     assert answer.endswith(b"\r\n\r\nok")
+
+
+def test_a_body_left_unread_is_not_counted_as_a_head(
+    raw_upstream: Callable[..., RawUpstream],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    upstream = raw_upstream()
+    config = _config(upstream, edge={"max_head": 4096})
+    config["routes"] = [{"match": {"path_prefix": "/api"}, "upstream": "raw"}]
+    gw = gateways(config)
+    body = b"b" * 50_000  # answered 404 before it is read: aiohttp reads it away afterwards
+    post = b"POST /elsewhere HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(post)
+        answer = sock.recv(65536)
+        for start in range(0, len(body), 4096):
+            sock.sendall(body[start : start + 4096])
+        sock.sendall(_get(b"/api/x", b"Host: a"))
+        sock.settimeout(3)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+    assert statuses == [404, 200], answer[:600]  # one answer each: no 431 for the body
+    assert [head[0] for head in upstream.heads()] == [b"GET /api/x HTTP/1.1"]

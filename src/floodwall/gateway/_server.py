@@ -57,6 +57,9 @@ class HeadTimeoutProtocol(RequestHandler):
     _fw_between = True
     _fw_head_bytes = 0
     """Bytes received since the head now arriving began (while no head is complete)."""
+    _fw_body: StreamReader | None = None
+    """The last request's body: until it is all in, bytes are body, not a new head (aiohttp
+    reads away a body its handler left unread)."""
 
     def data_received(self, data: bytes) -> None:
         before = self._request_count
@@ -66,20 +69,26 @@ class HeadTimeoutProtocol(RequestHandler):
             self._fw_head_bytes = 0
             self._fw_cancel()
         elif data and self._fw_between and self.transport is not None:
+            body = self._fw_body
+            if body is not None and not body.is_eof():
+                return
             self._fw_head_bytes += len(data)
             rules = self._fw_rules
-            if rules is not None and self._fw_head_bytes > rules.max_head:
-                self._fw_refuse_head(rules)
-            elif self._fw_timer is None:
+            over = rules is not None and self._fw_head_bytes > rules.max_head
+            if over and rules is not None and self._fw_refuse_head(rules):
+                return
+            if self._fw_timer is None:
                 self._fw_timer = self._loop.call_later(self._fw_head_timeout, self._fw_expire)
 
-    def _fw_refuse_head(self, rules: EdgeRules) -> None:
-        """A head still arriving past ``max_head``: 431 and close, before it grows further."""
+    def _fw_refuse_head(self, rules: EdgeRules) -> bool:
+        """A head still arriving past ``max_head``: 431 and close, before it grows further
+        (unless an answer is still due: the parser's own limits bound the head meanwhile)."""
         if self._messages or self._request_in_progress or self.transport is None:
-            return  # an answer is due first; the parser's own limits bound this head meanwhile
+            return False
         quiet.debug("refusing a request head: more than %d bytes", rules.max_head)
         self.transport.write(_raw_answer(rules.too_large, rules.server_header))
         self.force_close()
+        return True
 
     def handle_error(
         self,
@@ -111,12 +120,13 @@ class HeadTimeoutProtocol(RequestHandler):
             quiet.debug("closing a connection: request head not complete in time")
             self.force_close()
 
-    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:
+    async def _handle_request(self, request: web.BaseRequest, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super()._handle_request(*args, **kwargs)
+            return await super()._handle_request(request, *args, **kwargs)
         finally:
             self._fw_between = True
             self._fw_head_bytes = 0
+            self._fw_body = request.content
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._fw_cancel()
