@@ -358,6 +358,18 @@ def test_no_server_field_on_any_answer_by_default(
         assert b"aiohttp" not in answer and b"Python/" not in answer, source
 
 
+def test_no_server_field_on_the_admin_listener_either(
+    edge: tuple[GatewayThread, RawUpstream],
+) -> None:
+    gw, _ = edge
+    admin = gw.supervisor.admin
+    assert admin is not None
+    for path, status in ((b"/healthz", 200), (b"/status", 401), (b"/nowhere", 401)):
+        answer = raw_http(admin.port, _get(path, b"Host: a"))
+        assert _status(answer) == status, answer[:300]
+        assert _field(answer, b"Server") is None, answer[:300]
+
+
 def test_a_configured_server_field_is_on_every_answer(
     raw_upstream: Callable[..., RawUpstream],
     gateways: Callable[[dict[str, Any]], GatewayThread],

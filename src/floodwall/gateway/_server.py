@@ -42,7 +42,14 @@ from aiohttp.web_protocol import ERROR, RequestHandler
 from floodwall.gateway._edge import EdgeRefusal, EdgeRules
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 
-__all__ = ["EdgeRequest", "EdgeServer", "HeadTimeoutProtocol", "listen_socket", "parser_refusal"]
+__all__ = [
+    "EdgeRequest",
+    "EdgeServer",
+    "HeadTimeoutProtocol",
+    "listen_socket",
+    "no_server_field",
+    "parser_refusal",
+]
 
 quiet = logging.getLogger("floodwall.gateway.protocol")
 """aiohttp logs every malformed request with a traceback; the gateway counts them instead."""
@@ -209,6 +216,11 @@ class EdgeServer(web.Server):
 
 _ERROR_11 = ERROR._replace(version=HttpVersion11)
 """aiohttp's stand-in for a request it could not parse, answered in HTTP/1.1 (not 1.0)."""
+
+
+async def no_server_field(request: web.Request, response: web.StreamResponse) -> None:
+    """An ``on_response_prepare`` hook: no ``Server`` field (the admin listener's answers)."""
+    response.headers.popall("Server", None)
 
 
 def answer(refusal: EdgeRefusal) -> web.Response:
