@@ -201,6 +201,8 @@ def test_parser_refusals_map_to_statuses() -> None:
     version = BadStatusLine("Bad status line:\n  Invalid HTTP version:\n\n  b'GET / HTTP/9.9'")
     assert parser_refusal(version).status == 505
     assert parser_refusal(LineTooLong(b"/aaaa...", 8190)).status == 414
+    from_llhttp = LineTooLong(bytearray(b"/aaaa..."), 8190)  # type: ignore[arg-type] # it does
+    assert parser_refusal(from_llhttp).status == 414
     assert parser_refusal(LineTooLong(b"http://h/aaaa...", 8190)).status == 414
     assert parser_refusal(LineTooLong(b"X-Big...", 8190)).status == 431
     assert parser_refusal(BadHttpMessage("Too many headers received")).status == 431

@@ -295,6 +295,30 @@ def test_a_head_still_arriving_is_cut_off_at_the_cap(
     assert upstream.received == []
 
 
+def test_the_parsers_own_refusals_name_their_status(
+    raw_upstream: Callable[..., RawUpstream],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream = raw_upstream()
+    gw = gateways(_config(upstream, limits={"max_line": 1024, "max_headers": 20}))
+    many = [b"X-%d: v" % i for i in range(30)]
+    cases = [
+        (_get(b"/" + b"a" * 2000, b"Host: a"), 414, "request_line_too_long"),
+        (_get(b"/x", b"Host: a", b"X-Big: " + b"b" * 2000), 431, "request_field_too_large"),
+        (_get(b"/x", b"Host: a", *many), 431, "request_field_too_large"),
+        (b"GET /x HTTP/1.1\r\nHost: a\r\nX: a\x01b\r\n\r\n", 400, "bad_request"),
+    ]
+    with caplog.at_level(logging.DEBUG, logger="floodwall.gateway"):
+        for attempt, status, kind in cases:
+            answer = raw_http(gw.port, attempt)
+            assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:300]
+            assert _kind(answer) == kind
+            assert b"\\x01" not in answer and b"aaaa" not in answer  # the request is not quoted
+    assert upstream.received == []
+    assert not [r for r in caplog.records if r.exc_info], "refusals are logged without traceback"
+
+
 DOT_PARAMETERS = [b"/api/..;/admin", b"/api/.;x=1/admin", b"/api/%2e%2e;/admin", b"/a/..;v/..;/"]
 
 

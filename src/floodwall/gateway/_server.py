@@ -241,8 +241,9 @@ def parser_refusal(exc: HttpProcessingError) -> EdgeRefusal:
     if isinstance(exc, BadStatusLine) and "Invalid HTTP version" in said:
         return EdgeRefusal(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1")
     if isinstance(exc, LineTooLong):
-        line = exc.args[0] if exc.args and isinstance(exc.args[0], bytes) else b""
-        if line.startswith((b"/", b"*")) or b"://" in line[:16]:
+        said_line = exc.args[0] if exc.args else b""
+        line = bytes(said_line) if isinstance(said_line, bytes | bytearray) else b""
+        if line.startswith((b"/", b"*")) or b"://" in line[:16]:  # the target, not a field
             return EdgeRefusal(414, "request_line_too_long", "the request line is too long")
         return EdgeRefusal(431, "request_field_too_large", "a request field is too long")
     if said.startswith("Too many headers"):
