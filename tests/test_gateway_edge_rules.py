@@ -208,3 +208,21 @@ def test_parser_refusals_map_to_statuses() -> None:
     assert parser_refusal(BadHttpMessage("Too many headers received")).status == 431
     quoted = parser_refusal(BadHttpMessage("Invalid header value char:\n\n  b'X: a\\x01b'"))
     assert (quoted.status, quoted.detail) == (400, "Invalid header value char")  # no echo
+
+
+def test_edge_options_are_validated() -> None:
+    from floodwall._core.errors import ConfigError
+    from floodwall.gateway.config import parse_gateway
+
+    with pytest.raises(ConfigError, match=r"edge\.max_head: .*greater than or equal to 1024"):
+        parse_gateway({"edge": {"max_head": 512}}, "gw.yaml")
+    with pytest.raises(ConfigError, match=r"edge\.path_parameters"):
+        parse_gateway({"edge": {"path_parameters": "strip"}}, "gw.yaml")
+    with pytest.raises(ConfigError, match=r"edge\.server_header: must be printable ASCII"):
+        parse_gateway({"edge": {"server_header": "a\x7fb"}}, "gw.yaml")
+    defaults = parse_gateway({}, "gw.yaml").edge
+    assert (defaults.max_head, defaults.path_parameters, defaults.server_header) == (
+        32768,
+        "refuse_dot_segments",
+        None,
+    )
