@@ -237,3 +237,31 @@ async def test_a_field_with_a_line_break_is_never_written() -> None:
             await client.request(origin, "GET", "/", [("X-A", "b\r\nX-Injected: 1")], None)
         assert client.open == 0
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n", "field name b'Content-Length ' is not"),
+        (b"HTTP/1.1 200 OK\r\nX-A: \x01\r\nContent-Length: 2\r\n", "value of X-A"),
+        (b"HTTP/1.1 200 O\x7fK\r\nContent-Length: 2\r\n", "reason phrase"),
+    ],
+)
+async def test_an_answer_head_that_breaks_the_field_syntax_is_refused(
+    head: bytes, why: str
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await read_head(reader)
+                writer.write(b"HTTP/1.1 100 Continue\r\nX-Early: \x01\r\n\r\n" + head + b"\r\nok")
+
+    async with serve(handler) as origin:
+        client = pool()
+        with pytest.raises(UpstreamProtocolError, match=why):
+            await get(client, origin)
+        assert (client.open, client.idle) == (0, 0)  # closed, never given back to the pool
+        with pytest.raises(UpstreamProtocolError):
+            await get(client, origin)
+        assert client.connects == 2
+        await client.close()

@@ -78,8 +78,8 @@ def test_oversized_heads_are_refused(setup: tuple[GatewayThread, Upstream]) -> N
     long_line = b"GET /" + b"a" * 2000 + b" HTTP/1.1\r\n" + HEAD + b"\r\n"
     long_field = b"GET / HTTP/1.1\r\n" + HEAD + b"X-Big: " + b"b" * 2000 + b"\r\n\r\n"
     many = b"GET / HTTP/1.1\r\n" + HEAD + b"".join(b"X-%d: v\r\n" % i for i in range(40)) + b"\r\n"
-    for attempt in (long_line, long_field, many):
-        assert _status(raw_http(gw.port, attempt)) in (400, 414, 431)
+    for attempt, status in ((long_line, 414), (long_field, 431), (many, 431)):
+        assert _status(raw_http(gw.port, attempt)) == status
     big_body = b"POST / HTTP/1.1\r\n" + HEAD + b"Content-Length: 5000\r\n\r\n" + b"x" * 5000
     assert _status(raw_http(gw.port, big_body)) == 413
     chunked = b"POST / HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\n"

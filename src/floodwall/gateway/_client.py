@@ -9,7 +9,10 @@ and keeps what matters from aiohttp:
 
 * answers are parsed by aiohttp's own :class:`~aiohttp.client_proto.ResponseHandler` (llhttp,
   strict: conflicting ``Content-Length``/``Transfer-Encoding``, bad chunking or oversized lines
-  fail the answer), with the same flow control on answer bodies;
+  fail the answer), with the same flow control on answer bodies; what its lenient response
+  mode lets through is refused here (a field name that is not a token, such as
+  ``Content-Length : 8``, a control character in a value or in the reason phrase), so the
+  proxy answers 502 and a warning names the endpoint and the reason;
 * a request head is written only when no field breaks its line (no CR/LF injection);
 * a connection goes back to the pool only when its answer was read to the end, the request
   body was sent whole, and neither side asked to close; anything else closes it;
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -40,6 +44,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EofStream, StreamReader
 from multidict import CIMultiDictProxy
 
+from floodwall.gateway._headers import answer_head_error
+
 __all__ = [
     "ConnectionPool",
     "Origin",
@@ -51,6 +57,7 @@ __all__ = [
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
 """Methods sent without ``Content-Length: 0`` when they carry no body (as aiohttp does)."""
 _REPLAYABLE: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+log = logging.getLogger("floodwall.gateway")
 """RFC 9110 §9.2.2 idempotent methods: safe to send again after a stale-connection race."""
 
 
@@ -443,12 +450,14 @@ def _chunked(head: bytes) -> bool:
 
 
 async def _read_head(connection: _Connection) -> tuple[RawResponseMessage, StreamReader]:
-    """The answer's head, after any 1xx informational answers."""
+    """The answer's head, after any 1xx informational answers; ``UpstreamProtocolError`` (and a
+    warning naming the endpoint) if it is not valid HTTP/1.1."""
     while True:
         try:
             message, payload = await connection.read()
         except HttpProcessingError as exc:
-            raise UpstreamProtocolError(f"invalid answer: {exc.message}") from exc
+            said = (exc.message or "").strip()
+            raise _invalid(connection, said.splitlines()[0] if said else "unparsable") from exc
         except EofStream:
             raise aiohttp.ServerDisconnectedError() from None
         connection.answered = True
@@ -456,7 +465,16 @@ async def _read_head(connection: _Connection) -> tuple[RawResponseMessage, Strea
         if code == 101:
             raise UpstreamProtocolError("the upstream switched protocols (not proxied)")
         if code >= 200:
+            why = answer_head_error(message.reason, message.raw_headers)
+            if why is not None:
+                raise _invalid(connection, why)
             return message, payload
+
+
+def _invalid(connection: _Connection, why: str) -> UpstreamProtocolError:
+    origin = connection.origin
+    log.warning("upstream %s:%d sent an invalid answer: %s", origin.host, origin.port, why)
+    return UpstreamProtocolError(f"invalid answer: {why}")
 
 
 async def _send_body(connection: _Connection, body: AsyncIterator[bytes], chunked: bool) -> None:

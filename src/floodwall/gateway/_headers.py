@@ -14,6 +14,11 @@
 * **Request ids**: kept from a trusted proxy when well-formed (``[A-Za-z0-9._:-]``, at most
   128 characters), else made here: a random per-process prefix and a counter (unique across
   workers and hosts, and far cheaper than a UUID per request).
+* **Syntax** the parsers let through: an upstream answer whose field names are not RFC 9110
+  tokens (``Content-Length : 8`` arrives as a field named ``"Content-Length "``) or whose field
+  values or reason phrase hold control characters is refused (:func:`answer_head_error`); a
+  ``Host`` that is not an RFC 3986 authority without userinfo is refused
+  (:func:`host_error`). Both are one precompiled scan per message.
 """
 
 from __future__ import annotations
@@ -22,17 +27,20 @@ import ipaddress
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Final
 
 __all__ = [
     "HOP_BY_HOP",
     "REQUEST_DROPPED",
     "RESPONSE_DROPPED",
+    "answer_head_error",
     "client_address",
     "connection_tokens",
     "forwarded_element",
     "forwarding_headers",
+    "host_error",
     "new_request_id",
     "trust_check",
     "valid_request_id",
@@ -62,6 +70,22 @@ RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level"}
 for the gateway's own early shedding, not for its clients)."""
 
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+"""RFC 9110 §5.6.2 ``tchar``: what a field name is made of."""
+_CONTROLS: Final = bytes([*range(0x09), *range(0x0A, 0x20), 0x7F])
+"""The control characters but HTAB (RFC 9110 §5.5: field values are VCHAR, SP, HTAB and
+obs-text)."""
+_CONTROL: Final = re.compile(b"[" + re.escape(_CONTROLS) + b"]")
+_CONTROL_TEXT: Final = re.compile("[" + re.escape(_CONTROLS.decode("ascii")) + "]")
+_HOST: Final = re.compile(
+    r"(?:(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{0,5})?"
+)
+"""RFC 9110 §7.2 ``Host = uri-host [ ":" port ]``: an RFC 3986 reg-name or IPv4 address, or a
+bracketed IPv6 address (IPvFuture and zone ids are not accepted), then an optional port."""
+_second = itemgetter(1)
+TOKEN_NAMES: Final = 1024
+"""Valid field names remembered (beyond, each is checked every time it comes)."""
+_TOKEN_NAMES: set[bytes] = set()
 _PREFIX: Final = os.urandom(6).hex()
 _COUNTER = itertools.count(1)
 
@@ -171,3 +195,46 @@ def valid_request_id(value: str | None) -> bool:
 def new_request_id() -> str:
     """A fresh request id: 12 random hex digits per process, then a counter."""
     return f"{_PREFIX}-{next(_COUNTER):x}"
+
+
+def answer_head_error(reason: str, raw_headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """Why an upstream answer's head may not be forwarded, or ``None``: a field name that is
+    not a token, a control character in a field value or in the reason phrase. (The parser
+    already refused empty names, NUL, bare CR and conflicting framing.)
+
+    Names are checked once each (a bounded set of the valid ones: answers repeat a small
+    vocabulary), values in one scan of them all joined: for five fields, about 40 % less CPU
+    than a regex over the names and another over the values."""
+    tokens = _TOKEN_NAMES
+    for name, _ in raw_headers:
+        if name not in tokens:
+            if name.translate(None, _TCHARS):
+                return f"the field name {name!r} is not a token"
+            if len(tokens) < TOKEN_NAMES:
+                tokens.add(name)
+    values = b"".join(map(_second, raw_headers))
+    if len(values.translate(None, _CONTROLS)) != len(values):
+        for name, value in raw_headers:
+            if _CONTROL.search(value):
+                return f"a control character in the value of {name.decode('latin-1')}"
+    if _CONTROL_TEXT.search(reason):
+        return "a control character in the reason phrase"
+    return None
+
+
+def host_error(value: str) -> str | None:
+    """Why ``value`` is not a valid ``Host`` (RFC 9110 §7.2), or ``None``. Empty is refused
+    too: an ``http`` URI must have a host (RFC 9110 §4.2.1)."""
+    if _HOST.fullmatch(value) is None:
+        return "Host is not a valid authority (host[:port])"
+    if value.startswith("["):
+        literal = value[1 : value.index("]")]
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return "Host is not a valid IPv6 literal"
+    port = value.rpartition("]")[2] if value.startswith("[") else value
+    _, colon, digits = port.rpartition(":")
+    if colon and len(digits) == 5 and int(digits) > 65535:
+        return "the port in Host is above 65535"
+    return None

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from floodwall._core.errors import ConfigError
+from floodwall.gateway._server import no_server_field
 from floodwall.gateway.dashboard import asset, frame, merge_status
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 
@@ -158,6 +159,7 @@ class Admin:
 
     def _build(self) -> web.Application:
         app = web.Application(middlewares=[self._auth], client_max_size=8 * 1024 * 1024)
+        app.on_response_prepare.append(no_server_field)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_post("/breakers/{name}/{action}", self._breaker)

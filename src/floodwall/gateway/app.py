@@ -21,6 +21,7 @@ changes nothing. ``listen``, ``workers``, ``admin`` and ``event_loop`` need a re
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 from collections.abc import Iterable
@@ -30,8 +31,9 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall.config.registry import Registry
+from floodwall.gateway._edge import EdgeRules
 from floodwall.gateway._headers import trust_check
-from floodwall.gateway._server import HeadTimeoutServer, listen_socket, quiet
+from floodwall.gateway._server import EdgeServer, listen_socket, quiet
 from floodwall.gateway.config import GatewayDocument, parse_gateway_text
 from floodwall.gateway.policies import Route, build_route
 from floodwall.gateway.proxy import Proxy, Table
@@ -40,7 +42,7 @@ from floodwall.gateway.upstream import UpstreamPool
 from floodwall.observe.logs import JsonLogListener
 from floodwall.ratelimit.global_limit import GlobalLimiter
 
-__all__ = ["RESTART_KEYS", "Gateway"]
+__all__ = ["RESTART_KEYS", "Gateway", "exposed_admin"]
 
 log = logging.getLogger("floodwall.gateway")
 
@@ -82,7 +84,7 @@ class Gateway:
         self._routes: dict[str, Route] = {}
         self.proxy: Proxy | None = None
         self._server: asyncio.Server | None = None
-        self._web: HeadTimeoutServer | None = None
+        self._web: EdgeServer | None = None
         self.port = 0
         self.reloads_applied = 0
         self.reloads_rejected = 0
@@ -158,9 +160,10 @@ class Gateway:
         self._pools, self._routes = pools, routes
         self.proxy = Proxy(table, clock=self.clock)
         limits = doc.limits
-        self._web = HeadTimeoutServer(
+        self._web = EdgeServer(
             self.proxy.handle,
             head_timeout=limits.header_timeout,
+            rules=EdgeRules(doc.edge),
             keepalive_timeout=limits.keepalive_timeout,
             max_line_size=limits.max_line,
             max_field_size=limits.max_line,
@@ -181,6 +184,9 @@ class Gateway:
         log.info(
             "gateway listening on %s:%d (%d routes)", sock.getsockname()[0], self.port, len(routes)
         )
+        exposed = exposed_admin(doc)
+        if exposed is not None:
+            log.warning("%s", exposed)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, finish requests in flight (up to ``timeout``), close upstreams."""
@@ -228,6 +234,8 @@ class Gateway:
             self._pools, self._routes = pools, routes
             assert self.proxy is not None
             self.proxy.table = table
+            if self._web is not None:
+                self._web.rules = EdgeRules(doc.edge)
             self.document, self.text, self.source = doc, text, source
             self.version += 1
             self.reloads_applied += 1
@@ -352,6 +360,22 @@ class Gateway:
         from floodwall.gateway.metrics import render
 
         return render(self)
+
+
+def exposed_admin(doc: GatewayDocument) -> str | None:
+    """The warning due when the admin listener is not on a loopback address, or ``None``:
+    reloads, overrides and chaos switches then stand behind the token alone."""
+    if doc.admin is None:
+        return None
+    host, port = doc.admin.listen
+    if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+        return None
+    where = "every interface" if ipaddress.ip_address(host).is_unspecified else host
+    return (
+        f"admin.listen {host}:{port} is not a loopback address: the admin API (reload, "
+        f"overrides, chaos) is reachable on {where}, behind its token alone; prefer "
+        "127.0.0.1 and a tunnel, or a firewall"
+    )
 
 
 def grace(doc: GatewayDocument) -> float:

@@ -52,6 +52,7 @@ __all__ = [
     "AdminConfig",
     "CacheFallbackConfig",
     "ClientLimits",
+    "EdgeConfig",
     "GatewayDocument",
     "HealthCheckConfig",
     "ListenAddress",
@@ -476,6 +477,37 @@ class ProxyConfig(_Model):
         return value
 
 
+# -- the edge rules (issue 20): kept together, apart from the other sections ---------------------
+
+
+def _field_value(value: str | None) -> str | None:
+    if value is not None and (
+        value != value.strip() or any(c < " " or c == "\x7f" for c in value) or not value.isascii()
+    ):
+        raise ValueError(
+            f"must be printable ASCII without control characters or outer spaces, got {value!r}"
+        )
+    return value
+
+
+class EdgeConfig(_Model):
+    """Rules at the edge, on top of the HTTP parser's (see :mod:`floodwall.gateway._edge`)."""
+
+    max_head: int = Field(32 * KIB, ge=KIB)
+    """Bytes of a request head: the request line and every field line (431 past it)."""
+    path_parameters: Literal["refuse_dot_segments", "forward"] = "refuse_dot_segments"
+    """``refuse_dot_segments``: a path segment that is ``.`` or ``..`` once its ``;parameters``
+    are cut (``/api/..;/admin``) is a 400, as Tomcat and Spring would resolve it; ``forward``:
+    sent as it came."""
+    server_header: Annotated[str | None, AfterValidator(_field_value)] = Field(
+        None, min_length=1, max_length=256
+    )
+    """The ``Server`` field of every answer (the upstream's is replaced); ``None``: none."""
+
+
+# -- end of the edge rules ---------------------------------------------------------------------
+
+
 class SyncConfig(_Model):
     """Share configuration and operator overrides between gateways through a store (Redis):
     a reload or override on one gateway's admin API reaches all of them."""
@@ -495,6 +527,7 @@ class GatewayDocument(Document):
     routes: tuple[RouteConfig, ...] = ()
     limits: ClientLimits = ClientLimits()
     proxy: ProxyConfig = ProxyConfig()
+    edge: EdgeConfig = EdgeConfig()
     sync: SyncConfig | None = None
 
     @model_validator(mode="after")

@@ -1,0 +1,255 @@
+"""The gateway's edge rules beside nginx and HAProxy: the same raw-socket cases against each.
+
+    python benchmarks/edge_compare.py          # needs `nginx` and/or `haproxy` on the PATH
+
+Starts one upstream (a socket server that answers a scripted reply and logs every request it
+received), then floodwall's gateway, nginx and HAProxy in front of it on loopback ports (each
+with its default settings and a minimal configuration in a temporary directory), sends every
+case on a fresh connection, and prints a Markdown table: the status each answered and whether
+the upstream received the request. A proxy that is not installed gets a column of "-".
+Nothing leaves 127.0.0.1; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+OK = b"HTTP/1.1 200 OK\r\nServer: upstream-secret/1.0\r\nContent-Length: 2\r\n\r\nok"
+HOST = b"Host: api.example.com\r\n"
+TIMEOUT = 3.0
+
+
+class Upstream:
+    """One request per connection: logged, answered with :attr:`reply`, closed."""
+
+    def __init__(self) -> None:
+        self.reply = OK
+        self.received = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.2)
+        self.port = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(TIMEOUT)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.received += 1
+            conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """``data`` on a fresh connection; what came back until close or :data:`TIMEOUT`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return answer
+
+
+def nginx(directory: Path, port: int, upstream: int) -> list[str] | None:
+    if shutil.which("nginx") is None:
+        return None
+    conf = directory / "nginx.conf"
+    temp = " ".join(
+        f"{kind}_temp_path {directory / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    conf.write_text(
+        f"worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
+        f"error_log {directory / 'nginx.log'} info;\nevents {{ worker_connections 64; }}\n"
+        f"http {{ access_log off; {temp}\n"
+        f"  server {{ listen 127.0.0.1:{port};\n"
+        f"    location / {{ proxy_pass http://127.0.0.1:{upstream}; }} }} }}\n",
+        encoding="utf-8",
+    )
+    return ["nginx", "-p", str(directory), "-e", str(directory / "nginx.log"), "-c", str(conf)]
+
+
+def haproxy(directory: Path, port: int, upstream: int) -> list[str] | None:
+    if shutil.which("haproxy") is None:
+        return None
+    conf = directory / "haproxy.cfg"
+    conf.write_text(
+        "global\n  maxconn 64\ndefaults\n  mode http\n  timeout connect 2s\n"
+        "  timeout client 5s\n  timeout server 5s\n"
+        f"frontend edge\n  bind 127.0.0.1:{port}\n  default_backend upstream\n"
+        f"backend upstream\n  server one 127.0.0.1:{upstream}\n",
+        encoding="utf-8",
+    )
+    return ["haproxy", "-db", "-f", str(conf)]
+
+
+def floodwall(directory: Path, port: int, upstream: int) -> list[str]:
+    conf = directory / "gateway.json"
+    conf.write_text(
+        json.dumps(
+            {
+                "listen": f"127.0.0.1:{port}",
+                "admin": None,
+                "upstreams": {"svc": {"endpoints": [f"http://127.0.0.1:{upstream}"]}},
+                "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+            }
+        ),
+        encoding="utf-8",
+    )
+    return [sys.executable, "-m", "floodwall.gateway", "-c", str(conf)]
+
+
+def get(target: bytes = b"/x", fields: bytes = b"", version: bytes = b" HTTP/1.1") -> bytes:
+    return b"GET " + target + version + b"\r\n" + HOST + fields + b"Connection: close\r\n\r\n"
+
+
+def pad(count: int) -> bytes:
+    return b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 4096) for i in range(count))
+
+
+REQUESTS: list[tuple[str, bytes]] = [
+    ("`Host: a b@c/../`", b"GET /x HTTP/1.1\r\nHost: a b@c/../\r\nConnection: close\r\n\r\n"),
+    ("`Host: user@api.example.com`", get().replace(HOST, b"Host: user@api.example.com\r\n")),
+    ("`GET /x` (no version)", b"GET /x\r\nHost: a\r\n\r\n"),
+    ("`GET /x HTTP/2.0`", get(version=b" HTTP/2.0")),
+    ("`GET /x HTTP/1.2`", get(version=b" HTTP/1.2")),
+    ("8 fields of 4 KiB (a 32.1 KiB head)", get(fields=pad(8))),
+    ("30 fields of 4 KiB (a 120 KiB head)", get(fields=pad(30))),
+    ("`GET /api/..;/admin`", get(b"/api/..;/admin")),
+    ("`GET http://169.254.169.254/latest` with `Host: api.example.com`", get(b"http://169.254.169.254/latest")),
+]  # fmt: skip
+ANSWERS: list[tuple[str, bytes]] = [
+    ("an upstream answer with `Content-Length : 8` beside `Transfer-Encoding: chunked`",
+     b"HTTP/1.1 200 OK\r\nContent-Length : 8\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"0\r\n\r\nsmuggled"),
+    ("an upstream answer with `Content-Length : 2`",
+     b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\nConnection: close\r\n\r\nok"),
+    ("an upstream field value `a\\x01b`",
+     b"HTTP/1.1 200 OK\r\nX-Data: a\x01b\r\nContent-Length: 2\r\n\r\nok"),
+    ("an upstream reason phrase `O\\x01K`", b"HTTP/1.1 200 O\x01K\r\nContent-Length: 2\r\n\r\nok"),
+]  # fmt: skip
+
+
+def status(answer: bytes) -> str:
+    if not answer:
+        return "closed, no answer"
+    if not answer.startswith(b"HTTP/"):
+        return "answered as HTTP/0.9"
+    return answer.split(b" ", 2)[1].decode("ascii", "replace")
+
+
+def server_field(answer: bytes) -> str:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.lower() == b"server":
+            return f"`{value.strip().decode('latin-1')}`"
+    return "none"
+
+
+@contextlib.contextmanager
+def running(commands: dict[str, list[str] | None], ports: dict[str, int]) -> Iterator[None]:
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for command in commands.values()
+        if command is not None
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        for name, port in ports.items():
+            while commands[name] is not None and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    break
+                time.sleep(0.1)
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def table(upstream: Upstream, ports: dict[str, int], live: set[str]) -> list[str]:
+    def each(case: Callable[[int], str]) -> str:
+        return " | ".join(case(ports[name]) if name in live else "-" for name in ports)
+
+    def request(data: bytes) -> Callable[[int], str]:
+        def run(port: int) -> str:
+            before = upstream.received
+            said = status(exchange(port, data))
+            return f"{said}, forwarded" if upstream.received > before else said
+
+        return run
+
+    rows = [f"| what arrives | {' | '.join(ports)} |", "| --- |" + " --- |" * len(ports)]
+    rows += [f"| {label} | {each(request(data))} |" for label, data in REQUESTS]
+    for label, reply in ANSWERS:
+        upstream.reply = reply
+        rows.append(f"| {label} | {each(lambda port: status(exchange(port, get())))} |")
+    upstream.reply = OK
+    proxied = each(lambda port: server_field(exchange(port, get())))
+    rows.append(f"| `Server` on a proxied answer (the upstream sent one) | {proxied} |")
+    own = each(lambda port: server_field(exchange(port, get(fields=pad(30)))))
+    rows.append(f"| `Server` on the proxy's own refusal | {own} |")
+    return rows
+
+
+def main() -> None:
+    upstream = Upstream()
+    ports = {name: free_port() for name in ("floodwall", "nginx", "HAProxy")}
+    with tempfile.TemporaryDirectory(prefix="edge-compare-") as where:
+        directory = Path(where)
+        commands = {
+            "floodwall": floodwall(directory, ports["floodwall"], upstream.port),
+            "nginx": nginx(directory, ports["nginx"], upstream.port),
+            "HAProxy": haproxy(directory, ports["HAProxy"], upstream.port),
+        }
+        live = {name for name, command in commands.items() if command is not None}
+        try:
+            with running(commands, ports):
+                print("\n".join(table(upstream, ports, live)))
+        finally:
+            upstream.close()
+
+
+if __name__ == "__main__":
+    main()

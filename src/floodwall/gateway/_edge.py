@@ -1,0 +1,137 @@
+"""The edge rules: what a parsed request head must satisfy before the proxy sees it.
+
+llhttp, aiohttp's parser, already refuses ambiguous framing, bad tokens, control characters,
+oversized lines and duplicate ``Host``. These rules refuse what it lets through, each where
+nginx or HAProxy (the stricter of the two) refuses it too:
+
+* **version**: only HTTP/1.0 and HTTP/1.1. A request line without a version (HTTP/0.9) is a
+  400; a well-formed but other version (``HTTP/2.0``) a 505. The refusal is written as
+  HTTP/1.1, never echoed in the client's version.
+* **Host**: an RFC 9110 ``host[:port]`` (:func:`~floodwall.gateway._headers.host_error`), checked
+  before it routes anything or is copied into ``X-Forwarded-Host`` / ``Forwarded``; with an
+  absolute-form target, ``Host`` must name the target's host (RFC 9112 §3.2.2 makes the target
+  win; a proxy that routes on one and forwards the other can be steered). 400 otherwise.
+* **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
+  within ``max_head`` bytes, 431 past it. The per-line and count limits alone let
+  ``max_headers × max_line`` bytes through (800 KiB by default); the server's protocol also
+  stops a head that is still arriving once it is past the cap.
+* **path parameters**: a segment that reads ``.`` or ``..`` once its ``;parameters`` are cut
+  (``/api/..;/admin``, ``/api/.;x/admin``, also percent-encoded) is refused with 400 unless
+  ``path_parameters: forward``: Tomcat, Jetty and Spring cut parameters before they resolve
+  dot-segments, so the upstream would serve ``/admin`` for a request the gateway routed as
+  ``/api/...``.
+
+:meth:`EdgeRules.check` is pure (a parsed head in, a refusal or ``None`` out) and costs a few
+comparisons per request: nothing is compiled or allocated on the common path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp.http import HttpVersion, HttpVersion10, HttpVersion11, RawRequestMessage
+
+from floodwall.gateway._headers import host_error
+from floodwall.gateway.config import EdgeConfig
+from floodwall.gateway.routing import normalise_host
+
+__all__ = ["EdgeRefusal", "EdgeRules"]
+
+_HTTP09: Final = HttpVersion(0, 9)
+GOOD_HOSTS: Final = 1024
+"""Valid ``Host`` values remembered per configuration (beyond, each is checked every time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRefusal:
+    """Why a request is answered at the edge: the status, a problem ``kind`` and a detail."""
+
+    status: int
+    kind: str
+    detail: str
+
+    @property
+    def version_error(self) -> bool:
+        """Whether the request's own version is unusable (the answer is written as 1.1)."""
+        return self.kind in ("no_http_version", "http_version_not_supported")
+
+
+_NO_VERSION: Final = EdgeRefusal(400, "no_http_version", "the request line has no HTTP version")
+_BAD_VERSION: Final = EdgeRefusal(
+    505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served"
+)
+_DOT_PARAMETERS: Final = EdgeRefusal(
+    400, "bad_path", "a dot-segment with path parameters ('..;') in the path"
+)
+
+
+class EdgeRules:
+    """The rules of one configuration's ``edge`` section (see the module docstring)."""
+
+    __slots__ = ("_good_hosts", "forward_parameters", "max_head", "server_header", "too_large")
+
+    def __init__(self, config: EdgeConfig) -> None:
+        self.max_head = config.max_head
+        self.forward_parameters = config.path_parameters == "forward"
+        self.server_header = config.server_header
+        """The ``Server`` field of every answer; ``None``: none at all."""
+        self.too_large = EdgeRefusal(
+            431, "request_head_too_large", f"request head larger than {self.max_head} bytes"
+        )
+        self._good_hosts: set[str] = set()
+        """``Host`` values already found valid: a set lookup instead of a regex per request
+        (filled up to :data:`GOOD_HOSTS`; a reload starts a new one)."""
+
+    def check(self, message: RawRequestMessage) -> EdgeRefusal | None:
+        """The refusal for this request head, or ``None`` if it may go on to the proxy."""
+        version = message.version
+        if version not in (HttpVersion11, HttpVersion10):
+            return _NO_VERSION if version == _HTTP09 else _BAD_VERSION
+        raw = message.raw_headers
+        size = len(message.method) + len(message.path) + 14 + 4 * len(raw)
+        for name, value in raw:
+            size += len(name) + len(value)
+        if size > self.max_head:
+            return self.too_large
+        host = message.headers.get("Host")
+        if host is not None and host not in self._good_hosts:
+            why = host_error(host)
+            if why is not None:
+                return EdgeRefusal(400, "bad_host", why)
+            if len(self._good_hosts) < GOOD_HOSTS:
+                self._good_hosts.add(host)
+        path = message.path
+        if path[:1] != "/" and message.url.absolute:
+            url = message.url
+            refused = _absolute_form(url.scheme, url.raw_authority, host)
+            if refused is not None:
+                return refused
+        if (
+            not self.forward_parameters
+            and (";" in path or "%" in path)
+            and _dot_parameters(message.url.path)
+        ):
+            return _DOT_PARAMETERS
+        return None
+
+
+def _absolute_form(scheme: str, authority: str, host: str | None) -> EdgeRefusal | None:
+    if scheme not in ("http", "https"):
+        return EdgeRefusal(400, "bad_target", f"a request target of scheme {scheme!r}")
+    why = host_error(authority)
+    if why is not None:
+        return EdgeRefusal(400, "bad_target", f"the request target's authority: {why}")
+    if host is not None and normalise_host(host) != normalise_host(authority):
+        return EdgeRefusal(400, "bad_host", "Host does not name the request target's host")
+    return None
+
+
+def _dot_parameters(path: str) -> bool:
+    """Whether a segment of ``path`` (decoded) is ``.`` or ``..`` once its parameters are cut."""
+    if ";" not in path:
+        return False
+    for segment in path.split("/"):
+        if ";" in segment and segment.partition(";")[0] in (".", ".."):
+            return True
+    return False

@@ -1,0 +1,228 @@
+"""The gateway's edge rules as pure functions: Host syntax, answer-head syntax, the request-head
+check and the parser refusals' statuses, each against a small reference model or the RFC's
+own examples. The same rules on the wire: tests/integration/test_gateway_edge.py."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from typing import Any
+
+import pytest
+from aiohttp.http import RawRequestMessage
+from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine, LineTooLong
+from aiohttp.http_parser import HttpRequestParser
+from hypothesis import given
+from hypothesis import strategies as st
+
+from floodwall.gateway._edge import EdgeRules
+from floodwall.gateway._headers import answer_head_error, host_error
+from floodwall.gateway._server import parser_refusal
+from floodwall.gateway.config import EdgeConfig
+
+TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+REG_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;="
+
+
+# -- Host ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["example.com", "EXAMPLE.com:8080", "192.0.2.1", "192.0.2.1:0", "[::1]", "[2001:db8::7]:443",
+     "[::ffff:192.0.2.1]", "a%41b", "x_y.example", "example.com:", "sub-delims!$&'()*+,;="],
+)  # fmt: skip
+def test_valid_hosts(host: str) -> None:
+    assert host_error(host) is None
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["", "a b", "a b@c/../", "user@example.com", "example.com/x", "example.com?x", "exa#mple",
+     "example.com:80:80", "example.com:99999", "example.com:123456", "example.com:http", "[::1",
+     "::1", "[::1]x", "[not:ipv6]", "[v1.fe]", "[fe80::1%25eth0]", "a%4", "a%zz", "café.example",
+     "a\tb", "a\x00b", "exa\\mple"],
+)  # fmt: skip
+def test_invalid_hosts(host: str) -> None:
+    assert host_error(host) is not None
+
+
+def _reference_host(value: str) -> bool:
+    """RFC 9110 §7.2 read literally: reg-name / IPv4 / [IPv6], then ``:`` and up to 5 digits
+    that are a port number."""
+    if value.startswith("["):
+        literal, close, rest = value[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return False
+        if not close or "%" in literal:
+            return False
+    else:
+        name, _, rest = value.partition(":")
+        rest = value[len(name) :]
+        if not name or not _reg_name(name):
+            return False
+    if not rest:
+        return True
+    digits = rest[1:]
+    return rest[0] == ":" and digits.isascii() and (digits == "" or _port(digits))
+
+
+def _reg_name(name: str) -> bool:
+    i = 0
+    while i < len(name):
+        if name[i] == "%":
+            pair = name[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in "0123456789abcdefABCDEF" for c in pair):
+                return False
+            i += 3
+        elif name[i] in REG_NAME:
+            i += 1
+        else:
+            return False
+    return True
+
+
+def _port(digits: str) -> bool:
+    return digits.isdigit() and len(digits) <= 5 and int(digits) <= 65535
+
+
+@given(st.text(alphabet=REG_NAME + "%:[]/@ 0123456789abcdef", max_size=24))
+def test_host_error_agrees_with_the_reference(value: str) -> None:
+    assert (host_error(value) is None) == _reference_host(value)
+
+
+# -- answer heads -------------------------------------------------------------------------------
+
+_FIELD_BYTES = st.binary(max_size=12)
+
+
+def _reference_answer(reason: str, raw: list[tuple[bytes, bytes]]) -> bool:
+    controls = {*range(0x09), *range(0x0A, 0x20), 0x7F}
+    names_ok = all(all(b in TCHAR for b in name) for name, _ in raw)
+    values_ok = all(all(b not in controls for b in value) for _, value in raw)
+    reason_ok = all(ord(c) not in controls for c in reason)
+    return names_ok and values_ok and reason_ok
+
+
+@given(
+    st.text(max_size=8),
+    st.lists(st.tuples(st.binary(min_size=1, max_size=10), _FIELD_BYTES), max_size=6),
+)
+def test_answer_head_error_agrees_with_the_reference(
+    reason: str, raw: list[tuple[bytes, bytes]]
+) -> None:
+    assert (answer_head_error(reason, raw) is None) == _reference_answer(reason, raw)
+
+
+def test_answer_head_error_names_the_field() -> None:
+    raw = [(b"Content-Type", b"text/plain"), (b"Content-Length ", b"8")]
+    assert answer_head_error("OK", raw) == "the field name b'Content-Length ' is not a token"
+    raw = [(b"X-A", b"fine\tand \xc3\xa9 obs-text"), (b"X-B", b"a\x01b")]
+    assert answer_head_error("OK", raw) == "a control character in the value of X-B"
+    assert answer_head_error("O\x1bK", []) == "a control character in the reason phrase"
+    assert answer_head_error("Not Found", [(b"X", b"")]) is None
+
+
+# -- the request-head check ---------------------------------------------------------------------
+
+
+class _Protocol:
+    """What the parser needs of a protocol for bodiless requests: nothing."""
+
+
+def _parsed(head: bytes) -> RawRequestMessage:
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(_Protocol(), loop, 2**16, max_line_size=8190)  # type: ignore[arg-type]
+        messages, _, _ = parser.feed_data(head)
+    finally:
+        loop.close()
+    (message, _), *_ = messages
+    assert isinstance(message, RawRequestMessage)
+    return message
+
+
+def _kind(head: bytes, **config: Any) -> str | None:
+    refused = EdgeRules(EdgeConfig(**config)).check(_parsed(head))
+    return None if refused is None else f"{refused.status} {refused.kind}"
+
+
+def test_versions() -> None:
+    assert _kind(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n") is None
+    assert _kind(b"GET /x HTTP/1.0\r\n\r\n") is None
+    assert _kind(b"GET /x\r\nHost: a\r\n\r\n") == "400 no_http_version"
+    assert _kind(b"GET /x HTTP/2.0\r\nHost: a\r\n\r\n") == "505 http_version_not_supported"
+
+
+def test_head_size_counts_the_line_and_every_field() -> None:
+    line = b"GET /x HTTP/1.1\r\n"  # 17 bytes; each field is name, ': ', value, CRLF
+    fields = b"Host: a\r\n" + b"X: " + b"v" * 1000 + b"\r\n"  # 9 + 1005
+    size = len(line) + len(fields) + 2
+    assert size == 1033
+    assert _kind(line + fields + b"\r\n", max_head=1033) is None
+    assert _kind(line + fields + b"\r\n", max_head=1032) == "431 request_head_too_large"
+
+
+def test_host_and_absolute_targets() -> None:
+    assert _kind(b"GET /x HTTP/1.1\r\nHost: a b@c/../\r\n\r\n") == "400 bad_host"
+    assert _kind(b"GET http://a/x HTTP/1.1\r\nHost: A:80\r\n\r\n") is None
+    assert _kind(b"GET http://a/x HTTP/1.1\r\nHost: b\r\n\r\n") == "400 bad_host"
+    assert _kind(b"GET http://u@a/x HTTP/1.1\r\nHost: a\r\n\r\n") == "400 bad_target"
+    assert _kind(b"GET ftp://a/x HTTP/1.1\r\nHost: a\r\n\r\n") == "400 bad_target"
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [
+        (b"/api/..;/admin", True),
+        (b"/api/.;/admin", True),
+        (b"/api/..;a=b;c/admin", True),
+        (b"/api/%2E%2E;/admin", True),
+        (b"/api/..%3B/admin", True),
+        (b"/api/a;v=1/b", False),
+        (b"/api/x.;/b", False),
+        (b"/api/...;/b", False),
+        (b"/api/;jsessionid=1", False),
+        (b"/api/x?next=/..;/admin", False),
+    ],
+)
+def test_dot_segments_with_parameters(path: bytes, refused: bool) -> None:
+    head = b"GET " + path + b" HTTP/1.1\r\nHost: a\r\n\r\n"
+    assert (_kind(head) == "400 bad_path") is refused
+    assert _kind(head, path_parameters="forward") is None
+
+
+# -- the parser's refusals ----------------------------------------------------------------------
+
+
+def test_parser_refusals_map_to_statuses() -> None:
+    version = BadStatusLine("Bad status line:\n  Invalid HTTP version:\n\n  b'GET / HTTP/9.9'")
+    assert parser_refusal(version).status == 505
+    assert parser_refusal(LineTooLong(b"/aaaa...", 8190)).status == 414
+    from_llhttp = LineTooLong(bytearray(b"/aaaa..."), 8190)  # type: ignore[arg-type] # it does
+    assert parser_refusal(from_llhttp).status == 414
+    assert parser_refusal(LineTooLong(b"http://h/aaaa...", 8190)).status == 414
+    assert parser_refusal(LineTooLong(b"X-Big...", 8190)).status == 431
+    assert parser_refusal(BadHttpMessage("Too many headers received")).status == 431
+    quoted = parser_refusal(BadHttpMessage("Invalid header value char:\n\n  b'X: a\\x01b'"))
+    assert (quoted.status, quoted.detail) == (400, "Invalid header value char")  # no echo
+
+
+def test_edge_options_are_validated() -> None:
+    from floodwall._core.errors import ConfigError
+    from floodwall.gateway.config import parse_gateway
+
+    with pytest.raises(ConfigError, match=r"edge\.max_head: .*greater than or equal to 1024"):
+        parse_gateway({"edge": {"max_head": 512}}, "gw.yaml")
+    with pytest.raises(ConfigError, match=r"edge\.path_parameters"):
+        parse_gateway({"edge": {"path_parameters": "strip"}}, "gw.yaml")
+    with pytest.raises(ConfigError, match=r"edge\.server_header: must be printable ASCII"):
+        parse_gateway({"edge": {"server_header": "a\x7fb"}}, "gw.yaml")
+    defaults = parse_gateway({}, "gw.yaml").edge
+    assert (defaults.max_head, defaults.path_parameters, defaults.server_header) == (
+        32768,
+        "refuse_dot_segments",
+        None,
+    )
