@@ -333,7 +333,8 @@ def test_getting_started_app_runs_under_uvicorn_and_shows_its_metrics(tmp_path: 
         answers = [_http("GET", f"{base}/price/sku-1")[1] for _ in range(8)]
         assert set(answers) == {'{"price":null,"stale":true}'}
         _, scrape = _http("GET", f"{base}/metrics")
-        assert 'floodwall_circuit_state{resource="prices"} 1.0' in scrape
+        assert 'floodwall_circuit_breaker_state{resource="prices",state="open"} 1.0' in scrape
+        assert 'floodwall_circuit_breaker_state{resource="prices",state="closed"} 0.0' in scrape
         assert 'floodwall_fallbacks_total{resource="prices"} 8.0' in scrape
     finally:
         server.terminate()

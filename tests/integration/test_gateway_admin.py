@@ -76,7 +76,7 @@ def test_status_overrides_and_metrics(
         metrics = gw.admin("GET", "/metrics").text
     assert 'floodwall_gateway_requests_total{code="2xx",route="api"} 2.0' in metrics
     assert 'floodwall_gateway_outcomes_total{outcome="circuit_open",route="api"} 1.0' in metrics
-    assert 'floodwall_circuit_state{resource="svc"} 0.0' in metrics
+    assert 'floodwall_circuit_breaker_state{resource="svc",state="closed"} 1.0' in metrics
     assert "floodwall_gateway_request_duration_seconds_bucket" in metrics
     assert 'floodwall_gateway_endpoint_up{endpoint="' in metrics
 
