@@ -73,6 +73,7 @@ from floodwall.integrations._wire import (
     RETRY_AFTER,
     RETRY_PUSHBACK,
     Hop,
+    format_degraded,
     format_level,
     parse_attempt,
     parse_deadline,
@@ -440,8 +441,9 @@ class Admission(Hop):
             extra.append((ADMISSION_LEVEL, level))
         if status >= 500 and self.final:
             extra.append((RETRY_PUSHBACK, "-1"))
-        if self.call.degraded_by is not None:
-            extra.append((DEGRADED, self.call.degraded_by))
+        by = self.call.degraded_by
+        if by is not None:
+            extra.append((DEGRADED, format_degraded(by, self.call.degraded_reason)))
         return out + extra if extra else out
 
     def close(self, status: int | None = None, error: BaseException | None = None) -> None:

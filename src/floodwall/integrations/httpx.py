@@ -64,11 +64,10 @@ def _prepare(call: Call, request: httpx.Request) -> None:
 
 
 def _degraded(call: Call, request: httpx.Request, value: Any) -> httpx.Response:
-    name = call.policy.name if call.policy is not None else "fallback"
     return httpx.Response(
         200,
         content=json.dumps(value).encode(),
-        headers={"Content-Type": "application/json", DEGRADED: name},
+        headers={"Content-Type": "application/json", DEGRADED: call.degraded_value()},
         request=request,
     )
 
