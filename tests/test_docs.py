@@ -449,6 +449,13 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr
     assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
+    reference = {
+        page.parent.name: re.sub(r"<[^>]+>", "", page.read_text())
+        for page in (tmp_path / "site" / "reference").glob("*/index.html")
+    }
+    named = [name for name, text in reference.items() if re.search(r"= defaults\.[A-Z]", text)]
+    assert not named, f"signatures show defaults.NAME instead of its value: {named}"
+    assert "attempts: int = 3," in reference["retries"], "Retry(attempts=...) shows no value"
     assert elapsed < 60, f"the docs build took {elapsed:.0f} s (budget 60 s)"
 
 
