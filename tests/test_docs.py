@@ -365,6 +365,31 @@ def test_no_page_hides_setup_and_every_included_file_is_linked() -> None:
             assert included in links, f"{page.relative_to(ROOT)} includes {included} unlinked"
 
 
+def test_docstrings_link_to_their_guide_not_to_an_unshown_module_docstring() -> None:
+    """The API reference shows classes and functions, not module docstrings: a docstring that
+    sends the reader to "the module docstring" sends them nowhere on the site. They link to the
+    guide instead (``[Retries][guide-retries]``; the site build fails on an unknown target)."""
+    sources = sorted((ROOT / "src").rglob("*.py"))
+    pointing = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"module\s+docstring", line)
+    ]
+    assert not pointing, pointing
+    guides = {
+        match
+        for path in sources
+        for match in re.findall(r"\]\[(guide-[a-z-]+)\]", path.read_text(encoding="utf-8"))
+    }
+    defined = {
+        match
+        for page in pages()
+        for match in re.findall(r"\{ #(guide-[a-z-]+) \}", page.read_text())
+    }
+    assert guides and guides <= defined, guides - defined
+
+
 def test_a_failing_snippet_points_at_its_markdown_line(tmp_path: Path) -> None:
     page = tmp_path / "broken.md"
     page.write_text("text\n\n```python\nvalue = 1\nawait undefined_name()\n```\n", encoding="utf-8")

@@ -126,7 +126,8 @@ class FrequencyDecision:
 
 class Frequency(Policy):
     """At most ``limit`` calls per key every ``per`` seconds, across every process sharing the
-    store (see the module docstring). ``limit=1`` is "once per ``per`` seconds"."""
+    store (see [Distributed state][guide-distributed]). ``limit=1`` is "once per ``per``
+    seconds"."""
 
     kind = "frequency"
 

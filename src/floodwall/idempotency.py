@@ -345,7 +345,8 @@ _RUN: Any = object()
 
 
 class Idempotency(Policy):
-    """Run a call once per idempotency key and replay its result (see the module docstring)."""
+    """Run a call once per idempotency key and replay its result (see
+    [Distributed state][guide-distributed])."""
 
     kind = "idempotency"
 

@@ -113,7 +113,8 @@ class _Watch:
 
 
 class Timeout(Policy):
-    """Bound a call to ``seconds`` (and to the ambient deadline); see the module docstring."""
+    """Bound a call to ``seconds`` (and to the ambient deadline); see
+    [Timeouts and deadlines][guide-timeouts]."""
 
     kind = "timeout"
 

@@ -146,7 +146,8 @@ class _Waiter:
 
 
 class AdaptiveLimiter(Policy):
-    """Concurrency limiter driven by an adaptive :class:`Limit` (see the module docstring)."""
+    """Concurrency limiter driven by an adaptive :class:`Limit` (see
+    [Overload protection][guide-overload])."""
 
     kind = "adaptive_limiter"
 

@@ -137,7 +137,7 @@ _new_ticket = object.__new__
 
 
 class LoadShedder(Policy):
-    """Server-side load-shedding guard (see the module docstring).
+    """Server-side load-shedding guard (see [Overload protection][guide-overload]).
 
     ``limiter=None`` guards on queueing time alone (then ``max_queue_time`` must be set).
     """

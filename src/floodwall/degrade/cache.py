@@ -224,7 +224,8 @@ _Flow = Generator[_Step, Any, "Cached[Any]"]
 
 
 class Cache(Policy):
-    """A read cache with stale-while-error and a read-only switch (see the module docstring)."""
+    """A read cache with stale-while-error and a read-only switch (see
+    [Degradation][guide-degradation])."""
 
     kind = "cache"
 

@@ -61,7 +61,7 @@ def key_fraction(key: Hashable) -> float:
 
 
 class SampledDrop(Policy):
-    """Drop ``ratio`` of the calls it guards (see the module docstring)."""
+    """Drop ``ratio`` of the calls it guards (see [Degradation][guide-degradation])."""
 
     kind = "sampled_drop"
 

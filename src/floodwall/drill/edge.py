@@ -102,7 +102,7 @@ def _status_of(exc: BaseException) -> int:
 
 
 class LocalEdge:
-    """The edge service (see the module docstring). ``start()`` returns its base URL."""
+    """The edge service (see [Chaos drills][guide-drills]). ``start()`` returns its base URL."""
 
     def __init__(
         self,

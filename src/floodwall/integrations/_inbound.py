@@ -427,7 +427,8 @@ class Admission(Hop):
             _HOP.reset(token)
 
     def response_headers(self, status: int) -> Headers:
-        """What to add to the handler's answer (``status``): see the module docstring."""
+        """What to add to the handler's answer (``status``): see
+        [Integrations][guide-integrations]."""
         out = self.rate_headers
         if (
             not self._guard.adds_headers
@@ -533,7 +534,7 @@ class GuardOptions(TypedDict, total=False):
 
 
 class InboundGuard:
-    """The inbound guard core (see the module docstring).
+    """The inbound guard core (see [Integrations][guide-integrations]).
 
     ``limits``: :class:`RateLimit` s, each consulted when it matches. ``shedder``: a
     :class:`~floodwall.adaptive.LoadShedder`. ``idempotency``: an

@@ -229,7 +229,7 @@ class OutboundOptions(TypedDict, total=False):
 
 
 class Outbound:
-    """The outbound core (see the module docstring).
+    """The outbound core (see [Integrations][guide-integrations]).
 
     Which policy guards a request, first match wins:
 
@@ -315,7 +315,7 @@ class Outbound:
 
 
 class Call:
-    """One outbound request through its policy (see the module docstring)."""
+    """One outbound request through its policy (see [Integrations][guide-integrations])."""
 
     __slots__ = (
         "_ambient_key",

@@ -73,7 +73,7 @@ def _degraded(call: Call, request: httpx.Request, value: Any) -> httpx.Response:
 
 
 class ResilientTransport(httpx.BaseTransport):
-    """A sync httpx transport through floodwall (see the module docstring).
+    """A sync httpx transport through floodwall (see [Integrations][guide-integrations]).
 
     ``ResilientTransport(transport=None, policy=None, *, registry=None, routes=None,
     margin=0.010, idempotent_methods=..., failure_statuses=..., admission=True,

@@ -119,7 +119,8 @@ RateLike = Rate | str | float | int
 
 
 def parse_rate(value: RateLike, name: str = "rate") -> Rate:
-    """Read ``value`` as a :class:`Rate` (see the module docstring); ``ConfigError`` if bad."""
+    """Read ``value`` as a :class:`Rate` (see [Rate limiting][guide-rate-limiting]);
+    ``ConfigError`` if bad."""
     if isinstance(value, Rate):
         if value.count < 1 or not 0 < value.period < INF:
             raise ConfigError(f"{name} must have count >= 1 and a finite period > 0, got {value}")
@@ -187,7 +188,7 @@ def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
 
 class RateLimiter(Policy, Generic[S]):
     """Base of every limiter: the shells (``acquire``, ``try_acquire``, ``wait``, ``call``…)
-    around the pure core each algorithm implements (see the module docstring).
+    around the pure core each algorithm implements (see [Rate limiting][guide-rate-limiting]).
 
     A plain limiter has one state and takes ``key=None`` only; wrap it in
     :class:`~floodwall.ratelimit.Keyed` for one state per key. As a policy, ``call`` admits the

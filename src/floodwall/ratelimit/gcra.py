@@ -64,7 +64,7 @@ class _Tat:
 
 
 class GCRA(RateLimiter[_Tat]):
-    """GCRA with ``capacity = 1 + burst`` (see the module docstring)."""
+    """GCRA with ``capacity = 1 + burst`` (see [Rate limiting][guide-rate-limiting])."""
 
     algorithm = "gcra"
     books_ahead = True

@@ -88,7 +88,7 @@ def local_share(algorithm: str, rate: Rate, burst: int | None, instances: int) -
 
 
 class GlobalLimiter(Policy):
-    """A rate limit shared through a store (see the module docstring).
+    """A rate limit shared through a store (see [Distributed state][guide-distributed]).
 
     ``algorithm``: ``"gcra"``, ``"token_bucket"``, ``"sliding_window_counter"`` or
     ``"fixed_window"``. ``rate``: ``"100/s"``, ``"5/h"``, a :class:`Rate` or permits per second.

@@ -55,7 +55,8 @@ class _Log:
 
 
 class SlidingLog(RateLimiter[_Log]):
-    """Exact sliding window: never more than ``count`` in any ``period`` (module docstring)."""
+    """Exact sliding window: never more than ``count`` in any ``period`` (see
+    [Rate limiting][guide-rate-limiting])."""
 
     algorithm = "sliding_log"
 
@@ -164,7 +165,8 @@ class _Counts:
 
 
 class SlidingWindowCounter(RateLimiter[_Counts]):
-    """The weighted two-window estimate of a sliding window (module docstring)."""
+    """The weighted two-window estimate of a sliding window (see
+    [Rate limiting][guide-rate-limiting])."""
 
     algorithm = "sliding_window_counter"
 

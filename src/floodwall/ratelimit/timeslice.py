@@ -111,7 +111,7 @@ def _default_instance() -> str:
 
 class TimeSliceLimiter(Policy):
     """``rate`` across every instance sharing the store, enforced by local random drops at a
-    rate recomputed once per slice (see the module docstring).
+    rate recomputed once per slice (see [Distributed state][guide-distributed]).
 
     ``instance``: this instance's id in the reports (default host:pid:random). ``rng``: the
     random source of the drops. ``expected_instances``: for the ``"local"`` fallback.

@@ -61,7 +61,8 @@ class _Warm:
 
 
 class WarmUp(RateLimiter[_Warm]):
-    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (module docstring)."""
+    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (see
+    [Rate limiting][guide-rate-limiting])."""
 
     algorithm = "warm_up"
     books_ahead = True

@@ -190,7 +190,8 @@ class _AsyncPool:
 
 
 class PostgresStore(Store):
-    """A store in PostgreSQL (see the module docstring). ``connect_options`` go to psycopg."""
+    """A store in PostgreSQL (see [Distributed state][guide-distributed]). ``connect_options`` go
+    to psycopg."""
 
     def __init__(
         self,

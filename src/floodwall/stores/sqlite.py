@@ -53,7 +53,7 @@ def sqlite_path(url: str) -> str:
 
 
 class SqliteStore(Store):
-    """A store in one SQLite file (see the module docstring)."""
+    """A store in one SQLite file (see [Distributed state][guide-distributed])."""
 
     def __init__(
         self,
