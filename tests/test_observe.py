@@ -31,6 +31,8 @@ from servers import HOST, free_port, log_tail, require_binary, terminate, wait_u
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
+STATE_NAMES = ("closed", "open", "half_open", "forced_open", "forced_closed", "disabled")
+"""The ``state`` label values of the breaker state series, spelled out as dashboards use them."""
 SCRAPE_INTERVAL_MS = 500
 """Milliseconds between the test Prometheus' scrapes (the dashboard's ``rate()`` needs two)."""
 
@@ -91,14 +93,7 @@ def test_prometheus_exposition_parses_back(clock: fw.FakeClock) -> None:
         for (name, labels), value in got.items()
         if name == "floodwall_circuit_breaker_state" and labels[0] == pay[0]
     }
-    assert states == {
-        "closed": 0.0,
-        "open": 1.0,
-        "half_open": 0.0,
-        "forced_open": 0.0,
-        "forced_closed": 0.0,
-        "disabled": 0.0,
-    }
+    assert states == {state: float(state == "open") for state in STATE_NAMES}
     assert got[("floodwall_circuit_breaker_rejected_total", pay)] == 1
     assert got[("floodwall_circuit_breaker_transitions_total", (*pay, ("state", "open")))] == 1
     assert got[("floodwall_fallbacks_total", (("resource", "reviews"),))] == 1
@@ -178,6 +173,13 @@ def test_opentelemetry_metrics_and_span_events(clock: fw.FakeClock) -> None:
         if isinstance(p, NumberDataPoint)
     }
     assert points[(("outcome", "success"), ("resource", "payments"))] == 3
+    states = {
+        (p.attributes or {})["state"]: p.value
+        for p in metrics["floodwall.circuit_breaker.state"].data.data_points
+        if isinstance(p, NumberDataPoint) and (p.attributes or {})["resource"] == "payments"
+    }
+    assert states == {state: int(state == "open") for state in STATE_NAMES}
+    assert "floodwall.retries" in metrics
     (span,) = exporter.get_finished_spans()
     names = [e.name for e in span.events]
     assert "floodwall.state_change" in names
