@@ -557,5 +557,5 @@ def test_an_outbound_fallback_answer_names_the_fallback_and_why() -> None:
     )
     plain = Outbound(fw.Pipeline(fw.Retry(attempts=1), name="recs")).begin("GET", "r", None, "/")
     assert plain.run(lambda: 1) == 1
-    assert plain.degraded is None
+    assert not plain.degraded and plain.degraded_by is None
     assert plain.degraded_value() == "recs"  # a policy's own value, not a Fallback's: its name

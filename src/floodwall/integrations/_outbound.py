@@ -41,8 +41,9 @@ from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
 from floodwall._core.policy import Policy
 from floodwall.classify import parse_retry_after
 from floodwall.context import (
+    _CALL,
+    _REQUEST,
     CallContext,
-    call_context,
     current_call,
     current_idempotency_key,
     current_retry,
@@ -314,13 +315,16 @@ class Outbound:
         return Call(self, method, service, self.resolve(host, port, path), key)
 
 
-class Call:
-    """One outbound request through its policy (see [Integrations][guide-integrations])."""
+class Call(CallContext):
+    """One outbound request through its policy (see [Integrations][guide-integrations]).
+
+    It is its own :class:`~floodwall.CallContext` while the policy runs, so a fallback's
+    ``degraded_by`` and ``degraded_reason`` land on it (no extra object per request).
+    """
 
     __slots__ = (
         "_ambient_key",
         "core",
-        "degraded",
         "failure",
         "key",
         "method",
@@ -341,7 +345,8 @@ class Call:
         unsafe = method not in core.idempotent_methods
         self._ambient_key = ambient if unsafe else None
         self.retryable = not unsafe or key is not None or self._ambient_key is not None
-        self.degraded: str | None = None  # the X-Degraded value, once a fallback answered
+        self.degraded_by: str | None = None
+        self.degraded_reason: str | None = None
         self.failure: _AttemptError | None = None  # the last attempt's failure
 
     # -- what an attempt sends -------------------------------------------------------------------
@@ -461,49 +466,52 @@ class Call:
     def run(self, attempt: Callable[[], R]) -> R | Any:
         """Send with ``attempt`` under the policy; the answer, a fallback value, or raise."""
         with self._before():
-            scope = call_context()
+            policy = self.policy
             try:
-                with scope:
-                    policy = self.policy
-                    return attempt() if policy is None else policy.call(attempt)
+                if policy is None:
+                    return attempt()
+                token = _CALL.set((self, _REQUEST.get()))  # call_context(), with self as it
+                try:
+                    return policy.call(attempt)
+                finally:
+                    _CALL.reset(token)
+                    if self.degraded_by is not None:
+                        self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
-            finally:
-                self._pass_on(scope.context)
 
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
         with self._before():
-            scope = call_context()
+            policy = self.policy
             try:
-                with scope:
-                    policy = self.policy
-                    return await (attempt() if policy is None else policy.call_async(attempt))
+                if policy is None:
+                    return await attempt()
+                token = _CALL.set((self, _REQUEST.get()))
+                try:
+                    return await policy.call_async(attempt)
+                finally:
+                    _CALL.reset(token)
+                    if self.degraded_by is not None:
+                        self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
-            finally:
-                self._pass_on(scope.context)
 
-    def _pass_on(self, seen: CallContext) -> None:
-        """Keep what a fallback said about this request for its ``X-Degraded`` answer, and tell
-        the call around it (the inbound request being served) that it was degraded too."""
-        if seen.degraded_by is None:
-            return
-        reason = seen.degraded_reason
+    def _pass_on(self) -> None:
+        """Say why in the gateway's words, and tell the call around this one (the inbound
+        request being served) that it was degraded too."""
         failure = self.failure
-        if failure is not None and reason == type(failure).__name__:
-            reason = failure.reason  # "upstream_5xx", not the private class's name
-            seen.degraded_reason = reason
-        self.degraded = format_degraded(seen.degraded_by, reason)
+        if failure is not None and self.degraded_reason == type(failure).__name__:
+            self.degraded_reason = failure.reason  # "upstream_5xx", not a private class's name
         outer = current_call()
         if outer is not None:
-            outer.degraded_by, outer.degraded_reason = seen.degraded_by, reason
+            outer.degraded_by, outer.degraded_reason = self.degraded_by, self.degraded_reason
 
     def degraded_value(self) -> str:
         """The ``X-Degraded`` value of a fallback's answer to this request (the same vocabulary
         as inbound middleware and the gateway: ``recommendations.fallback; reason=timeout``)."""
-        if self.degraded is not None:
-            return self.degraded
+        if self.degraded_by is not None:
+            return format_degraded(self.degraded_by, self.degraded_reason)
         return format_degraded(self.policy.name if self.policy is not None else "fallback")
 
     def _settle(self, failure: _AttemptError) -> Any:
