@@ -7,15 +7,25 @@ coroutine block runs on the page's event loop) and with postponed annotations, s
 may name a type the page leaves to the reader (``-> Receipt``). Tracebacks point at the
 Markdown file and line.
 
+Nothing runs that the reader cannot see: a sample pasted from the rendered page behaves as in
+the suite. Stand-ins for the reader's own code (``legacy_client``, ``fetch_reviews``) are
+written out in the sample; longer ones (a stand-in network, a throwaway database) live in a
+file under ``docs/snippets/`` that the page shows with a block holding only
+``--8<-- "docs/snippets/name.py"`` (pymdownx.snippets renders the file there; this test runs
+the file at that point) and links to. A non-Python block titled with a file name
+(```` ```yaml title="gateway.yaml" ````) is saved under that name in the working directory, as
+the reader saves it, before the blocks after it run.
+
 Two markers in the Markdown, both invisible on the rendered site:
 
 * ``<!-- no-run: why -->`` on the line before a fence skips that block. Only for a block that
   needs a real server the test cannot start (a reason is required; keep them few).
-* ``<!-- test-setup`` … ``-->`` holds hidden code run at that point of the page: stand-ins for
-  the reader's own code (``legacy_client``, ``fetch_reviews``), or a file the page reads.
+* ``<!-- test-check`` … ``-->`` holds assertions run at that point of the page, never setup
+  (prefer a visible ``assert`` in the sample). Hidden setup (``<!-- test-setup``) is refused.
 
 Pages whose text mentions ``REDIS_URL`` get a throwaway Redis (``tests/servers.py``) in that
-environment variable, and are integration tests.
+environment variable, and are integration tests; pages that mention ``METRICS_PORT`` get a free
+loopback port in it (a sample's metrics endpoint must not collide with a running exporter).
 """
 
 from __future__ import annotations
@@ -50,7 +60,11 @@ MAX_NO_RUN = 8
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>\S.*?)\s*-->\s*$")
-SETUP_OPEN = re.compile(r"^\s*<!--\s*test-(setup|check)\s*$")
+SETUP_OPEN = re.compile(r"^\s*<!--\s*test-check\s*$")
+HIDDEN_SETUP = re.compile(r"<!--\s*test-setup")
+MARKDOWN_LINK = re.compile(r"\]\((?P<target>[^)\s#]+)[^)\s]*\)")
+SAVED_FILE = re.compile(r'title="(?P<name>[\w.-]+\.(?:ya?ml|toml|json|txt))"')
+INCLUDE = re.compile(r'^\s*--8<--\s*"(?P<path>[^"]+)"\s*$')
 SETUP_CLOSE = re.compile(r"^\s*-->\s*$")
 FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | annotations.compiler_flag
 """Top-level ``await`` and postponed annotations (``from __future__ import annotations`` binds
@@ -69,6 +83,10 @@ class Snippet:
     hidden: bool = False
     info: str = ""
     """The fence's info string after the language (``title="app.py"``)."""
+    included_by: Path | None = None
+    """The page whose block includes this file (``--8<--``), for a snippet file."""
+    saves: str | None = None
+    """For a non-Python block titled with a file name: that name (the block is the file)."""
 
     @property
     def where(self) -> str:
@@ -86,12 +104,18 @@ def _is_python(info: str) -> bool:
 
 
 def extract(path: Path) -> list[Snippet]:
-    """The Python blocks and hidden setup blocks of ``path``, in document order."""
+    """The Python blocks and test-check blocks of ``path``, in document order; a block that
+    only includes a file (``--8<-- "docs/snippets/x.py"``) is that file's code."""
     lines = path.read_text(encoding="utf-8").splitlines()
     snippets: list[Snippet] = []
     index = 0
     while index < len(lines):
         line = lines[index]
+        if HIDDEN_SETUP.search(line):
+            raise ValueError(
+                f"{path}:{index + 1}: hidden setup: show it in the sample, or in a file under "
+                "docs/snippets/ that the page includes (--8<--) and links to"
+            )
         if SETUP_OPEN.match(line):
             end = index + 1
             while end < len(lines) and not SETUP_CLOSE.match(lines[end]):
@@ -118,12 +142,33 @@ def extract(path: Path) -> list[Snippet]:
             ):
                 break
             end += 1
-        if _is_python(opened["info"]):
+        saves = SAVED_FILE.search(opened["info"])
+        if saves and not _is_python(opened["info"]):
+            body = "\n".join(_unindent(text, indent) for text in lines[index + 1 : end])
+            snippets.append(Snippet(path, index + 2, body, hidden=True, saves=saves["name"]))
+        elif _is_python(opened["info"]):
             body = "\n".join(_unindent(text, indent) for text in lines[index + 1 : end])
             info = opened["info"].strip()
-            snippets.append(Snippet(path, index + 2, body, _no_run(lines, index), info=info))
+            snippets.append(
+                _included(Snippet(path, index + 2, body, _no_run(lines, index), info=info))
+            )
         index = end + 1
     return snippets
+
+
+def _included(snippet: Snippet) -> Snippet:
+    """The file a block includes, in its place (tracebacks point at the file); else the block."""
+    included = INCLUDE.match(snippet.code.strip())
+    if included is None:
+        return snippet
+    target = ROOT / included["path"]
+    code = target.read_text(encoding="utf-8").rstrip("\n")
+    return Snippet(target, 1, code, snippet.no_run, info=snippet.info, included_by=snippet.path)
+
+
+def includes(path: Path) -> list[Path]:
+    """The files the Python blocks of ``path`` include."""
+    return [s.path for s in extract(path) if s.included_by is not None]
 
 
 def _unindent(text: str, indent: str) -> str:
@@ -138,8 +183,14 @@ def _no_run(lines: list[str], fence_index: int) -> str | None:
     return marker["reason"] if marker else None
 
 
+def _mentions(path: Path, name: str) -> bool:
+    return name in path.read_text(encoding="utf-8") or any(
+        name in file.read_text(encoding="utf-8") for file in includes(path)
+    )
+
+
 def _needs_redis(path: Path) -> bool:
-    return "REDIS_URL" in path.read_text(encoding="utf-8")
+    return _mentions(path, "REDIS_URL")
 
 
 # -- running one page (in its own interpreter: `python tests/test_docs.py PAGE`) -------------
@@ -159,13 +210,17 @@ def run_page(path: Path) -> int:
                 print(f"skipped {snippet.where}: {snippet.no_run}")
                 continue
             started = time.perf_counter()
+            if snippet.saves is not None:
+                Path(snippet.saves).write_text(snippet.code + "\n", encoding="utf-8")
+                print(f"saved {snippet.saves} from {snippet.where}")
+                continue
             try:
                 _run(snippet, namespace, loop)
             except BaseException:
                 print(f"FAILED {snippet.where}\n{snippet.code}\n", file=sys.stderr)
                 traceback.print_exc()
                 return 1
-            kind = "setup" if snippet.hidden else "ok"
+            kind = "check" if snippet.hidden else "ok"
             print(f"{kind} {snippet.where} ({time.perf_counter() - started:.2f}s)")
     finally:
         _close(loop)
@@ -213,6 +268,8 @@ def test_page_snippets_run(page: Path, request: pytest.FixtureRequest) -> None:
     env.pop("PYTEST_CURRENT_TEST", None)
     if _needs_redis(page):
         env["REDIS_URL"] = str(request.getfixturevalue("redis_url"))
+    if _mentions(page, "METRICS_PORT"):
+        env["METRICS_PORT"] = str(free_port())
     with tempfile.TemporaryDirectory(prefix="floodwall-docs-") as workdir:
         result = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), str(page)],
@@ -244,7 +301,7 @@ def test_extractor_reads_fences_markers_and_setup(tmp_path: Path) -> None:
             x = 1
             ```
 
-            <!-- test-setup
+            <!-- test-check
             y = 2
             -->
 
@@ -279,6 +336,58 @@ def test_extractor_reads_fences_markers_and_setup(tmp_path: Path) -> None:
         (14, "z = x + y", False, None),
         (25, "connect()", False, "talks to a real server"),
     ]
+
+
+def test_hidden_setup_is_refused_and_an_include_runs_its_file(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n<!-- test-setup\nx = 2\n-->\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"page.md:5: hidden setup"):
+        extract(page)
+    snippet = DOCS / "snippets" / "flaky.py"
+    page.write_text(
+        '```python title="docs/snippets/flaky.py"\n--8<-- "docs/snippets/flaky.py"\n```\n\n'
+        '```yaml title="app.yaml"\nresources: {}\n```\n',
+        encoding="utf-8",
+    )
+    found, saved = extract(page)
+    assert (found.path, found.line, found.included_by) == (snippet, 1, page)
+    assert found.code == snippet.read_text(encoding="utf-8").rstrip("\n")
+    assert (saved.saves, saved.code, saved.line) == ("app.yaml", "resources: {}", 6)
+
+
+def test_no_page_hides_setup_and_every_included_file_is_linked() -> None:
+    """Every included file is one a reader can open: the page links to it."""
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        assert not HIDDEN_SETUP.search(text), page
+        for included in includes(page):
+            links = {(page.parent / target).resolve() for target in MARKDOWN_LINK.findall(text)}
+            assert included in links, f"{page.relative_to(ROOT)} includes {included} unlinked"
+
+
+def test_docstrings_link_to_their_guide_not_to_an_unshown_module_docstring() -> None:
+    """The API reference shows classes and functions, not module docstrings: a docstring that
+    sends the reader to "the module docstring" sends them nowhere on the site. They link to the
+    guide instead (``[Retries][guide-retries]``; the site build fails on an unknown target)."""
+    sources = sorted((ROOT / "src").rglob("*.py"))
+    pointing = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"module\s+docstring", line)
+    ]
+    assert not pointing, pointing
+    guides = {
+        match
+        for path in sources
+        for match in re.findall(r"\]\[(guide-[a-z-]+)\]", path.read_text(encoding="utf-8"))
+    }
+    defined = {
+        match
+        for page in pages()
+        for match in re.findall(r"\{ #(guide-[a-z-]+) \}", page.read_text())
+    }
+    assert guides and guides <= defined, guides - defined
 
 
 def test_a_failing_snippet_points_at_its_markdown_line(tmp_path: Path) -> None:
@@ -333,7 +442,8 @@ def test_getting_started_app_runs_under_uvicorn_and_shows_its_metrics(tmp_path: 
         answers = [_http("GET", f"{base}/price/sku-1")[1] for _ in range(8)]
         assert set(answers) == {'{"price":null,"stale":true}'}
         _, scrape = _http("GET", f"{base}/metrics")
-        assert 'floodwall_circuit_state{resource="prices"} 1.0' in scrape
+        assert 'floodwall_circuit_breaker_state{resource="prices",state="open"} 1.0' in scrape
+        assert 'floodwall_circuit_breaker_state{resource="prices",state="closed"} 0.0' in scrape
         assert 'floodwall_fallbacks_total{resource="prices"} 8.0' in scrape
     finally:
         server.terminate()
@@ -364,14 +474,18 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr
     assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
+    reference = {
+        page.parent.name: re.sub(r"<[^>]+>", "", page.read_text())
+        for page in (tmp_path / "site" / "reference").glob("*/index.html")
+    }
+    named = [name for name, text in reference.items() if re.search(r"= defaults\.[A-Z]", text)]
+    assert not named, f"signatures show defaults.NAME instead of its value: {named}"
+    assert "attempts: int = 3," in reference["retries"], "Retry(attempts=...) shows no value"
     assert elapsed < 60, f"the docs build took {elapsed:.0f} s (budget 60 s)"
 
 
 if __name__ == "__main__":
     sys.exit(run_page(Path(sys.argv[1]).resolve()))
-
-
-MARKDOWN_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
 def test_readme_links_resolve_on_pypi_too() -> None:

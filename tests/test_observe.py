@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -11,7 +18,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoi
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 import floodwall as fw
@@ -20,6 +27,14 @@ from floodwall.observe import Meter
 from floodwall.observe.logs import JsonLogListener
 from floodwall.observe.otel import SpanEventListener, instrument
 from floodwall.observe.prometheus import register
+from servers import HOST, free_port, log_tail, require_binary, terminate, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
+STATE_NAMES = ("closed", "open", "half_open", "forced_open", "forced_closed", "disabled")
+"""The ``state`` label values of the breaker state series, spelled out as dashboards use them."""
+SCRAPE_INTERVAL_MS = 500
+"""Milliseconds between the test Prometheus' scrapes (the dashboard's ``rate()`` needs two)."""
 
 DOC = {
     "resources": {
@@ -73,9 +88,14 @@ def test_prometheus_exposition_parses_back(clock: fw.FakeClock) -> None:
     assert got[("floodwall_calls_total", (("outcome", "error"), *pay))] == 2
     assert got[("floodwall_calls_total", (("outcome", "circuit_open"), *pay))] == 1
     assert got[("floodwall_calls_total", (("outcome", "success"), ("resource", "reviews")))] == 1
-    assert got[("floodwall_circuit_state", pay)] == 1.0
-    assert got[("floodwall_circuit_rejected_total", pay)] == 1
-    assert got[("floodwall_circuit_transitions_total", (*pay, ("state", "open")))] == 1
+    states = {
+        labels[1][1]: value
+        for (name, labels), value in got.items()
+        if name == "floodwall_circuit_breaker_state" and labels[0] == pay[0]
+    }
+    assert states == {state: float(state == "open") for state in STATE_NAMES}
+    assert got[("floodwall_circuit_breaker_rejected_total", pay)] == 1
+    assert got[("floodwall_circuit_breaker_transitions_total", (*pay, ("state", "open")))] == 1
     assert got[("floodwall_fallbacks_total", (("resource", "reviews"),))] == 1
     assert got[("floodwall_retry_calls_total", pay)] == 5
     assert got[("floodwall_level_shed", (("level", "3"),))] == 0
@@ -153,38 +173,171 @@ def test_opentelemetry_metrics_and_span_events(clock: fw.FakeClock) -> None:
         if isinstance(p, NumberDataPoint)
     }
     assert points[(("outcome", "success"), ("resource", "payments"))] == 3
+    states = {
+        (p.attributes or {})["state"]: p.value
+        for p in metrics["floodwall.circuit_breaker.state"].data.data_points
+        if isinstance(p, NumberDataPoint) and (p.attributes or {})["resource"] == "payments"
+    }
+    assert states == {state: int(state == "open") for state in STATE_NAMES}
+    assert "floodwall.retries" in metrics
     (span,) = exporter.get_finished_spans()
     names = [e.name for e in span.events]
     assert "floodwall.state_change" in names
     assert "floodwall.rejected" in names
 
 
-def test_grafana_dashboard_uses_only_published_metrics(clock: fw.FakeClock) -> None:
-    """Every metric the example dashboard queries is one the collector publishes."""
-    import re
-    from pathlib import Path
-
-    path = Path(__file__).parent.parent / "examples" / "grafana-dashboard.json"
-    dashboard = json.loads(path.read_text())
-    queried = {
-        name
+def dashboard_queries() -> list[tuple[str, str]]:
+    """``(panel title, PromQL)`` of every query of the example Grafana dashboard."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["expr"])
         for panel in dashboard["panels"]
         for target in panel["targets"]
-        for name in re.findall(r"floodwall_[a-z_]+", target["expr"])
+    ]
+
+
+def test_grafana_dashboard_uses_only_published_metrics(clock: fw.FakeClock) -> None:
+    """Every metric the example dashboard queries is one the collector publishes."""
+    queried = {
+        name for _, expr in dashboard_queries() for name in re.findall(r"floodwall_[a-z_]+", expr)
     }
-    registry = Registry(DOC, clock=clock)
-    exercise(registry, clock)
-    prom = CollectorRegistry()
-    register(registry, prom)
-    published = {name for name, _ in samples(generate_latest(prom).decode())}
+    _, text = exposition(clock)
+    published = {name for name, _ in samples(text)}
     assert queried <= published, queried - published
 
 
 def test_example_configuration_is_valid() -> None:
-    from pathlib import Path
-
     from floodwall.config import load
 
     doc = load(Path(__file__).parent.parent / "examples" / "floodwall.yaml")
     assert doc.resources["ip-location"].level == 3
     assert Registry(doc).get("posts-write").retry is not None
+
+
+def exposition(clock: fw.FakeClock) -> tuple[CollectorRegistry, str]:
+    """A Prometheus registry over the exercised ``DOC`` registry, and its text exposition."""
+    registry = Registry(DOC, clock=clock)
+    exercise(registry, clock)
+    prom = CollectorRegistry()
+    register(registry, prom)
+    return prom, generate_latest(prom).decode()
+
+
+def test_metric_names_pass_promtool_without_warnings(clock: fw.FakeClock) -> None:
+    """``promtool check metrics`` (Prometheus' own linter for names, units, suffixes and help)
+    prints nothing for a scrape with every metric family present."""
+    _, text = exposition(clock)
+    result = subprocess.run(
+        [require_binary("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_documented_alert_rules_pass_promtool(tmp_path: Path) -> None:
+    """The operating guide's alert rules load in Prometheus (``promtool check rules``)."""
+    page = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    (rules,) = re.findall(r"```yaml\n(groups:.*?)```", page, flags=re.DOTALL)
+    assert "floodwall_circuit_breaker_state" in rules
+    path = tmp_path / "rules.yml"
+    path.write_text(rules)
+    result = subprocess.run(
+        [require_binary("promtool"), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+class PrometheusServer:
+    """A throwaway ``prometheus`` scraping one loopback target every ``SCRAPE_INTERVAL_MS``."""
+
+    def __init__(self, target: str, workdir: Path) -> None:
+        self.port = free_port()
+        self.log = workdir / "prometheus.log"
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            f"global: {{scrape_interval: {SCRAPE_INTERVAL_MS}ms, evaluation_interval: 1s}}\n"
+            "scrape_configs:\n"
+            f"  - {{job_name: floodwall, static_configs: [{{targets: ['{target}']}}]}}\n"
+        )
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    require_binary("prometheus"),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address={HOST}:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def get(self, path: str, **params: str) -> Any:
+        """The ``data`` of a JSON API answer (an error status fails the test)."""
+        url = f"http://{HOST}:{self.port}{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            answer = json.loads(response.read())
+        assert answer["status"] == "success", (path, params, answer)
+        return answer["data"]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """The instant vector ``promql`` evaluates to now."""
+        result: list[dict[str, Any]] = self.get("/api/v1/query", query=promql)["result"]
+        return result
+
+    def settled(self) -> bool:
+        """Exited, or scraped its target three times (enough for a ``rate()``)."""
+        return self.proc.poll() is not None or self.scraped(3)
+
+    def scraped(self, times: int) -> bool:
+        try:
+            counts = self.query("count_over_time(up[1m])")
+        except OSError:
+            return False
+        return bool(counts) and float(counts[0]["value"][1]) >= times
+
+
+@pytest.fixture
+def prometheus(clock: fw.FakeClock, tmp_path: Path) -> Iterator[PrometheusServer]:
+    """A real Prometheus that has scraped the exercised ``DOC`` registry at least three times."""
+    prom, _ = exposition(clock)
+    target_port = free_port()
+    exporter, thread = start_http_server(target_port, addr=HOST, registry=prom)
+    server = PrometheusServer(f"{HOST}:{target_port}", tmp_path)
+    try:
+        if not wait_until(server.settled, 30, interval=0.1) or server.proc.poll() is not None:
+            log = log_tail(server.log)
+            pytest.fail(f"prometheus exited or did not scrape 3 times in 30 s:\n{log}")
+        yield server
+    finally:
+        terminate([server.proc])
+        exporter.shutdown()
+        exporter.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.integration
+def test_grafana_dashboard_evaluates_against_a_real_scrape(prometheus: PrometheusServer) -> None:
+    """Every query of the dashboard, as Grafana sends it with "All" resources selected, runs on
+    a real Prometheus and returns series; the breaker panel folds the per-state series back
+    into one row per resource that reads "open" (1) for the tripped breaker."""
+    label = "/api/v1/label/resource/values"
+    choices = prometheus.get(label, **{"match[]": "floodwall_calls_total"})
+    assert set(choices) == {"payments", "reviews", "search"}  # the dashboard's $resource
+    for title, expr in dashboard_queries():
+        result = prometheus.query(expr.replace("$resource", ".*"))
+        assert result, f"{title}: {expr} returned no series"
+    (breaker,) = [expr for title, expr in dashboard_queries() if title == "Circuit breaker state"]
+    states = {
+        series["metric"]["resource"]: float(series["value"][1])
+        for series in prometheus.query(breaker.replace("$resource", ".*"))
+    }
+    assert states == {"payments": 1.0}

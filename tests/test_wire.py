@@ -507,7 +507,7 @@ def test_the_call_record_is_the_innermost_of_admissions_and_call_contexts() -> N
             assert fw.current_call() is first.call
             fw.Fallback(1, name="fb").call(_fail)
             assert first.call.degraded_by == "fb"
-            assert first.response_headers(200) == [(wire.DEGRADED, "fb")]
+            assert first.response_headers(200) == [(wire.DEGRADED, "fb; reason=RuntimeError")]
         assert fw.current_call() is outside
         assert outside.degraded_by is None
     hop = wire.Hop()  # a bare Hop has no call record of its own
@@ -522,3 +522,40 @@ def test_the_call_record_is_the_innermost_of_admissions_and_call_contexts() -> N
 
 def _fail() -> int:
     raise RuntimeError("down")
+
+
+def test_one_degraded_vocabulary_formats_and_parses_back() -> None:
+    """Inbound middleware, outbound clients and the gateway write ``X-Degraded`` alike."""
+    assert wire.DEGRADED == "X-Degraded"
+    assert wire.format_degraded("reviews.fallback", "timeout") == "reviews.fallback; reason=timeout"
+    assert (
+        wire.format_degraded("cache", "circuit_open", 12.7) == "cache; reason=circuit_open; age=12"
+    )
+    assert wire.format_degraded("posts") == "posts"
+    assert wire.parse_degraded(b"cache; reason=circuit_open; age=12, posts") == [
+        ("cache", {"reason": "circuit_open", "age": "12"}),
+        ("posts", {}),
+    ]
+    assert wire.parse_degraded(None) == wire.parse_degraded("") == []
+    from floodwall.gateway.fallbacks import DEGRADED_HEADER, degraded_value
+
+    assert DEGRADED_HEADER == wire.DEGRADED
+    assert degraded_value("static", "upstream_5xx") == "static; reason=upstream_5xx"
+
+
+def test_an_outbound_fallback_answer_names_the_fallback_and_why() -> None:
+    """A client's fallback value is marked like a server's, and the request being served (the
+    call around the outbound call) learns it was degraded too."""
+    policy = fw.Fallback(value=[], name="recommendations.fallback")
+    with fw.call_context() as served:
+        call = Outbound(policy).begin("GET", "recs", None, "/top")
+        assert call.run(_fail) == []
+    assert call.degraded_value() == "recommendations.fallback; reason=RuntimeError"
+    assert (served.degraded_by, served.degraded_reason) == (
+        "recommendations.fallback",
+        "RuntimeError",
+    )
+    plain = Outbound(fw.Pipeline(fw.Retry(attempts=1), name="recs")).begin("GET", "r", None, "/")
+    assert plain.run(lambda: 1) == 1
+    assert not plain.degraded and plain.degraded_by is None
+    assert plain.degraded_value() == "recs"  # a policy's own value, not a Fallback's: its name

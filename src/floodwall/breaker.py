@@ -109,7 +109,7 @@ def _positive(name: str, value: float) -> float:
 
 
 class CircuitBreaker(Gate):
-    """A circuit breaker over a rolling window (see the module docstring for the semantics).
+    """A circuit breaker over a rolling window ([Circuit breaker][guide-circuit-breaker]).
 
     Defaults (Hystrix's): ``window=10`` s in ``buckets=10``, ``minimum_calls=20``,
     ``failure_rate=0.5``, ``open_duration=5`` s, ``half_open_calls=1``. Pass ``window_calls=N``

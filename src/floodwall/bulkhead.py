@@ -68,7 +68,7 @@ def _wait_seconds(name: str, value: float | None) -> float:
 
 
 class Bulkhead(Gate):
-    """Semaphore isolation with a bounded FIFO wait queue (see the module docstring).
+    """Semaphore isolation with a bounded FIFO wait queue (see [Isolation][guide-isolation]).
 
     Defaults (Hystrix's semaphore isolation): ``max_concurrent=10``, ``max_queue=0``,
     ``max_wait=0`` (refuse at once). ``max_wait=None`` waits without a time bound (still bounded

@@ -71,7 +71,7 @@ _Types = tuple[type[BaseException], ...]
 
 
 def http_status(obj: object) -> int | None:
-    """The HTTP status carried by an exception or response (see the module docstring)."""
+    """The HTTP status carried by an exception or response (see [Retries][guide-retries])."""
     for candidate in (obj, getattr(obj, "response", None)):
         if candidate is None:
             continue
@@ -206,7 +206,7 @@ class Classifier:
 
 
 DEFAULT_CLASSIFIER = Classifier()
-"""The built-in classes described in the module docstring."""
+"""The built-in classes described in [Retries][guide-retries]."""
 
 
 def _describe(exc: BaseException | None, result: Any) -> str:

@@ -126,7 +126,7 @@ class FrequencyDecision:
 
 class Frequency(Gate):
     """At most ``limit`` calls per key every ``per`` seconds, across every process sharing the
-    store (see the module docstring). ``limit=1`` is "once per ``per`` seconds".
+    store (see [Distributed state][guide-distributed]). ``limit=1`` is "once per ``per`` seconds".
 
     As a gate: ``admit`` raises ``Wait`` for the guarded store op of the call's key,
     ``resume`` turns the reply into a permit or the rejection; ``record`` learns nothing.

@@ -346,7 +346,8 @@ _RUN: Any = object()
 
 
 class Idempotency(Flow):
-    """Run a call once per idempotency key and replay its result (see the module docstring)."""
+    """Run a call once per idempotency key and replay its result (see
+    [Distributed state][guide-distributed])."""
 
     kind = "idempotency"
 

@@ -183,7 +183,7 @@ def _seconds(name: str, value: object, *, positive: bool) -> float:
 class Retry(Attempts):
     """Retry failed calls that a retry can fix, within attempts, deadline and budget.
 
-    See the module docstring for the rules. Defaults: ``attempts=3`` in total,
+    The rules: [Retries][guide-retries]. Defaults: ``attempts=3`` in total,
     ``backoff=FullJitter(base=0.1, cap=10)``, a private ``RetryBudget(ratio=0.1,
     min_per_second=1)`` (pass ``budget=None`` for none, or a shared one),
     ``max_retry_after=30`` s, ``max_level=2``. ``rng`` feeds the backoff's jitter (unless the

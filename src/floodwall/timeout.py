@@ -49,7 +49,8 @@ _INF = float("inf")
 
 
 class Timeout(Scoped):
-    """Bound a call to ``seconds`` (and to the ambient deadline); see the module docstring.
+    """Bound a call to ``seconds`` (and to the ambient deadline); see
+    [Timeouts and deadlines][guide-timeouts].
 
     On the request path a timeout is one step: :meth:`scope` works out the call's budget and
     hands the drivers a :class:`~floodwall._core.timebox.Timebox`, which cancels the task (or

@@ -114,7 +114,7 @@ def test_a_drill_through_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert figures.detection_time_s is not None and figures.detection_time_s <= 2.0
     opened = [a for a in result.log.actions if a.kind == "state_change" and a.name == "reviews"]
     assert "OPEN" in [a.to_state for a in opened]  # polled from GET /status
-    assert any(r.degraded for r in result.log.requests)  # X-Floodwall-Degraded
+    assert any(r.degraded for r in result.log.requests)  # X-Degraded
     # calls reaching the mock reviews carry the load's request ids through the gateway
     assert figures.amplification_by_dependency["product"] == pytest.approx(1.0, abs=0.02)
     assert figures.amplification is not None and figures.amplification < 1.0

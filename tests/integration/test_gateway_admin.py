@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from conftest import GATEWAY_TOKEN, GatewayProcess, GatewayThread, Upstream
+from servers import require_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -76,9 +78,18 @@ def test_status_overrides_and_metrics(
         metrics = gw.admin("GET", "/metrics").text
     assert 'floodwall_gateway_requests_total{code="2xx",route="api"} 2.0' in metrics
     assert 'floodwall_gateway_outcomes_total{outcome="circuit_open",route="api"} 1.0' in metrics
-    assert 'floodwall_circuit_state{resource="svc"} 0.0' in metrics
+    assert 'floodwall_circuit_breaker_state{resource="svc",state="closed"} 1.0' in metrics
     assert "floodwall_gateway_request_duration_seconds_bucket" in metrics
     assert 'floodwall_gateway_endpoint_up{endpoint="' in metrics
+    lint = subprocess.run(
+        [require_binary("promtool"), "check", "metrics"],
+        input=metrics,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (lint.returncode, lint.stdout + lint.stderr) == (0, "")  # no name warnings
 
 
 def test_reload_good_and_bad_under_load_loses_no_request(

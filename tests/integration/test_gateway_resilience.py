@@ -65,7 +65,7 @@ def test_breaker_opens_fallback_answers_and_closes_after_recovery(
         gifts.state.status = 500
         other = [client.get("/api/gifts/other") for _ in range(4)]  # never cached: static
         assert all(r.status_code == 200 and r.json() == GIFTS for r in other)
-        reasons = [r.headers["X-Floodwall-Degraded"] for r in other]
+        reasons = [r.headers["X-Degraded"] for r in other]
         assert reasons[0] == "static; reason=upstream_5xx"
         assert reasons[-1] == "static; reason=circuit_open"  # tripped by the third failure
         state = gw.admin("GET", "/status").json()["routes"]["/api/gifts"]["breaker"]["state"]
@@ -73,12 +73,12 @@ def test_breaker_opens_fallback_answers_and_closes_after_recovery(
         before = gifts.state.count
         cached = client.get("/api/gifts/list")  # breaker open: the last good answer, with its age
         assert cached.json()["upstream"] == "gifts"
-        assert cached.headers["X-Floodwall-Degraded"].startswith("cache; reason=circuit_open; age=")
+        assert cached.headers["X-Degraded"].startswith("cache; reason=circuit_open; age=")
         assert gifts.state.count == before  # the open breaker spared the upstream
         gifts.state.status = 200
         time.sleep(0.7)  # open_duration passes: the next call is the half-open probe
         probe = client.get("/api/gifts/list")
-        assert probe.status_code == 200 and "X-Floodwall-Degraded" not in probe.headers
+        assert probe.status_code == 200 and "X-Degraded" not in probe.headers
         state = gw.admin("GET", "/status").json()["routes"]["/api/gifts"]["breaker"]["state"]
         assert state == "CLOSED"
 
@@ -92,7 +92,7 @@ def test_backup_upstream_answers_when_the_primary_fails(
     with httpx.Client(base_url=gw.url, timeout=5) as client:
         answer = client.get("/api/gifts/list")
         assert answer.json()["upstream"] == "backup"
-        assert answer.headers["X-Floodwall-Degraded"] == "backup; reason=upstream_5xx"
+        assert answer.headers["X-Degraded"] == "backup; reason=upstream_5xx"
         backup.state.status = 500  # the backup fails too: the static answer
         answer = client.get("/api/gifts/list")
         assert answer.json() == GIFTS
@@ -107,7 +107,7 @@ def test_shed_level_answers_from_the_fallback(
     with httpx.Client(base_url=gw.url, timeout=5) as client:
         answer = client.get("/api/gifts/other")
         assert answer.json() == GIFTS
-        assert answer.headers["X-Floodwall-Degraded"] == "static; reason=degraded"
+        assert answer.headers["X-Degraded"] == "static; reason=degraded"
         assert gifts.state.count == 0
         assert gw.admin("DELETE", "/shed/3").status_code == 200
         assert client.get("/api/gifts/other").json()["upstream"] == "gifts"
@@ -259,5 +259,5 @@ def test_no_available_endpoint_fails_fast_or_falls_back(
         assert plain.status_code == 503 and plain.json()["kind"] == "upstream_unavailable"
         kind = client.get("/kind")
         assert kind.text == "later"
-        assert kind.headers["X-Floodwall-Degraded"] == "static; reason=upstream_unavailable"
+        assert kind.headers["X-Degraded"] == "static; reason=upstream_unavailable"
     assert svc.state.count == 0

@@ -215,7 +215,7 @@ def test_a_fallback_answer_is_marked_degraded(serve: Any) -> None:
     url, _ = serve()
     answer = httpx.get(url + "/degraded")
     assert answer.json() == "cached"
-    assert answer.headers["x-degraded"] == "reviews.fallback"
+    assert answer.headers["x-degraded"] == "reviews.fallback; reason=ConnectionError"
 
 
 def test_admitted_answers_carry_no_ratelimit_headers_by_default(serve: Any) -> None:

@@ -61,7 +61,8 @@ class BBRStats:
 
 
 class BBR:
-    """The pure BBR decision (see the module docstring). Not thread-safe: shells lock."""
+    """The pure BBR decision (see [Overload protection][guide-overload]). Not thread-safe: shells
+    lock."""
 
     __slots__ = (
         "_cache_epoch",

@@ -39,7 +39,8 @@ def _default_queue(limit: int) -> int:
 
 
 class GradientLimit(Limit):
-    """Gradient of the no-load RTT over the sampled RTT (see the module docstring)."""
+    """Gradient of the no-load RTT over the sampled RTT (see
+    [Overload protection][guide-overload])."""
 
     __slots__ = (
         "_countdown",

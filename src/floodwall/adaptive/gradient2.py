@@ -28,7 +28,8 @@ __all__ = ["Gradient2Limit"]
 
 
 class Gradient2Limit(Limit):
-    """Gradient of a long-term average RTT over the current RTT (see the module docstring)."""
+    """Gradient of a long-term average RTT over the current RTT (see
+    [Overload protection][guide-overload])."""
 
     __slots__ = (
         "_fixed_queue",

@@ -130,7 +130,8 @@ class PartitionStats:
 
 
 class AdaptiveLimiter(Gate):
-    """Concurrency limiter driven by an adaptive :class:`Limit` (see the module docstring).
+    """Concurrency limiter driven by an adaptive :class:`Limit` (see
+    [Overload protection][guide-overload]).
 
     As a gate: ``admit`` hands out a token (the permit), refuses with
     :class:`~floodwall.OverloadedError`, or, with a backlog, raises ``Wait(Park(...))`` to queue

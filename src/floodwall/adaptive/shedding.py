@@ -121,7 +121,7 @@ class Ticket:
 
 
 class LoadShedder(Gate):
-    """Server-side load-shedding guard (see the module docstring).
+    """Server-side load-shedding guard (see [Overload protection][guide-overload]).
 
     ``limiter=None`` guards on queueing time alone (then ``max_queue_time`` must be set).
 

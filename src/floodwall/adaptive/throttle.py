@@ -48,7 +48,8 @@ def reject_probability(requests: float, accepts: float, k: float = defaults.THRO
 
 
 class ClientThrottle(Gate):
-    """Adaptive client-side throttling after the SRE book (see the module docstring).
+    """Adaptive client-side throttling after the SRE book (see
+    [Overload protection][guide-overload]).
 
     The pure core is :meth:`attempt` (``now`` and a uniform draw in [0, 1) in, a verdict out) and
     :meth:`accept`; :meth:`allow` draws from ``rng`` on ``clock``. ``min_requests`` (default 0)

@@ -46,7 +46,7 @@ def _as_fn(name: str, value: int | IntFn | None, default: IntFn) -> IntFn:
 
 
 class VegasLimit(Limit):
-    """Delay-based limit after TCP Vegas (see the module docstring for the rule)."""
+    """Delay-based limit after TCP Vegas (the rule: [Overload protection][guide-overload])."""
 
     __slots__ = (
         "_alpha",

@@ -55,7 +55,8 @@ class _SampleWindow:
 
 
 class WindowedLimit(Limit):
-    """Aggregate samples per window before they reach ``delegate`` (see the module docstring).
+    """Aggregate samples per window before they reach ``delegate`` (see
+    [Overload protection][guide-overload]).
 
     ``percentile=None`` feeds the window's average RTT (the default); a value in (0, 1] feeds
     that percentile instead.

@@ -206,7 +206,8 @@ def default_key(*args: Any, **kwargs: Any) -> str:
 
 
 class Cache(Flow):
-    """A read cache with stale-while-error and a read-only switch (see the module docstring)."""
+    """A read cache with stale-while-error and a read-only switch (see
+    [Degradation][guide-degradation])."""
 
     kind = "cache"
 

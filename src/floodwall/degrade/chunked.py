@@ -106,7 +106,7 @@ class BatchResult(Generic[T, R]):
 
 
 class Chunked(Generic[T]):
-    """A batch cut into chunks, ready to run (see the module docstring)."""
+    """A batch cut into chunks, ready to run (see [Degradation][guide-degradation])."""
 
     def __init__(
         self,

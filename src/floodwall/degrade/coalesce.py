@@ -136,7 +136,7 @@ class Flushed(Generic[K, V]):
 
 
 class Coalesce(Generic[K, V]):
-    """Aggregate writes per key within a window (see the module docstring)."""
+    """Aggregate writes per key within a window (see [Degradation][guide-degradation])."""
 
     kind = "coalesce"
 

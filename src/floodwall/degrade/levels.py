@@ -85,7 +85,7 @@ def _seconds(name: str, value: float, *, positive: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ShedOptions:
-    """The controller's thresholds and delays (defaults in the module docstring)."""
+    """The controller's thresholds and delays (defaults: [Degradation][guide-degradation])."""
 
     shed_above: float = defaults.SHED_ABOVE
     restore_below: float = defaults.SHED_RESTORE_BELOW

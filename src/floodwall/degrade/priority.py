@@ -89,7 +89,8 @@ class LevelReserve:
 
 
 class PriorityGate(Gate):
-    """At most ``max_concurrent`` calls at once, level 1 first (see the module docstring).
+    """At most ``max_concurrent`` calls at once, level 1 first (see
+    [Degradation][guide-degradation]).
 
     ``gate.call`` runs at ``level`` (default 1); ``gate.for_level(n)`` is a policy for level-n
     calls sharing the same slots. Refusals raise :class:`~floodwall.BulkheadFullError` at once.

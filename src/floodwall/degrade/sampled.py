@@ -60,7 +60,7 @@ def key_fraction(key: Hashable) -> float:
 
 
 class SampledDrop(Flow):
-    """Drop ``ratio`` of the calls it guards (see the module docstring).
+    """Drop ``ratio`` of the calls it guards (see [Degradation][guide-degradation]).
 
     As a flow: a dropped call is one :class:`~floodwall._core.answer.Answer` step (``on_drop``,
     or what ``drop_factory`` returns, awaited in async calls when it is awaitable); a passed

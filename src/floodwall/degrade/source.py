@@ -38,7 +38,8 @@ R = TypeVar("R")
 
 
 class FallbackSource(Flow):
-    """Answer from ``backup(*args, **kwargs)`` when the call fails (see the module docstring).
+    """Answer from ``backup(*args, **kwargs)`` when the call fails (see
+    [Degradation][guide-degradation]).
 
     ``backup`` may be an ``async def`` for :meth:`call_async`; :meth:`call` refuses one with a
     :class:`~floodwall.ConfigError`.

@@ -304,7 +304,7 @@ class DeliveryCore:
 
 
 class WriteBehind:
-    """Deferred writes with at-least-once delivery (see the module docstring)."""
+    """Deferred writes with at-least-once delivery (see [Degradation][guide-degradation])."""
 
     kind = "write_behind"
 
@@ -389,8 +389,8 @@ class WriteBehind:
         return None
 
     def submit(self, payload: Any, *, key: str | None = None) -> Deferred:
-        """Queue ``write(payload)``; returns at once (see the module docstring for a full
-        queue). Raises :class:`~floodwall.stores.StoreUnavailableError` when a durable queue
+        """Queue ``write(payload)``; returns at once (see [Degradation][guide-degradation] for a
+        full queue). Raises :class:`~floodwall.stores.StoreUnavailableError` when a durable queue
         cannot take it (the caller knows the write was not accepted)."""
         chosen = self._key(key)
         receipt = self._queued(chosen, self.queue.put(chosen, payload))

@@ -134,7 +134,7 @@ def _faults(raw: object, origin: float) -> tuple[list[ChaosPolicy], list[ChaosPo
 
 
 class DrillAgent:
-    """The drill's agent in front of an ASGI app (see the module docstring)."""
+    """The drill's agent in front of an ASGI app (see [Chaos drills][guide-drills])."""
 
     def __init__(self, app: ASGIApp, *, name: str, allow: bool | None = None) -> None:
         self.app = app
@@ -222,7 +222,7 @@ class DrillAgent:
         await _json(send, 200, {"service": self.name, "faults": len(before) + len(after)})
 
     def log(self) -> dict[str, Any]:
-        """The current drill's calls and actions (see the module docstring)."""
+        """The current drill's calls and actions (see [Chaos drills][guide-drills])."""
         recorder = self.recorder
         if recorder is None:
             return {"service": self.name, "calls": [], "actions": []}

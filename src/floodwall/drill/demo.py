@@ -231,7 +231,7 @@ def run_demo(
     say: Say = print,
     progress: Callable[[list[Job]], JobProgress | None] | None = None,
 ) -> DemoResult:
-    """Run both stories, unprotected and protected (see the module docstring).
+    """Run both stories, unprotected and protected (see [Chaos drills][guide-drills]).
 
     ``quick`` shortens every phase (about 20 s in all, both stories at once). ``progress`` is
     given the jobs about to run and returns the per-job progress callback (or ``None``).

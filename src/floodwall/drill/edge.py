@@ -43,11 +43,12 @@ from floodwall.drill._record import Recorder
 from floodwall.drill.metrics import Action
 from floodwall.drill.scenario import ClientSpec, EdgeSpec, RouteSpec, StatusSpec
 from floodwall.drill.services import HOST, REQUEST_HEADER, SHUTDOWN_TIMEOUT
+from floodwall.integrations._wire import DEGRADED
 
 __all__ = ["DEGRADED_HEADER", "DependencyError", "ExternalEdge", "LocalEdge", "WorkerPool"]
 
-DEGRADED_HEADER = "X-Degraded"
-"""Names the dependencies a fallback answered for (the integrations' header)."""
+DEGRADED_HEADER = DEGRADED
+"""Names the dependencies a fallback answered for (the integrations' and gateway's header)."""
 
 
 class PoolFullError(Exception):
@@ -101,7 +102,7 @@ def _status_of(exc: BaseException) -> int:
 
 
 class LocalEdge:
-    """The edge service (see the module docstring). ``start()`` returns its base URL."""
+    """The edge service (see [Chaos drills][guide-drills]). ``start()`` returns its base URL."""
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ from floodwall.drill._record import Recorder
 from floodwall.drill.metrics import Action, Request
 from floodwall.drill.scenario import LoadSpec, RouteSpec
 from floodwall.drill.services import REQUEST_HEADER
+from floodwall.integrations._wire import DEGRADED
 
 __all__ = ["Arrival", "LoadGenerator", "arrivals"]
 
@@ -33,8 +34,8 @@ NO_ANSWER = 0
 """Status of a request without an answer before the caller's timeout."""
 CONNECTION_FAILED = -1
 """Status of a request whose connection failed."""
-DEGRADED_HEADERS = ("X-Degraded", "X-Floodwall-Degraded")
-"""A fallback answered (the integrations' header, the gateway's)."""
+DEGRADED_HEADERS = (DEGRADED,)
+"""A fallback answered (the one header of the integrations and the gateway)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,7 +276,7 @@ def _relates(name: str, targets: Iterable[str]) -> bool:
 
 def detection(log: EventLog) -> tuple[float | None, str | None]:
     """Seconds from the first fault's start to the first protective action about a faulty
-    dependency (see the module docstring), and a description of that action."""
+    dependency (see [Chaos drills][guide-drills]), and a description of that action."""
     span = fault_span(log)
     if span is None:
         return None, None
@@ -297,7 +297,8 @@ def detection(log: EventLog) -> tuple[float | None, str | None]:
 
 
 def recovery(log: EventLog, baseline: float | None) -> float | None:
-    """Seconds from the last fault's end until the full-answer rate is back (module docstring)."""
+    """Seconds from the last fault's end until the full-answer rate is back (see
+    [Chaos drills][guide-drills])."""
     span = fault_span(log)
     if span is None or baseline is None:
         return None
@@ -367,7 +368,7 @@ def amplification(log: EventLog, window: tuple[float, float] | None = None) -> d
 
 
 def compute(log: EventLog) -> Figures:
-    """Every figure of a run from its event log (the definitions are the module docstring)."""
+    """Every figure of a run from its event log (the definitions: [Chaos drills][guide-drills])."""
     span = fault_span(log)
     healthy = set(healthy_routes(log))
     faulty = faulty_dependencies(log)

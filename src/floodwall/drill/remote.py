@@ -36,7 +36,7 @@ class AgentError(RuntimeError):
 
 
 class RemoteService:
-    """A running service reached through its drill agent (see the module docstring)."""
+    """A running service reached through its drill agent (see [Chaos drills][guide-drills])."""
 
     def __init__(self, name: str, spec: ServiceSpec) -> None:
         if spec.url is None:

@@ -239,7 +239,8 @@ async def _drain(
 
 
 async def run_mode(job: Job, progress: Progress | None = None) -> RunResult:
-    """Run one mode of a scenario (see the module docstring); every server is stopped on exit."""
+    """Run one mode of a scenario (see [Chaos drills][guide-drills]); every server is stopped on
+    exit."""
     scenario = job.scenario
     started = time.monotonic()
     job.workdir.mkdir(parents=True, exist_ok=True)

@@ -444,7 +444,7 @@ Expectation = Annotated[str, PlainValidator(_expectation)]
 
 
 class Scenario(_Model):
-    """A whole drill (see the module docstring)."""
+    """A whole drill (see [Chaos drills][guide-drills])."""
 
     name: str = "drill"
     description: str = ""

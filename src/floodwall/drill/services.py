@@ -88,7 +88,7 @@ def read_ledger(path: Path, service: str) -> list[Write]:
 
 
 class MockService:
-    """One mock dependency (see the module docstring). ``start()`` binds a free port (or the
+    """One mock dependency (see [Chaos drills][guide-drills]). ``start()`` binds a free port (or the
     spec's ``port``) on 127.0.0.1; ``stop()`` closes it and the ledger."""
 
     def __init__(

@@ -100,7 +100,7 @@ def _ttl(request: web.Request) -> float | None:
 
 
 class Admin:
-    """The admin listener's application (see the module docstring)."""
+    """The admin listener's application (see [Gateway][guide-gateway])."""
 
     def __init__(
         self,

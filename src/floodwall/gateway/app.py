@@ -51,7 +51,7 @@ RESTART_KEYS = ("listen", "workers", "admin", "event_loop")
 
 
 class Gateway:
-    """One worker's proxy over a :class:`GatewayDocument` (see the module docstring)."""
+    """One worker's proxy over a :class:`GatewayDocument` (see [Gateway][guide-gateway])."""
 
     def __init__(
         self,
@@ -208,7 +208,7 @@ class Gateway:
     # -- reloading ------------------------------------------------------------------------------
 
     async def reload(self, text: str, source: str = "<reload>") -> dict[str, Any]:
-        """Apply the document in ``text`` (see the module docstring); ``ConfigError`` if bad."""
+        """Apply the document in ``text`` (see [Gateway][guide-gateway]); ``ConfigError`` if bad."""
         async with self._reload_lock:
             try:
                 doc = parse_gateway_text(text, source)

@@ -15,9 +15,10 @@ unreachable; never a rate limit):
   (a backup is a dependency too; unprotected, it can hang the gateway a second time).
 * **static**: ``status``, ``headers`` and ``json`` or ``body`` from the file.
 
-Every degraded answer carries ``X-Floodwall-Degraded: <source>; reason=<failure>`` (plus
+Every degraded answer carries ``X-Degraded: <source>; reason=<failure>`` (plus
 ``age=<seconds>`` for the cache), so clients, logs and dashboards can tell it from the real
-thing.
+thing: the header and vocabulary of the library's integrations
+(:func:`floodwall.integrations._wire.format_degraded`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from floodwall.gateway.config import CacheFallbackConfig, RouteFallbackConfig
+from floodwall.integrations._wire import DEGRADED, format_degraded
 
 __all__ = [
     "DEGRADED_HEADER",
@@ -41,7 +43,8 @@ __all__ = [
     "static_answer",
 ]
 
-DEGRADED_HEADER = "X-Floodwall-Degraded"
+DEGRADED_HEADER = DEGRADED
+"""``X-Degraded``, as inbound middleware and outbound clients send it."""
 
 
 @dataclass(slots=True)
@@ -55,9 +58,8 @@ class Answer:
 
 
 def degraded_value(source: str, reason: str, age: float | None = None) -> str:
-    """The ``X-Floodwall-Degraded`` value: ``"cache; reason=timeout; age=12"``."""
-    text = f"{source}; reason={reason}"
-    return text if age is None else f"{text}; age={int(age)}"
+    """The ``X-Degraded`` value: ``"cache; reason=timeout; age=12"``."""
+    return format_degraded(source, reason, age)
 
 
 def static_answer(config: RouteFallbackConfig) -> Answer | None:

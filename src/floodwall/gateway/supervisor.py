@@ -58,7 +58,7 @@ RESTART_DELAY = 1.0
 
 
 class Supervisor:
-    """The gateway as a whole (see the module docstring); the admin API's :class:`Control`."""
+    """The gateway as a whole (see [Gateway][guide-gateway]); the admin API's :class:`Control`."""
 
     def __init__(
         self,

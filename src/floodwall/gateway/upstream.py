@@ -130,7 +130,7 @@ class _Outlier:
 
 
 class OutlierDetector:
-    """Passive outlier detection over ``size`` endpoints (see the module docstring).
+    """Passive outlier detection over ``size`` endpoints (see [Gateway][guide-gateway]).
 
     Pure: every method takes ``now``; :meth:`record` returns the reason when it ejects.
     """

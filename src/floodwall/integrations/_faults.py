@@ -31,7 +31,8 @@ FaultKind = Literal["status", "connect", "timeout", "disconnect", "latency"]
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One injected failure (see the module docstring); build with the class methods."""
+    """One injected failure (see [Integrations][guide-integrations]); build with the class
+    methods."""
 
     kind: FaultKind
     status: int = 503
@@ -69,7 +70,7 @@ class Fault:
 
 @dataclass
 class Faults:
-    """Which request gets which fault (see the module docstring). Thread-safe."""
+    """Which request gets which fault (see [Integrations][guide-integrations]). Thread-safe."""
 
     plan: Iterable[Fault | None] = ()
     then: Fault | None = None

@@ -73,6 +73,7 @@ from floodwall.integrations._wire import (
     RETRY_AFTER,
     RETRY_PUSHBACK,
     Hop,
+    format_degraded,
     format_level,
     parse_attempt,
     parse_deadline,
@@ -426,7 +427,8 @@ class Admission(Hop):
             _HOP.reset(token)
 
     def response_headers(self, status: int) -> Headers:
-        """What to add to the handler's answer (``status``): see the module docstring."""
+        """What to add to the handler's answer (``status``): see
+        [Integrations][guide-integrations]."""
         out = self.rate_headers
         if (
             not self._guard.adds_headers
@@ -440,8 +442,9 @@ class Admission(Hop):
             extra.append((ADMISSION_LEVEL, level))
         if status >= 500 and self.final:
             extra.append((RETRY_PUSHBACK, "-1"))
-        if self.call.degraded_by is not None:
-            extra.append((DEGRADED, self.call.degraded_by))
+        by = self.call.degraded_by
+        if by is not None:
+            extra.append((DEGRADED, format_degraded(by, self.call.degraded_reason)))
         return out + extra if extra else out
 
     def close(self, status: int | None = None, error: BaseException | None = None) -> None:
@@ -531,7 +534,7 @@ class GuardOptions(TypedDict, total=False):
 
 
 class InboundGuard:
-    """The inbound guard core (see the module docstring).
+    """The inbound guard core (see [Integrations][guide-integrations]).
 
     ``limits``: :class:`RateLimit` s, each consulted when it matches. ``shedder``: a
     :class:`~floodwall.adaptive.LoadShedder`. ``idempotency``: an

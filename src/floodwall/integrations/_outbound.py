@@ -41,6 +41,10 @@ from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
 from floodwall._core.policy import Policy
 from floodwall.classify import parse_retry_after
 from floodwall.context import (
+    _CALL,
+    _REQUEST,
+    CallContext,
+    current_call,
     current_idempotency_key,
     current_retry,
     idempotency_key,
@@ -57,6 +61,7 @@ from floodwall.integrations._wire import (
     RETRY_PUSHBACK,
     current_priority,
     format_deadline,
+    format_degraded,
     format_level,
     parse_level,
     parse_pushback,
@@ -107,6 +112,9 @@ class _AttemptError(Exception):
     """The client library's exception (re-raised when the pipeline gives up), or None."""
     final: bool = False
     """The sender said not to retry (it retried below)."""
+    reason: str = "upstream_error"
+    """What went wrong, in the gateway's words (``upstream_5xx``, ``upstream_unavailable``,
+    ``timeout``): the ``reason`` of the ``X-Degraded`` answer a fallback gives for it."""
 
 
 class _StatusError(_AttemptError):
@@ -222,7 +230,7 @@ class OutboundOptions(TypedDict, total=False):
 
 
 class Outbound:
-    """The outbound core (see the module docstring).
+    """The outbound core (see [Integrations][guide-integrations]).
 
     Which policy guards a request, first match wins:
 
@@ -307,10 +315,23 @@ class Outbound:
         return Call(self, method, service, self.resolve(host, port, path), key)
 
 
-class Call:
-    """One outbound request through its policy (see the module docstring)."""
+class Call(CallContext):
+    """One outbound request through its policy (see [Integrations][guide-integrations]).
 
-    __slots__ = ("_ambient_key", "core", "key", "method", "policy", "retryable", "service")
+    It is its own :class:`~floodwall.CallContext` while the policy runs, so a fallback's
+    ``degraded_by`` and ``degraded_reason`` land on it (no extra object per request).
+    """
+
+    __slots__ = (
+        "_ambient_key",
+        "core",
+        "failure",
+        "key",
+        "method",
+        "policy",
+        "retryable",
+        "service",
+    )
 
     def __init__(
         self, core: Outbound, method: str, service: str, policy: Policy | None, key: str | None
@@ -324,6 +345,9 @@ class Call:
         unsafe = method not in core.idempotent_methods
         self._ambient_key = ambient if unsafe else None
         self.retryable = not unsafe or key is not None or self._ambient_key is not None
+        self.degraded_by: str | None = None
+        self.degraded_reason: str | None = None
+        self.failure: _AttemptError | None = None  # the last attempt's failure
 
     # -- what an attempt sends -------------------------------------------------------------------
 
@@ -355,6 +379,19 @@ class Call:
     ) -> _AttemptError | None:
         """``None`` if the answer is handed back as is, else the failure to raise (the caller
         reads or releases the answer's body first, so a retry does not hold its connection)."""
+        failure = self._status_failure(status, header, answer)
+        if failure is None:
+            return None
+        return self._failed(failure, "upstream_5xx" if status >= 500 else f"upstream_{status}")
+
+    def _failed(self, failure: _AttemptError, reason: str) -> _AttemptError:
+        failure.reason = reason
+        self.failure = failure
+        return failure
+
+    def _status_failure(
+        self, status: int, header: Callable[[str], str | None], answer: Any
+    ) -> _AttemptError | None:
         levels = self.core.levels
         if levels is not None:
             level = parse_level(header(ADMISSION_LEVEL.lower()))
@@ -387,21 +424,26 @@ class Call:
 
     def connect_error(self, exc: BaseException) -> _AttemptError:
         """The connection never opened: retryable whatever the method."""
-        return _ConnectError(f"cannot connect to {self.service}: {exc!r}", exc)
+        failure = _ConnectError(f"cannot connect to {self.service}: {exc!r}", exc)
+        return self._failed(failure, "upstream_unavailable")
 
     def timeout_error(self, exc: BaseException) -> _AttemptError:
         """No (complete) answer in time: retryable if the request may be repeated."""
         text = f"no answer from {self.service} in time: {exc!r}"
         if not self.retryable:
-            return _UnretryableError(f"{text} ({self._why_not()})", original=exc)
-        return _AttemptTimeoutError(text, exc)
+            failure: _AttemptError = _UnretryableError(f"{text} ({self._why_not()})", original=exc)
+        else:
+            failure = _AttemptTimeoutError(text, exc)
+        return self._failed(failure, "timeout")
 
     def io_error(self, exc: BaseException) -> _AttemptError:
         """The connection broke after the request went out: like a timeout."""
         text = f"connection to {self.service} failed: {exc!r}"
         if not self.retryable:
-            return _UnretryableError(f"{text} ({self._why_not()})", original=exc)
-        return _ConnectError(text, exc)
+            failure: _AttemptError = _UnretryableError(f"{text} ({self._why_not()})", original=exc)
+        else:
+            failure = _ConnectError(text, exc)
+        return self._failed(failure, "upstream_unavailable")
 
     # -- the drivers -----------------------------------------------------------------------------
 
@@ -424,20 +466,53 @@ class Call:
     def run(self, attempt: Callable[[], R]) -> R | Any:
         """Send with ``attempt`` under the policy; the answer, a fallback value, or raise."""
         with self._before():
+            policy = self.policy
             try:
-                policy = self.policy
-                return attempt() if policy is None else policy.call(attempt)
+                if policy is None:
+                    return attempt()
+                token = _CALL.set((self, _REQUEST.get()))  # call_context(), with self as it
+                try:
+                    return policy.call(attempt)
+                finally:
+                    _CALL.reset(token)
+                    if self.degraded_by is not None:
+                        self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
 
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
         with self._before():
+            policy = self.policy
             try:
-                policy = self.policy
-                return await (attempt() if policy is None else policy.call_async(attempt))
+                if policy is None:
+                    return await attempt()
+                token = _CALL.set((self, _REQUEST.get()))
+                try:
+                    return await policy.call_async(attempt)
+                finally:
+                    _CALL.reset(token)
+                    if self.degraded_by is not None:
+                        self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
+
+    def _pass_on(self) -> None:
+        """Say why in the gateway's words, and tell the call around this one (the inbound
+        request being served) that it was degraded too."""
+        failure = self.failure
+        if failure is not None and self.degraded_reason == type(failure).__name__:
+            self.degraded_reason = failure.reason  # "upstream_5xx", not a private class's name
+        outer = current_call()
+        if outer is not None:
+            outer.degraded_by, outer.degraded_reason = self.degraded_by, self.degraded_reason
+
+    def degraded_value(self) -> str:
+        """The ``X-Degraded`` value of a fallback's answer to this request (the same vocabulary
+        as inbound middleware and the gateway: ``recommendations.fallback; reason=timeout``)."""
+        if self.degraded_by is not None:
+            return format_degraded(self.degraded_by, self.degraded_reason)
+        return format_degraded(self.policy.name if self.policy is not None else "fallback")
 
     def _settle(self, failure: _AttemptError) -> Any:
         record = gave_up(failure)

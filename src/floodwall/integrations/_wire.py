@@ -21,7 +21,12 @@ because of the wire (the request's DAGOR priority and the per-request :class:`Ho
 ``Idempotency-Key``          request: the logical write a request belongs to (IETF draft
                              ``draft-ietf-httpapi-idempotency-key-header``).
 ``Idempotent-Replayed``      response: ``true`` when the answer was replayed from the store.
-``X-Degraded``               response: a fallback answered instead of a dependency (its name).
+``X-Degraded``               response: something answered instead of a dependency: its name,
+                             then why and, for a stored answer, how old (whole seconds):
+                             ``reviews.fallback; reason=timeout``,
+                             ``cache; reason=circuit_open; age=12``. The same vocabulary from
+                             inbound middleware, outbound clients and the gateway
+                             (:func:`format_degraded`, :func:`parse_degraded`).
 ``X-Request-Start``          request: when a front proxy received it (``t=`` epoch seconds, ms
                              or µs), for the shedding guard's queueing time.
 ``RateLimit-*``,             response: ``RateLimit-Limit``/``-Remaining``/``-Reset``/``-Policy``
@@ -64,10 +69,12 @@ __all__ = [
     "current_hop",
     "current_priority",
     "format_deadline",
+    "format_degraded",
     "format_grpc_timeout",
     "format_level",
     "parse_attempt",
     "parse_deadline",
+    "parse_degraded",
     "parse_grpc_timeout",
     "parse_level",
     "parse_pushback",
@@ -208,6 +215,30 @@ def parse_pushback(value: str | bytes | None) -> float | None:
 
 
 # -- DAGOR priority and admission level --------------------------------------------------------
+
+
+def format_degraded(source: str, reason: str | None = None, age: float | None = None) -> str:
+    """The ``X-Degraded`` value: ``source`` (what answered: a fallback's name, ``cache``,
+    ``static``, ``backup``), ``reason`` (the rejection kind or exception type it answered for)
+    and ``age`` (seconds since a stored answer was fresh, whole): ``"cache; reason=timeout;
+    age=12"``. One item of an RFC 8941 list: several degraded dependencies join with ``", "``."""
+    text = source if reason is None else f"{source}; reason={reason}"
+    return text if age is None else f"{text}; age={int(age)}"
+
+
+def parse_degraded(value: str | bytes | None) -> list[tuple[str, dict[str, str]]]:
+    """Every ``(source, {parameter: value})`` of an ``X-Degraded`` value (``[]`` for none):
+    ``"cache; reason=timeout; age=12"`` gives ``[("cache", {"reason": "timeout", "age": "12"})]``.
+    """
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    items: list[tuple[str, dict[str, str]]] = []
+    for item in (value or "").split(","):
+        source, *params = (part.strip() for part in item.split(";"))
+        if source:
+            pairs = (param.partition("=") for param in params if param)
+            items.append((source, {name.strip(): text.strip() for name, _, text in pairs}))
+    return items
 
 
 def format_level(level: tuple[int, int]) -> str:

@@ -69,17 +69,16 @@ def _prepare(call: Call, request: httpx.Request) -> None:
 
 
 def _degraded(call: Call, request: httpx.Request, value: Any) -> httpx.Response:
-    name = call.policy.name if call.policy is not None else "fallback"
     return httpx.Response(
         200,
         content=json.dumps(value).encode(),
-        headers={"Content-Type": "application/json", DEGRADED: name},
+        headers={"Content-Type": "application/json", DEGRADED: call.degraded_value()},
         request=request,
     )
 
 
 class ResilientTransport(httpx.BaseTransport):
-    """A sync httpx transport through floodwall (see the module docstring).
+    """A sync httpx transport through floodwall (see [Integrations][guide-integrations]).
 
     ``ResilientTransport(transport=None, policy=None, *, registry=None, routes=None,
     margin=0.010, idempotent_methods=..., failure_statuses=..., admission=True,

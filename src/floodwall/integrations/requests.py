@@ -146,8 +146,7 @@ def _degraded(call: Call, request: requests.PreparedRequest, value: Any) -> requ
     response = requests.Response()
     response.status_code = 200
     response._content = json.dumps(value).encode()
-    name = call.policy.name if call.policy is not None else "fallback"
-    response.headers.update({"Content-Type": "application/json", DEGRADED: name})
+    response.headers.update({"Content-Type": "application/json", DEGRADED: call.degraded_value()})
     response.request = request
     response.url = request.url or ""
     response.encoding = "utf-8"

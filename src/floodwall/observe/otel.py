@@ -1,7 +1,9 @@
 """OpenTelemetry: metrics as observable instruments, events as span events.
 
 ``instrument(registry, meter)`` registers asynchronous (observable) instruments whose callbacks
-read the same counters the Prometheus collector reads, so nothing is recorded per call.
+read the same counters the Prometheus collector reads, so nothing is recorded per call:
+``floodwall.calls`` (by ``resource``, ``outcome``), ``floodwall.circuit_breaker.state`` (1 on the
+current ``state``, 0 on the others, as in Prometheus) and ``floodwall.retries``.
 ``SpanEventListener`` adds every floodwall event to the current span, so a trace shows why a
 call was rejected or degraded. Needs ``opentelemetry-api`` (the ``otel`` extra).
 """
@@ -20,6 +22,7 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
     raise missing_extra(_missing, "floodwall.observe.otel", "otel") from _missing
 
 from floodwall._core.events import Event
+from floodwall.breaker import CircuitState
 
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
@@ -41,7 +44,10 @@ def instrument(registry: Registry, meter: Meter) -> None:
     def states(options: CallbackOptions) -> Iterable[Observation]:
         for resource in registry:
             if resource.breaker is not None:
-                yield Observation(int(resource.breaker.state), {"resource": resource.name})
+                current = resource.breaker.state
+                for state in CircuitState:
+                    labels = {"resource": resource.name, "state": state.name.lower()}
+                    yield Observation(int(state is current), labels)
 
     def retries(options: CallbackOptions) -> Iterable[Observation]:
         for resource in registry:
@@ -50,9 +56,13 @@ def instrument(registry: Registry, meter: Meter) -> None:
 
     meter.create_observable_counter("floodwall.calls", [calls], description="Calls by outcome")
     meter.create_observable_gauge(
-        "floodwall.circuit.state", [states], description="closed 0, open 1, half-open 2"
+        "floodwall.circuit_breaker.state",
+        [states],
+        description="1 on the breaker's current state, 0 on the others",
     )
-    meter.create_observable_counter("floodwall.retry.retries", [retries], description="Retries")
+    meter.create_observable_counter(
+        "floodwall.retries", [retries], description="Retries: attempts beyond the first"
+    )
 
 
 class SpanEventListener:

@@ -2,18 +2,19 @@
 
 Nothing is recorded per call on behalf of Prometheus: the collector reads the policies' own
 counters and each resource's :class:`~floodwall.observe.Meter` when Prometheus scrapes, so the
-request path pays nothing extra for it. Names are stable; labels are bounded (``resource``,
-``outcome``, ``state``, ``policy``)::
+request path pays nothing extra for it. Names follow the Prometheus naming practice (base
+units, ``_total`` on counters, ``_ratio`` on a 0..1 share, an enum as one series per value);
+labels are bounded (``resource``, ``outcome``, ``state``, ``decision``, ``level``)::
 
     floodwall_calls_total{resource, outcome}            counter
     floodwall_call_duration_seconds{resource}           histogram
-    floodwall_circuit_state{resource}                   gauge: closed 0, open 1, half-open 2,
-                                                        forced open 3, forced closed 4, disabled 5
-    floodwall_circuit_transitions_total{resource,state} counter
-    floodwall_circuit_rejected_total{resource}          counter
-    floodwall_circuit_failure_rate{resource}            gauge (rolling window)
+    floodwall_circuit_breaker_state{resource, state}    gauge: 1 for the breaker's state, 0 for
+                                                        the others (one series per state)
+    floodwall_circuit_breaker_transitions_total{resource, state}  counter (the state entered)
+    floodwall_circuit_breaker_rejected_total{resource}  counter
+    floodwall_circuit_breaker_failure_ratio{resource}   gauge 0..1 (rolling window)
     floodwall_retry_calls_total{resource}               counter
-    floodwall_retry_retries_total{resource}             counter
+    floodwall_retries_total{resource}                   counter (attempts beyond the first)
     floodwall_retry_budget_exhausted_total{resource}    counter
     floodwall_timeouts_total{resource}                  counter
     floodwall_fallbacks_total{resource}                 counter
@@ -41,6 +42,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from floodwall._core.extras import missing_extra
+from floodwall.breaker import CircuitState
 
 try:
     from prometheus_client.core import (
@@ -56,10 +58,15 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
 
-__all__ = ["BUCKETS", "FloodwallCollector", "register"]
+__all__ = ["BUCKETS", "STATES", "FloodwallCollector", "register"]
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the published latency buckets, in seconds (plus +Inf)."""
+
+STATES = tuple(CircuitState)
+"""Every breaker state, each published as a ``state`` label value (its lower-case name) on
+``floodwall_circuit_breaker_state``, so a panel or alert selects ``state="open"`` instead of
+comparing numbers; every series exists from the first scrape, so none appears out of nowhere."""
 
 
 class FloodwallCollector(Collector):
@@ -110,21 +117,20 @@ class FloodwallCollector(Collector):
 
     def _breakers(self, resources: list[Any]) -> Iterator[Metric]:
         state = GaugeMetricFamily(
-            "floodwall_circuit_state",
-            "Breaker state: closed 0, open 1, half-open 2, forced open 3, forced closed 4, "
-            "disabled 5.",
-            labels=["resource"],
+            "floodwall_circuit_breaker_state",
+            "Breaker state: 1 on the series of the current state, 0 on the others.",
+            labels=["resource", "state"],
         )
         rejected = CounterMetricFamily(
-            "floodwall_circuit_rejected", "Calls a breaker refused.", labels=["resource"]
+            "floodwall_circuit_breaker_rejected", "Calls a breaker refused.", labels=["resource"]
         )
-        rate = GaugeMetricFamily(
-            "floodwall_circuit_failure_rate",
-            "Error share over the breaker's rolling window.",
+        ratio = GaugeMetricFamily(
+            "floodwall_circuit_breaker_failure_ratio",
+            "Share of failed calls (0 to 1) over the breaker's rolling window.",
             labels=["resource"],
         )
         transitions = CounterMetricFamily(
-            "floodwall_circuit_transitions",
+            "floodwall_circuit_breaker_transitions",
             "Breaker state changes, by the state entered.",
             labels=["resource", "state"],
         )
@@ -132,20 +138,22 @@ class FloodwallCollector(Collector):
             breaker = resource.breaker
             if breaker is None:
                 continue
-            state.add_metric([resource.name], float(int(breaker.state)))
+            current = breaker.state
+            for each in STATES:
+                state.add_metric([resource.name, each.name.lower()], float(each is current))
             rejected.add_metric([resource.name], breaker.rejected)
-            rate.add_metric([resource.name], breaker.metrics().failure_rate)
+            ratio.add_metric([resource.name], breaker.metrics().failure_rate)
             for to_state, count in sorted(breaker.transitions.items()):
                 transitions.add_metric([resource.name, to_state.lower()], count)
-        yield from (state, rejected, rate, transitions)
+        yield from (state, rejected, ratio, transitions)
 
     def _retries(self, resources: list[Any]) -> Iterator[Metric]:
         calls = CounterMetricFamily(
             "floodwall_retry_calls", "Logical calls through a Retry policy.", labels=["resource"]
         )
         retries = CounterMetricFamily(
-            "floodwall_retry_retries",
-            "Retry attempts made (beyond the first).",
+            "floodwall_retries",
+            "Retries made: attempts beyond the first of each call.",
             labels=["resource"],
         )
         exhausted = CounterMetricFamily(

@@ -119,7 +119,8 @@ RateLike = Rate | str | float | int
 
 
 def parse_rate(value: RateLike, name: str = "rate") -> Rate:
-    """Read ``value`` as a :class:`Rate` (see the module docstring); ``ConfigError`` if bad."""
+    """Read ``value`` as a :class:`Rate` (see [Rate limiting][guide-rate-limiting]);
+    ``ConfigError`` if bad."""
     if isinstance(value, Rate):
         if value.count < 1 or not 0 < value.period < INF:
             raise ConfigError(f"{name} must have count >= 1 and a finite period > 0, got {value}")
@@ -189,7 +190,7 @@ def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
 
 class RateLimiter(Gate, Generic[S]):
     """Base of every limiter: the shells (``acquire``, ``try_acquire``, ``wait``…) around the
-    pure core each algorithm implements (see the module docstring).
+    pure core each algorithm implements (see [Rate limiting][guide-rate-limiting]).
 
     As a gate: ``admit`` decides under the limiter's lock (a refusal raises
     :class:`~floodwall.RateLimitedError`); with ``max_wait`` it raises ``Wait`` for the

@@ -344,7 +344,8 @@ def _exact(rate: Rate, *values: int) -> None:
 
 
 def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -> Plan:
-    """The op and arguments for ``algorithm`` at ``rate`` (see the module docstring).
+    """The op and arguments for ``algorithm`` at ``rate`` (see
+    [Distributed state][guide-distributed]).
 
     ``burst`` (token bucket, GCRA) defaults to ``rate.count - 1`` as in memory; ``initial``
     (token bucket) to a full bucket.

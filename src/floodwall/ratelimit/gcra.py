@@ -64,7 +64,7 @@ class _Tat:
 
 
 class GCRA(RateLimiter[_Tat]):
-    """GCRA with ``capacity = 1 + burst`` (see the module docstring).
+    """GCRA with ``capacity = 1 + burst`` (see [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` moves the theoretical
     arrival time or raises the rejection; ``max_wait`` books the slot, then sleeps to it.

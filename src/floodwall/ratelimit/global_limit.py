@@ -112,13 +112,14 @@ class _Acquiring:
 
 
 class GlobalLimiter(_Acquiring, Gate):
-    """A rate limit shared through a store (see the module docstring).
+    """A rate limit shared through a store (see [Distributed state][guide-distributed]).
 
     As a gate: ``admit`` raises ``Wait`` for the store round trip of the call's key (a
     :class:`~floodwall._core.roundtrip.Batched` step: coalesced in a task), ``resume`` turns
     the verdict into a permit or the :class:`~floodwall.RateLimitedError`; with ``max_wait``
     the same steps as :meth:`wait` (round trips and ``Sleep``) run. ``record`` learns nothing.
-    Concurrent ``acquire_async`` calls on one key share round trips (see the module docstring).
+    Concurrent ``acquire_async`` calls on one key share round trips (see
+    [Distributed state][guide-distributed]).
 
     ``algorithm``: ``"gcra"``, ``"token_bucket"``, ``"sliding_window_counter"`` or
     ``"fixed_window"``. ``rate``: ``"100/s"``, ``"5/h"``, a :class:`Rate` or permits per second.

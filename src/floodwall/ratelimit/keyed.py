@@ -269,8 +269,9 @@ class Keyed(RateLimiter[S], Generic[S]):
     def sweep(self) -> int:
         """Evict every idle key now and give the table's spare memory back; how many went.
 
-        O(tracked keys). Eviction also happens on its own (see the module docstring); call this
-        to shrink the table at once, e.g. from a periodic housekeeping task.
+        O(tracked keys). Eviction also happens on its own (see
+        [Rate limiting][guide-rate-limiting]); call this to shrink the table at once, e.g. from a
+        periodic housekeeping task.
         """
         self._lock_acquire()
         try:

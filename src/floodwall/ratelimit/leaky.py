@@ -54,7 +54,8 @@ class _Queue:
 
 
 class LeakyBucket(RateLimiter[_Queue]):
-    """Pacing queue: one request per ``interval``, at most ``queue`` waiting (module docstring).
+    """Pacing queue: one request per ``interval``, at most ``queue`` waiting (see
+    [Rate limiting][guide-rate-limiting]).
 
     ``queue`` defaults to ``rate.count`` (one period's worth of waiting at most).
 

@@ -75,7 +75,8 @@ class _Pool:
 
 class LeasedLimiter(_Acquiring, Gate):
     """A :class:`~floodwall.ratelimit.GlobalLimiter` whose permits are leased in batches and
-    spent locally (see the module docstring). Options are the global limiter's, plus ``lease``
+    spent locally (see [Distributed state][guide-distributed]). Options are the global limiter's,
+    plus ``lease``
     (permits per lease) and ``lease_ttl`` (seconds a lease stays usable).
 
     As a gate: ``admit`` spends from the pool, or raises ``Wait`` for a

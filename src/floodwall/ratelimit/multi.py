@@ -32,7 +32,7 @@ _States = tuple[Any, ...]
 
 
 class Multi(RateLimiter[_States]):
-    """All of ``limiters`` at once, on one key (see the module docstring).
+    """All of ``limiters`` at once, on one key (see [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` charges every member or
     none and raises the tightest rejection; ``max_wait`` retries after its ``retry_after``.

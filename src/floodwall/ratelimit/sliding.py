@@ -55,7 +55,8 @@ class _Log:
 
 
 class SlidingLog(RateLimiter[_Log]):
-    """Exact sliding window: never more than ``count`` in any ``period`` (module docstring).
+    """Exact sliding window: never more than ``count`` in any ``period`` (see
+    [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` logs the call or raises
     the rejection; ``max_wait`` sleeps ``retry_after`` and asks again.
@@ -168,7 +169,8 @@ class _Counts:
 
 
 class SlidingWindowCounter(RateLimiter[_Counts]):
-    """The weighted two-window estimate of a sliding window (module docstring).
+    """The weighted two-window estimate of a sliding window (see
+    [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` counts the call in the
     current window or raises the rejection; ``max_wait`` sleeps ``retry_after``, asks again.

@@ -111,7 +111,7 @@ def _default_instance() -> str:
 
 class TimeSliceLimiter(Gate):
     """``rate`` across every instance sharing the store, enforced by local random drops at a
-    rate recomputed once per slice (see the module docstring).
+    rate recomputed once per slice (see [Distributed state][guide-distributed]).
 
     As a gate: ``admit`` counts the call and drops it at the current drop rate (raising the
     rejection); ``record`` learns nothing. The slice's report is one step generator

@@ -51,7 +51,8 @@ class _Bucket:
 
 
 class TokenBucket(RateLimiter[_Bucket]):
-    """Token bucket of ``capacity = 1 + burst`` tokens refilled at ``rate`` (module docstring).
+    """Token bucket of ``capacity = 1 + burst`` tokens refilled at ``rate`` (see
+    [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` takes a token or raises the
     rejection; ``max_wait`` reserves the token, then sleeps until it has refilled.

@@ -61,7 +61,8 @@ class _Warm:
 
 
 class WarmUp(RateLimiter[_Warm]):
-    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (module docstring).
+    """Ramp from ``rate / cold_factor`` to ``rate`` over ``warmup`` seconds (see
+    [Rate limiting][guide-rate-limiting]).
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` takes the next slot at the
     current (warming) rate or raises; ``max_wait`` books the slot, then sleeps to it.

@@ -137,7 +137,7 @@ class _Sender:
 
 
 class OpenLoop(_Sender):
-    """Poisson arrivals at each phase's rate (see the module docstring)."""
+    """Poisson arrivals at each phase's rate (see [Overload protection][guide-overload])."""
 
     def __init__(
         self,
@@ -243,7 +243,8 @@ class _Request:
 
 
 class FanOut:
-    """Requests of ``fanout`` sequential sub-calls to one server (see the module docstring).
+    """Requests of ``fanout`` sequential sub-calls to one server (see
+    [Overload protection][guide-overload]).
 
     ``coherent=True`` gives every sub-call of a request the same DAGOR priority (the user's
     hashed priority); ``False`` draws a fresh one per sub-call. With ``levels`` (a callable

@@ -318,7 +318,7 @@ class ShedderGuard(Guard):
 
 @dataclass
 class Server:
-    """``concurrency`` workers over a FIFO/LIFO queue (see the module docstring).
+    """``concurrency`` workers over a FIFO/LIFO queue (see [Overload protection][guide-overload]).
 
     ``queue_limit`` bounds the queue (``None``: unbounded); ``skip_expired`` drops, unworked,
     a job whose client deadline passed while it queued (deadline propagation, as gRPC does).

@@ -196,7 +196,8 @@ def _phases(spec: Any, path: str) -> list[Phase]:
 
 
 def run_scenario(source: str | os.PathLike[str] | Mapping[str, Any]) -> SimResult:
-    """Build and run a scenario (see the module docstring); deterministic for a given seed."""
+    """Build and run a scenario (see [Overload protection][guide-overload]); deterministic for a
+    given seed."""
     spec = load_scenario(source)
     sim = Simulation(int(spec.get("seed", 0)))
     recorder = Recorder(float(spec.get("bin", 1.0)))

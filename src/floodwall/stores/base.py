@@ -188,7 +188,7 @@ def redact(url: str) -> str:
 
 
 class Store(ABC):
-    """A place for shared records (see the module docstring).
+    """A place for shared records (see [Distributed state][guide-distributed]).
 
     ``url`` is the redacted URL, ``prefix`` the string every full key starts with.
     """

@@ -87,7 +87,8 @@ _new = tuple.__new__
 
 
 def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
-    """The breaker a guard uses unless given one (figures in the module docstring)."""
+    """The breaker a guard uses unless given one (figures:
+    [Distributed state][guide-distributed])."""
     return CircuitBreaker(
         name,
         failure_rate=None,
@@ -103,7 +104,8 @@ def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
 
 
 class StoreGuard:
-    """A store behind a breaker, with ``on_store_error`` semantics (see the module docstring).
+    """A store behind a breaker, with ``on_store_error`` semantics (see
+    [Distributed state][guide-distributed]).
 
     The decision logic (:meth:`_admit`, :meth:`_succeeded`, :meth:`_failed`, :meth:`_fallback`)
     is shared by the sync :meth:`apply` and async :meth:`apply_async` shells.

@@ -352,7 +352,8 @@ def _server_bounds(url: str, options: dict[str, Any], timeout: float) -> dict[st
 
 
 class PostgresStore(Store):
-    """A store in PostgreSQL (see the module docstring). ``connect_options`` go to psycopg."""
+    """A store in PostgreSQL (see [Distributed state][guide-distributed]). ``connect_options`` go
+    to psycopg."""
 
     timeout: float
 

@@ -229,7 +229,8 @@ def _parse_cluster(url: str) -> _Target:
 
 
 class RedisStore(Store):
-    """A store on one Redis server or a Redis Cluster (see the module docstring)."""
+    """A store on one Redis server or a Redis Cluster (see
+    [Distributed state][guide-distributed])."""
 
     timeout: float
 

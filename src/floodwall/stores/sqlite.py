@@ -75,7 +75,7 @@ def _drop(future: asyncio.Future[Any]) -> None:
 
 
 class SqliteStore(Store):
-    """A store in one SQLite file (see the module docstring)."""
+    """A store in one SQLite file (see [Distributed state][guide-distributed])."""
 
     timeout: float
 

@@ -75,7 +75,7 @@ def _entry_list(items: Any) -> list[StreamEntry]:
 
 
 class RedisStream:
-    """A consumer-group view of one Redis stream (see the module docstring)."""
+    """A consumer-group view of one Redis stream (see [Distributed state][guide-distributed])."""
 
     def __init__(
         self,
@@ -154,7 +154,7 @@ class RedisStream:
 
     def read(self, count: int) -> list[StreamEntry]:
         """Up to ``count`` entries for this consumer: its pending ones, else stale ones of
-        other consumers, else new ones (see the module docstring)."""
+        other consumers, else new ones (see [Distributed state][guide-distributed])."""
         try:
             client = self.store.client()
             self._ensure_group(client)
