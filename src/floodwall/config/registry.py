@@ -36,6 +36,8 @@ from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.meter import EDGES as _EDGES
+from floodwall._core.meter import Meter
 from floodwall._core.policy import Policy
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -73,8 +75,6 @@ from floodwall.degrade.cache import Cache
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
 from floodwall.idempotency import Idempotency
-from floodwall.observe.meter import EDGES as _EDGES
-from floodwall.observe.meter import Meter
 from floodwall.pipeline import Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
