@@ -521,3 +521,29 @@ def test_a_body_left_unread_is_not_counted_as_a_head(
     statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
     assert statuses == [404, 200], answer[:600]  # one answer each: no 431 for the body
     assert [head[0] for head in upstream.heads()] == [b"GET /api/x HTTP/1.1"]
+
+
+def test_a_reload_changes_the_edge_rules_for_the_next_head(
+    raw_upstream: Callable[..., RawUpstream],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    upstream = raw_upstream(SERVER_REPLY)
+    config = _config(upstream)
+    gw = gateways(config)
+    keep = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(keep)
+        before = sock.recv(65536)
+        stricter = {**config, "edge": {"server_header": "edge-2", "max_head": 2048}}
+        applied = gw.admin("POST", "/reload?source=edge.json", content=json.dumps(stricter))
+        assert applied.status_code == 200, applied.text
+        sock.sendall(keep)  # the same connection: its next head meets the new rules
+        after = sock.recv(65536)
+    assert (_status(before), _field(before, b"Server")) == (200, None)
+    assert (_status(after), _field(after, b"Server")) == (200, b"edge-2")
+    big = raw_http(gw.port, _get(b"/x", b"Host: a", *_fields(3, 1000)))
+    assert (_status(big), _kind(big), _field(big, b"Server")) == (
+        431,
+        "request_head_too_large",
+        b"edge-2",
+    )
