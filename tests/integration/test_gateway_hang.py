@@ -63,12 +63,40 @@ def _endpoint(status: dict[str, Any], url: str) -> dict[str, Any]:
     return next(e for e in endpoints if e["url"] == url)
 
 
-async def _one(client: httpx.AsyncClient, results: list[int]) -> None:
-    try:
-        response = await client.get("/item")
-        results.append(response.status_code)
-    except httpx.HTTPError:
-        results.append(0)
+class _Client:
+    """A lean open-loop HTTP/1.1 client on keep-alive connections: one request head written,
+    one answer with a ``Content-Length`` read. httpx costs several times the CPU per request,
+    and the load shares a process (and its GIL) with the gateway under test."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.head = f"GET /item HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+    async def get(self, results: list[int]) -> None:
+        try:
+            async with asyncio.timeout(10):
+                results.append(await self._exchange())
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+            results.append(0)
+
+    async def _exchange(self) -> int:
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write(self.head)
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
+        length = int({k.lower(): v for k, v in fields.items()}["content-length"])
+        await reader.readexactly(length)
+        self.idle.append((reader, writer))
+        return int(lines[0].split()[1])
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
 
 
 async def _watch(
@@ -84,17 +112,14 @@ async def _watch(
         if endpoint["ejected"] and "ejected_after" not in seen:
             seen["ejected_after"] = answered - (BASE_EJECTION - endpoint["ejected_for"])
             seen["endpoint"] = endpoint
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
 
 
 async def _load(gw: GatewayThread, hanging_url: str) -> tuple[list[int], dict[str, Any]]:
     results: list[int] = []
     seen: dict[str, Any] = {}
-    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
-    async with (
-        httpx.AsyncClient(base_url=gw.url, timeout=10, limits=limits) as client,
-        httpx.AsyncClient(base_url=gw.admin_url, headers=AUTH, timeout=10) as admin,
-    ):
+    client = _Client(gw.port)
+    async with httpx.AsyncClient(base_url=gw.admin_url, headers=AUTH, timeout=10) as admin:
         stop = asyncio.Event()
         start = time.monotonic()
         watcher = asyncio.create_task(_watch(admin, hanging_url, start, stop, seen))
@@ -103,8 +128,9 @@ async def _load(gw: GatewayThread, hanging_url: str) -> tuple[list[int], dict[st
             delay = start + n / RATE - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(client, results)))
+            tasks.append(asyncio.create_task(client.get(results)))
         await asyncio.gather(*tasks)
+        client.close()
         seen["frame"] = await _dashboard_frame(admin)
         stop.set()
         await watcher
