@@ -38,7 +38,7 @@ __all__ = ["Attempts", "Flow", "Gate", "Scoped"]
 
 
 class Gate(Policy):
-    """A policy that admits a call and records its outcome (see the module docstring).
+    """A policy that admits a call and records its outcome (see :mod:`floodwall._core.admission`).
 
     ``call`` / ``call_async`` are the drivers' (:mod:`floodwall._core.drivers`); a gate writes
     :meth:`admit`, :meth:`record` and, if it can make callers wait, :meth:`resume`. ``_now`` is
@@ -71,7 +71,7 @@ class Gate(Policy):
 
 
 class Flow(Policy):
-    """A policy written as one step machine (see the module docstring)."""
+    """A policy written as one step machine (see :mod:`floodwall._core.admission`)."""
 
     call = drivers.flow_sync
     call_async = drivers.flow_async

@@ -19,7 +19,7 @@ _READS = threading.Lock()
 
 
 class Tally:
-    """How many times :meth:`add` was called (see the module docstring)."""
+    """How many times :meth:`add` was called (see :mod:`floodwall._core.tally`)."""
 
     __slots__ = ("_reads", "add")
 

@@ -214,7 +214,7 @@ class _Watch:
 
 
 class Watchdogs:
-    """One watchdog per event loop for one timeout policy (see the module docstring)."""
+    """One watchdog per event loop for one timeout policy (see :mod:`floodwall._core.timebox`)."""
 
     def __init__(self, name: str, clock: Clock) -> None:
         self.name = name

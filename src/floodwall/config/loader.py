@@ -48,7 +48,7 @@ LEVEL_RULES: dict[int, dict[str, dict[str, Any]]] = {
 """What a dependency level changes, applied over ``defaults`` and under the resource's own keys.
 
 A level rule only touches a policy the resource has (inherited or its own), and only moves a
-setting in its level's direction (see the module docstring)."""
+setting in its level's direction (see :mod:`floodwall.config.loader`)."""
 
 _LEVEL_DIRECTION: dict[int, Callable[[float, float], float]] = {1: max, 3: min}
 """How a level's rule meets a value the user set in ``defaults``: level 1 raises it to the rule

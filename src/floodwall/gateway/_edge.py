@@ -67,7 +67,7 @@ _DOT_PARAMETERS: Final = EdgeRefusal(
 
 
 class EdgeRules:
-    """The rules of one configuration's ``edge`` section (see the module docstring)."""
+    """The rules of one configuration's ``edge`` section (see :mod:`floodwall.gateway._edge`)."""
 
     __slots__ = ("_good_hosts", "forward_parameters", "max_head", "server_header", "too_large")
 

@@ -473,8 +473,9 @@ class RateLimiter(Gate, Generic[S]):
         :class:`~floodwall.RateLimitedError`; with ``max_wait`` or an ambient deadline, wait
         for the turn through the steps of :meth:`wait`.
 
-        ``now`` is not used: the limiter reads its clock inside its lock (see the module
-        docstring), so its decisions happen at non-decreasing times under threads.
+        ``now`` is not used: the limiter reads its clock inside its lock (see
+        :mod:`floodwall.ratelimit._base`), so its decisions happen at non-decreasing times
+        under threads.
         """
         key = self._call_key(args, kwargs)
         if self.max_wait == 0 and _DEADLINE.get() is None:

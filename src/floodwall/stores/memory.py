@@ -122,7 +122,8 @@ class MemoryStore(Store):
 
     def keys(self, op: Op[Any], key: str) -> list[str]:
         """The full keys, built each time: the base class's cache of them would leave two
-        tracked objects per new key for the garbage collector (see the module docstring)."""
+        tracked objects per new key for the garbage collector (see
+        :mod:`floodwall.stores.memory`)."""
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
         base = f"{self.prefix}{{{key}}}"

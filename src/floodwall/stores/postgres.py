@@ -437,8 +437,8 @@ class PostgresStore(Store):
 
     @contextlib.contextmanager
     def _bounded(self, op: str, timeout: float | None = None) -> Iterator[_Conn]:
-        """A pooled connection whose use ends by the deadline (see the module docstring);
-        every client error leaves as a typed store error."""
+        """A pooled connection whose use ends by the deadline (see
+        :mod:`floodwall.stores.postgres`); every client error leaves as a typed store error."""
         deadline = time.monotonic() + (self._bound() if timeout is None else timeout)
         expired = False
         try:
