@@ -424,8 +424,7 @@ class Resource(Pipeline):
             policies if self.meter is None else (_Metered(self), *policies)
         )
         answering = [p for p in policies if p.kind in self._ANSWERING]
-        error = self._shed_error()
-        refuse = (_refuse, error), (_refuse_async, error)
+        refuse = (_refuse, self), (_refuse_async, self)
         shed_sync, shed_async = _stages(tuple(answering))
         self._plans = (
             _stages(metered),
@@ -497,15 +496,16 @@ async def _checked_async(
     return await chain(stages, fn)(*args, **kwargs)
 
 
-def _refuse(error: BaseException, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """The innermost stage of a shed resource: the dependency is off."""
-    raise error
+def _refuse(resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """The innermost stage of a shed resource: the dependency is off (a fresh error each call:
+    raising one instance again would grow its traceback without bound)."""
+    raise resource._shed_error()
 
 
 async def _refuse_async(
-    error: BaseException, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
 ) -> Any:
-    raise error
+    raise resource._shed_error()
 
 
 def _raise(error: BaseException) -> Any:
