@@ -53,7 +53,9 @@ INSTALL_TIMEOUT = 600
 """Seconds one ``pip install`` may take (a cold cache downloads grpcio, psycopg, …)."""
 PARALLEL_INSTALLS = 3
 """pip spends most of an install waiting on the index and unpacking: three at once on 2 cores."""
-SAMPLE_TIMEOUT = 120
+SAMPLE_TIMEOUT = 300
+"""Seconds a sample (or a smoke script) may take in a fresh venv; a busy 2-core machine needs
+several times the idle figure (a few seconds)."""
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv*", "venv", "build", "dist", "__pycache__", "*.pyc", ".*_cache", ".hypothesis",
     "*.egg-info", "results", "site",
@@ -187,7 +189,11 @@ class Venv:
         return self.path / "bin" / "python"
 
     def run(
-        self, *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+        self,
+        *args: str,
+        cwd: Path,
+        timeout: float = SAMPLE_TIMEOUT,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self.python), *args],
@@ -303,7 +309,7 @@ class Installs:
         subprocess.run(
             [sys.executable, "-m", "venv", str(path)],
             check=True,
-            timeout=120,
+            timeout=INSTALL_TIMEOUT,
             env=_clean_env(),
             capture_output=True,
         )

@@ -110,3 +110,30 @@ def test_pyproject_bounds_are_the_ones_the_comment_names() -> None:
         if "<" in requirement.split(";")[0]
     }
     assert bounded == {"aiohttp", "requests", "pydantic"}
+
+
+def test_xdist_groups_hold(tmp_path: Path) -> None:
+    """``make test`` runs ``--dist loadgroup``: the tests of one ``xdist_group`` (the packaging
+    tests, which share one build and its venvs) run in one worker. A pytest and pytest-xdist
+    pair that silently ignores the marks would run them twice over."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # not the project's
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.xdist_group('one')\n"
+        + "".join(f"def test_{n}():\n    pass\n" for n in range(6)),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist",
+         "loadgroup", "-v", "-c", str(tmp_path / "pytest.ini"), "test_grouped.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = re.findall(r"^\[(gw\d+)\] .*PASSED (\S+)", result.stdout, re.MULTILINE)
+    assert len(ran) == 6, result.stdout
+    assert all(nodeid.endswith("@one") for _, nodeid in ran), result.stdout
+    assert len({worker for worker, _ in ran}) == 1, result.stdout
