@@ -629,7 +629,10 @@ def test_install_line_runs_its_page_sample(
         chosen = snippets
     else:  # a part of the page: its hidden setup belongs to other blocks
         chosen = [s for s in snippets if not s.hidden and sample.blocks(s)]
-    blocks = [(str(s.path), s.line, s.code) for s in chosen]
+    for saved in chosen:  # a file the page shows (a titled yaml block) is saved, not run
+        if saved.saves is not None:
+            (outside / saved.saves).write_text(saved.code + "\n", encoding="utf-8")
+    blocks = [(str(s.path), s.line, s.code) for s in chosen if s.saves is None]
     runner = outside / "run_blocks.py"
     runner.write_text(_RUNNER, encoding="utf-8")
     (outside / "blocks.json").write_text(json.dumps([blocks, sample.code]), encoding="utf-8")
