@@ -259,7 +259,7 @@ class RedisStore(Store):
         self._lock = threading.Lock()
         self._closed = False
         self._answered = False
-        """Whether an async op has succeeded: until then, connecting is bounded step by step
+        """Whether an async call has succeeded: until then, connecting is bounded step by step
         (the first connections of a loop, on a busy machine, are no outage)."""
         self._client: Any = None
         self._run: Any = None
@@ -506,8 +506,9 @@ class RedisStore(Store):
     async def ping_async(self) -> None:
         try:
             client = await self.async_client()
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout if self._answered else None):
                 await client.ping()
+            self._answered = True
         except StoreUnavailableError:
             raise
         except Exception as exc:
