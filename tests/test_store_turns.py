@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from floodwall.stores._turns import Progress, take_turn, take_turn_async
+from floodwall.stores._turns import Progress, deadline, take_turn, take_turn_async
 
 BOUND = 0.02
 
@@ -27,6 +27,9 @@ def test_the_rule_on_numbers() -> None:
     assert progress.until(100.0, 0.5) == 100.5, "a success before the wait began: its own bound"
     progress.at = 100.3
     assert progress.until(100.0, 0.5) == pytest.approx(100.8), "a success meanwhile: load"
+    assert deadline(100.0, 100.6, 0.5, progress) == pytest.approx(101.1), "answering: a full bound"
+    progress.at = 99.0
+    assert deadline(100.0, 100.4, 0.5, progress) == 100.5, "turn freed by failures: own bound"
 
 
 def test_a_free_slot_is_taken_at_once_and_a_stuck_one_gives_up() -> None:

@@ -16,7 +16,7 @@ import math
 import threading
 import time
 
-__all__ = ["Progress", "take_turn", "take_turn_async"]
+__all__ = ["Progress", "deadline", "take_turn", "take_turn_async"]
 
 
 class Progress:
@@ -36,6 +36,13 @@ class Progress:
         if self.at == -math.inf:
             return math.inf
         return max(began, self.at) + timeout
+
+
+def deadline(began: float, taken: float, timeout: float, progress: Progress) -> float:
+    """When a call that began waiting at ``began`` and got its turn at ``taken`` must be done:
+    a full ``timeout`` from its turn when a call succeeded meanwhile (the store answers), else
+    ``timeout`` from when it began (its turn came from calls that failed)."""
+    return taken + timeout if progress.at >= began else began + timeout
 
 
 def take_turn(slots: threading.Semaphore, timeout: float, progress: Progress) -> bool:

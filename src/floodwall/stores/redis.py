@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -69,7 +70,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
-from floodwall.stores._turns import Progress, take_turn_async
+from floodwall.stores._turns import Progress, deadline, take_turn_async
 from floodwall.stores.base import (
     Arg,
     Op,
@@ -477,16 +478,21 @@ class RedisStore(Store):
             # at most max_connections ops in flight, the rest wait their turn: a busy store is
             # load, not an outage (redis-py's cluster client would fail them instead), but no
             # turn is waited for behind a server that answers nothing (see _turns)
-            slots = self._slots()
-            if not await take_turn_async(slots, self.timeout, self._progress):
+            slots, progress = self._slots(), self._progress
+            began = time.monotonic()
+            if not await take_turn_async(slots, self.timeout, progress):
                 raise StoreTimeoutError(self.url, op.script) from TimeoutError(
                     f"every connection busy, and none answered for {self.timeout:g}s"
                 )
             try:
-                raw = await _evalsha(run, script, keys, args)
+                # the command as a whole: redis-py may re-learn a cluster's topology inside it
+                cold = progress.at == -math.inf
+                until = deadline(began, time.monotonic(), self.timeout, progress)
+                async with asyncio.timeout(None if cold else until - time.monotonic()):
+                    raw = await _evalsha(run, script, keys, args)
             finally:
                 slots.release()
-            self._progress.succeeded()
+            progress.succeeded()
         except StoreUnavailableError:
             raise
         except Exception as exc:
