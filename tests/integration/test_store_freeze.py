@@ -166,6 +166,10 @@ def _check(
     warm = began + 0.2  # threads and the loop started, first connections made
     baseline = max(load.healthy(warm, stopped))
     worst = max(end - start for start, end, _, _ in load.calls)
+    by_shell = {
+        shell: round(1000 * max(end - start for start, end, kind, _ in load.calls if kind == shell))
+        for shell in ("sync", "async")
+    }
     allowed_wait = 1.2 * TIMEOUT + baseline
     first_closed = min(end for start, end, _, ok in load.calls if not ok and start >= stopped)
     restored = {
@@ -185,8 +189,8 @@ def _check(
     ]
     print(
         f"\n{label}: timeout {TIMEOUT}s, freeze {resumed - stopped:.2f}s; worst call "
-        f"{1000 * worst:.0f} ms (bound {1000 * allowed_wait:.0f} ms = 1.2 x timeout + healthy "
-        f"worst {1000 * baseline:.0f} ms); first fail_closed answer "
+        f"{1000 * worst:.0f} ms {by_shell} (bound {1000 * allowed_wait:.0f} ms = 1.2 x timeout "
+        f"+ healthy worst {1000 * baseline:.0f} ms); first fail_closed answer "
         f"{1000 * (first_closed - stopped):.0f} ms after SIGSTOP; store answering again "
         f"{ {k: round(1000 * v) for k, v in restored.items()} } ms after SIGCONT; decisions/s "
         f"before {before:.0f}, frozen {during:.0f}, after {after:.0f}; guard "

@@ -23,10 +23,12 @@ that failed, or whose op was cancelled, is closed rather than reused; so is an i
 hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), so a restart
 between ops costs no failed op.
 
-Bounds: ``timeout`` (default 0.5 s) bounds each op as a whole, from the call: the wait for a
-pooled connection, connecting, and the statements, whatever the server does. Until the server
-has answered once, calls get ``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a
-busy machine are slow, not an outage.
+Bounds: ``timeout`` (default 0.5 s) bounds connecting and an op's statements, whatever the
+server does; a call that finds every pooled connection busy waits for its turn as long as ops
+keep succeeding (load), and at most ``timeout`` once none has for that long (a frozen server;
+see :mod:`floodwall.stores._turns`). Until the server has answered once, calls get
+``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a busy machine are slow, not
+an outage.
 
 * On the server, ``statement_timeout`` (the timeout) cancels a statement that runs too long, and
   ``idle_in_transaction_session_timeout`` ends a transaction whose client went away, so row
@@ -73,6 +75,7 @@ from psycopg.pq import TransactionStatus
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
+from floodwall.stores._turns import Progress, take_turn, take_turn_async
 from floodwall.stores.base import (
     Arg,
     Op,
@@ -88,6 +91,7 @@ __all__ = ["PostgresStore"]
 COLD_TIMEOUT = 2.0
 """Seconds the calls before the server first answers may take (libpq's own connect minimum)."""
 MIGRATE_TIMEOUT_FACTOR = 20
+_BUSY = "every connection busy, and none answered for {:g}s"
 """A migration may take this many store timeouts (10 s by default): DDL, the advisory lock."""
 _BACKEND_ERRORS = (psycopg.Error, OSError)
 """What a client call raises (an op's own bug, even a ``ValueError``, propagates as it is)."""
@@ -229,16 +233,19 @@ class _Pool:
         self._idle: list[_Conn] = []
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
+        self.progress = Progress()
         self.closed = False
 
     @contextlib.contextmanager
-    def connection(self, deadline: float | None = None, op: str = "connect") -> Iterator[_Conn]:
-        """A connection, waited for and made by ``deadline`` (monotonic; ``None``: no bound)."""
+    def connection(self, bound: float | None = None, op: str = "connect") -> Iterator[_Conn]:
+        """A connection: its turn waited for by the rule of :mod:`floodwall.stores._turns`, then
+        made (when no idle one is left) within ``bound`` seconds (``None``: no bound)."""
         if self.closed:
             raise StoreClosedError(self._url, op)
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not self._slots.acquire(timeout=wait):
-            raise StoreTimeoutError(self._url, op) from TimeoutError("every connection busy")
+        if bound is None:
+            self._slots.acquire()
+        elif not take_turn(self._slots, bound, self.progress):
+            raise StoreTimeoutError(self._url, op) from TimeoutError(_BUSY.format(bound))
         conn: _Conn | None = None
         try:
             while True:
@@ -248,8 +255,9 @@ class _Pool:
                     break
                 conn.close()
             if conn is None:
-                conn = self._factory(deadline)
+                conn = self._factory(None if bound is None else time.monotonic() + bound)
             yield conn
+            self.progress.succeeded()
         except BaseException:
             if conn is not None:
                 conn.close()
@@ -284,18 +292,20 @@ class _AsyncPool:
         self._options = options
         self._idle: list[_AsyncConn] = []
         self._slots = asyncio.Semaphore(size)
+        self.progress = Progress()
         self.closed = False
 
     @contextlib.asynccontextmanager
     async def connection(
-        self, deadline: float | None = None, op: str = "connect"
+        self, bound: float | None = None, op: str = "connect"
     ) -> AsyncIterator[_AsyncConn]:
-        """A connection, waited for and made by ``deadline`` (the loop's time; ``None``: no
-        bound)."""
+        """:meth:`_Pool.connection` for async callers (cancelling a connect is safe)."""
         if self.closed:
             raise StoreClosedError(self._redacted, op)
-        async with asyncio.timeout_at(deadline):  # cancelling a wait or a connect is safe
+        if bound is None:
             await self._slots.acquire()
+        elif not await take_turn_async(self._slots, bound, self.progress):
+            raise StoreTimeoutError(self._redacted, op) from TimeoutError(_BUSY.format(bound))
         conn: _AsyncConn | None = None
         try:
             conn = self._idle.pop() if self._idle else None
@@ -303,9 +313,10 @@ class _AsyncPool:
                 await conn.close()
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout(bound):
                     conn = await psycopg.AsyncConnection.connect(self._url, **self._options)
             yield conn
+            self.progress.succeeded()
         except BaseException:
             if conn is not None:
                 await conn.close()
@@ -439,11 +450,11 @@ class PostgresStore(Store):
     def _bounded(self, op: str, timeout: float | None = None) -> Iterator[_Conn]:
         """A pooled connection whose use ends by the deadline (see
         :mod:`floodwall.stores.postgres`); every client error leaves as a typed store error."""
-        deadline = time.monotonic() + (self._bound() if timeout is None else timeout)
+        bound = self._bound() if timeout is None else timeout
         expired = False
         try:
-            with self._pool.connection(deadline, op) as conn:
-                token = self._deadlines.watch(conn, deadline)
+            with self._pool.connection(bound, op) as conn:
+                token = self._deadlines.watch(conn, time.monotonic() + bound)
                 try:
                     yield conn
                     self._answered = True
@@ -460,7 +471,7 @@ class PostgresStore(Store):
     async def _bounded_async(self, op: str) -> AsyncIterator[_AsyncConn]:
         """:meth:`_bounded` for async callers: the event loop's timer shuts the connection."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._bound()
+        bound = self._bound()
         shut: list[bool] = []
 
         def expire(conn: _AsyncConn) -> None:
@@ -468,8 +479,8 @@ class PostgresStore(Store):
             _shut(conn)
 
         try:
-            async with self._apool().connection(deadline, op) as conn:
-                timer = loop.call_at(deadline, expire, conn)
+            async with self._apool().connection(bound, op) as conn:
+                timer = loop.call_later(bound, expire, conn)
                 try:
                     yield conn
                     self._answered = True

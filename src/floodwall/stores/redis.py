@@ -21,14 +21,15 @@ Clients: one sync client (thread-safe, pooled), and one async client per running
 at most that many connections (per node on a cluster); further ops wait their turn. Streams
 (:mod:`floodwall.stores.streams`) use the same client beside them.
 
-Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command, and an
-async op as a whole (its wait for a connection included) once one has succeeded: before, a loop's
-first connections (50 at once, on a busy machine) are bounded step by step. A command that times out
-is never retried (a frozen server would double the wait) and raises
-:class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead connection (a restarted
-server leaves dead pooled sockets, a cluster failover moves a slot) is retried once on a fresh
-connection; then the store raises :class:`~floodwall.stores.StoreUnavailableError`. redis-py's own
-retries are off, so these are the only ones. After :meth:`RedisStore.close`, every call raises
+Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command. An async
+op that finds all ``max_connections`` busy waits for its turn as long as ops keep succeeding (load),
+and at most ``timeout`` once none has for that long (a frozen server; see
+:mod:`floodwall.stores._turns`). A command that times out is never retried (a frozen server would
+double the wait) and raises :class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead
+connection (a restarted server leaves dead pooled sockets, a cluster failover moves a slot) is
+retried once on a fresh connection; then the store raises
+:class:`~floodwall.stores.StoreUnavailableError`. redis-py's own retries are off, so these are the
+only ones. After :meth:`RedisStore.close`, every call raises
 :class:`~floodwall.stores.StoreClosedError`, including those whose connection was closed under them;
 :meth:`RedisStore.aclose` only lets go of this loop's client and the sync one.
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -68,6 +70,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
+from floodwall.stores._turns import Progress, deadline, take_turn_async
 from floodwall.stores.base import (
     Arg,
     Op,
@@ -259,9 +262,8 @@ class RedisStore(Store):
         self._options = client_options
         self._lock = threading.Lock()
         self._closed = False
-        self._answered = False
-        """Whether an async op has succeeded: until then, connecting is bounded step by step
-        (the first connections of a loop, on a busy machine, are no outage)."""
+        self._progress = Progress()
+        """When an async op last succeeded: a turn is waited for as long as ops succeed."""
         self._client: Any = None
         self._run: Any = None
         """How :meth:`apply` sends one command with the sync client (see :func:`_execute`)."""
@@ -475,11 +477,23 @@ class RedisStore(Store):
                 else partial(_execute_async, client.connection_pool)
             )
             # at most max_connections ops in flight, the rest wait their turn: a busy store is
-            # load, not an outage (redis-py's cluster client would fail them instead); the wait
-            # for a turn counts in the op's timeout
-            async with asyncio.timeout(self.timeout if self._answered else None), self._slots():
-                raw = await _evalsha(run, script, keys, args)
-            self._answered = True
+            # load, not an outage (redis-py's cluster client would fail them instead), but no
+            # turn is waited for behind a server that answers nothing (see _turns)
+            slots, progress = self._slots(), self._progress
+            began = time.monotonic()
+            if not await take_turn_async(slots, self.timeout, progress):
+                raise StoreTimeoutError(self.url, op.script) from TimeoutError(
+                    f"every connection busy, and none answered for {self.timeout:g}s"
+                )
+            try:
+                # the command as a whole: redis-py may re-learn a cluster's topology inside it
+                cold = progress.at == -math.inf
+                until = deadline(began, time.monotonic(), self.timeout, progress)
+                async with asyncio.timeout(None if cold else until - time.monotonic()):
+                    raw = await _evalsha(run, script, keys, args)
+            finally:
+                slots.release()
+            progress.succeeded()
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -506,9 +520,7 @@ class RedisStore(Store):
 
     async def ping_async(self) -> None:
         try:
-            client = await self.async_client()
-            async with asyncio.timeout(self.timeout):
-                await client.ping()
+            await (await self.async_client()).ping()
         except StoreUnavailableError:
             raise
         except Exception as exc:

@@ -1,0 +1,77 @@
+"""Waiting for a turn on a store's connections without waiting behind a stuck server.
+
+A call that finds every connection busy waits for one to free up. Behind a busy but healthy
+server that is load: calls keep succeeding, and a wait longer than the store's ``timeout`` is
+no failure. Behind a frozen server it is the outage itself: nothing succeeds, and each wave of
+waiters would hold its callers one more timeout. So a waiter gives up when no call on those
+connections has *succeeded* for ``timeout`` since it began waiting (failures, such as the
+timed-out calls of a frozen server, are no progress): at most ``timeout`` behind a stuck
+server, as long as the load needs behind a busy one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+__all__ = ["Progress", "deadline", "take_turn", "take_turn_async"]
+
+
+class Progress:
+    """When a call last succeeded on a set of connections (monotonic seconds)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = -math.inf
+
+    def succeeded(self) -> None:
+        self.at = time.monotonic()
+
+    def until(self, began: float, timeout: float) -> float:
+        """When a waiter that began at ``began`` gives up, as things stand: never before a
+        first success (the first connections are being made: slow, not stuck)."""
+        if self.at == -math.inf:
+            return math.inf
+        return max(began, self.at) + timeout
+
+
+def deadline(began: float, taken: float, timeout: float, progress: Progress) -> float:
+    """When a call that began waiting at ``began`` and got its turn at ``taken`` must be done:
+    a full ``timeout`` from its turn when a call succeeded meanwhile (the store answers), else
+    ``timeout`` from when it began (its turn came from calls that failed)."""
+    return taken + timeout if progress.at >= began else began + timeout
+
+
+def take_turn(slots: threading.Semaphore, timeout: float, progress: Progress) -> bool:
+    """Take one of ``slots``; False when nothing succeeded for ``timeout`` meanwhile."""
+    if slots.acquire(blocking=False):
+        return True
+    began = time.monotonic()
+    while True:
+        left = progress.until(began, timeout) - time.monotonic()
+        if left <= 0:
+            return False
+        if slots.acquire(timeout=left):
+            return True
+
+
+async def take_turn_async(slots: asyncio.Semaphore, bound: float, progress: Progress) -> bool:
+    """:func:`take_turn` for an :class:`asyncio.Semaphore`, ``bound`` the store's timeout (a
+    free slot costs no suspension)."""
+    if not slots.locked():
+        await slots.acquire()
+        return True
+    began = time.monotonic()
+    while True:
+        left = progress.until(began, bound) - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            async with asyncio.timeout(left):
+                await slots.acquire()
+        except TimeoutError:
+            continue
+        return True

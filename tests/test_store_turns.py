@@ -1,0 +1,80 @@
+"""Waiting for a turn on a store's connections: as long as calls succeed, never behind a stuck
+server longer than the timeout.
+
+The rule itself (:meth:`Progress.until`) is checked on plain numbers; the two waits on real
+semaphores with a bound of a few milliseconds (the semaphores' own timed waits are the system
+under test). Against real frozen servers: ``tests/integration/test_store_freeze.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+
+from floodwall.stores._turns import Progress, deadline, take_turn, take_turn_async
+
+BOUND = 0.02
+
+
+def test_the_rule_on_numbers() -> None:
+    progress = Progress()
+    assert progress.until(100.0, 0.5) == math.inf, "before a first success: connecting, not stuck"
+    progress.at = 99.0
+    assert progress.until(100.0, 0.5) == 100.5, "a success before the wait began: its own bound"
+    progress.at = 100.3
+    assert progress.until(100.0, 0.5) == pytest.approx(100.8), "a success meanwhile: load"
+    assert deadline(100.0, 100.6, 0.5, progress) == pytest.approx(101.1), "answering: a full bound"
+    progress.at = 99.0
+    assert deadline(100.0, 100.4, 0.5, progress) == 100.5, "turn freed by failures: own bound"
+
+
+def test_a_free_slot_is_taken_at_once_and_a_stuck_one_gives_up() -> None:
+    slots = threading.BoundedSemaphore(1)
+    progress = Progress()
+    progress.succeeded()
+    assert take_turn(slots, BOUND, progress)
+    began = time.monotonic()
+    assert not take_turn(slots, BOUND, progress), "nothing succeeds: give up after the bound"
+    assert BOUND <= time.monotonic() - began < BOUND + 0.5
+
+
+def test_a_busy_store_that_keeps_answering_is_waited_for() -> None:
+    slots = threading.BoundedSemaphore(1)
+    progress = Progress()
+    progress.succeeded()
+    assert take_turn(slots, BOUND, progress)
+    done = threading.Event()
+
+    def busy() -> None:  # other calls keep succeeding for 5 bounds, then the slot frees
+        for _ in range(10):
+            time.sleep(BOUND / 2)
+            progress.succeeded()
+        slots.release()
+        done.set()
+
+    threading.Thread(target=busy, daemon=True).start()
+    began = time.monotonic()
+    assert take_turn(slots, BOUND, progress)
+    assert time.monotonic() - began >= 2 * BOUND and done.is_set()
+
+
+async def test_the_async_wait_follows_the_same_rule() -> None:
+    slots = asyncio.Semaphore(1)
+    progress = Progress()
+    progress.succeeded()
+    assert await take_turn_async(slots, BOUND, progress)
+    assert not await take_turn_async(slots, BOUND, progress)
+
+    async def busy() -> None:
+        for _ in range(10):
+            await asyncio.sleep(BOUND / 2)
+            progress.succeeded()
+        slots.release()
+
+    task = asyncio.create_task(busy())
+    assert await take_turn_async(slots, BOUND, progress)
+    await task
