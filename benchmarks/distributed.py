@@ -19,6 +19,12 @@ sample lasts about ``--sample-ms``; then in each of ``--rounds`` rounds every ca
 in a fresh random order, so the machine's drift hits all cases of a round alike; a figure is the
 median over rounds, a ratio the median of the per-round ratios; the garbage collector is off
 during samples. ``--write`` writes the Markdown report (default ``docs/benchmarks-distributed.md``).
+
+``--scripts`` measures only whether the Redis store's own ``EVALSHA`` path (one command written
+straight on a pooled connection, ``EVAL`` on ``NOSCRIPT``) earns its keep against redis-py's
+``register_script`` (which does the same retry through ``execute_command``): the same op, keys,
+arguments and parsing on the same server, by paired interleaved bursts, sync and async; with
+``--write`` it replaces the report's "Script path" section.
 """
 
 from __future__ import annotations
@@ -369,6 +375,91 @@ async def targets(cases: list[Case], pairs: int) -> list[Target]:
     return out
 
 
+async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Target]]:
+    """The store's op path over redis-py's ``register_script`` of the same Lua script."""
+    store: Any = connect(url, prefix="bench:")
+    gcra = GlobalLimiter("gcra", f"{HUGE}/s", store=store, name="gcra")
+    op, argv = gcra.plan.op, [*gcra.plan.params, 1, 1]
+    source = load_script(op.script).source
+    keys, akeys = store.keys(op, "script"), store.keys(op, "ascript")
+    client = store.client()
+    aclient = await store.async_client()
+    registered, aregistered = client.register_script(source), aclient.register_script(source)
+
+    def ours() -> object:
+        return store.apply(op, "script", argv)
+
+    def theirs() -> object:
+        return op.parse(registered(keys, argv))
+
+    async def aours() -> object:
+        return await store.apply_async(op, "ascript", argv)
+
+    async def atheirs() -> object:
+        return op.parse(await aregistered(akeys, argv))
+
+    for fn in (ours, theirs):
+        _admit(fn())
+    for afn in (aours, atheirs):
+        _admit(await afn())
+    sides = [
+        ("sync", Case("store", "sync", _sync(ours)), Case("script", "sync", _sync(theirs))),
+        (
+            "async",
+            Case("store", "async", arun=_async(aours)),
+            Case("script", "async", arun=_async(atheirs)),
+        ),
+    ]
+    out = []
+    try:
+        for group, a, b in sides:
+            value, low, high = await paired(a, b, pairs, burst)
+            text = f"{group}: the store's time per op over register_script's"
+            out.append((group, Target(text, value, low, high, 1.0, at_least=False)))
+    finally:
+        await store.aclose()
+        store.close()
+    return out
+
+
+def script_report(found: list[tuple[str, Target]], args: argparse.Namespace) -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        "## Script path: the store's EVALSHA against redis-py's register_script",
+        "",
+        f"- Command: `.venv/bin/python benchmarks/distributed.py --scripts --pairs {args.pairs} "
+        f"--write {args.write or 'docs/benchmarks-distributed.md'}`",
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average "
+        f"(1, 5, 15 min) at the end: {load} on {os.cpu_count()} CPUs; Redis {args.redis_version}, "
+        f"redis-py {redis.__version__}",
+        f"- Method: {args.pairs} pairs of back-to-back bursts of {SCRIPT_BURST} decisions "
+        "(alternating which goes first) of `GlobalLimiter`'s GCRA op through the store and "
+        "through `register_script` of the same script (same keys, arguments, parsing); the "
+        "figure is the median of the pairs' time ratios, below 1 when the store is faster.",
+        "",
+        "| path | store ÷ register_script | pairs' range (p25–p75) |",
+        "| --- | ---: | ---: |",
+    ]
+    for group, goal in found:
+        lines.append(f"| {group} | {goal.value:.3f} × | {goal.low:.3f}–{goal.high:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+SCRIPT_BURST = 50
+SCRIPT_HEADING = "## Script path:"
+
+
+def replace_section(text: str, section: str) -> str:
+    """``text`` with its "Script path" section (up to the next ``## ``) replaced by ``section``,
+    or ``section`` appended."""
+    start = text.find(SCRIPT_HEADING)
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + section
+    end = text.find("\n## ", start + 1)
+    rest = "" if end < 0 else text[end + 1 :]
+    return text[:start] + section + ("\n" + rest if rest else "")
+
+
 def report(cases: list[Case], goals: list[Target], args: argparse.Namespace, took: float) -> str:
     ref = next(c for c in cases if c.label.startswith("raw EVALSHA, floodwall"))
     versions = ", ".join(
@@ -433,6 +524,8 @@ async def main(args: argparse.Namespace) -> str:
     with RedisServer() as server:
         info = redis.Redis.from_url(server.url).info("server")
         args.redis_version = info["redis_version"]
+        if args.scripts:
+            return script_report(await script_path(server.url, args.pairs, SCRIPT_BURST), args)
         cases, close = await build(server.url)
         try:
             await measure(cases, args.rounds, args.sample_ms)
@@ -448,8 +541,17 @@ if __name__ == "__main__":
     parser.add_argument("--sample-ms", type=float, default=150.0)
     parser.add_argument("--pairs", type=int, default=120, help="burst pairs per target")
     parser.add_argument("--write", default="", help="write the Markdown report here")
+    parser.add_argument(
+        "--scripts", action="store_true", help="only the store's EVALSHA vs register_script"
+    )
     options = parser.parse_args()
     text = asyncio.run(main(options))
     print(text)
     if options.write:
-        Path(options.write).write_text(text)
+        path = Path(options.write)
+        old = path.read_text() if path.exists() else ""
+        if options.scripts:
+            text = replace_section(old, text)
+        elif SCRIPT_HEADING in old:  # a full run keeps the last script-path figures
+            text = replace_section(text, old[old.find(SCRIPT_HEADING) :])
+        path.write_text(text)

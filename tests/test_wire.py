@@ -546,7 +546,7 @@ def test_one_degraded_vocabulary_formats_and_parses_back() -> None:
 def test_an_outbound_fallback_answer_names_the_fallback_and_why() -> None:
     """A client's fallback value is marked like a server's, and the request being served (the
     call around the outbound call) learns it was degraded too."""
-    policy = fw.Fallback(value=[], name="recommendations.fallback")
+    policy: fw.Fallback[list[str]] = fw.Fallback(value=[], name="recommendations.fallback")
     with fw.call_context() as served:
         call = Outbound(policy).begin("GET", "recs", None, "/top")
         assert call.run(_fail) == []

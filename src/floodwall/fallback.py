@@ -8,13 +8,18 @@ replaces results that count as failures (an HTTP 503 value).
 
 A fallback answer is marked as degraded: the open :func:`floodwall.call_context` records which
 fallback answered and why, for response headers and metrics; ``Fallback.degraded`` counts them.
+
+``Fallback[T]`` is generic in its answer's type ``T`` (the value's type, or what the factory
+returns or its awaitable yields), so a type checker sees a decorated ``def f() -> R`` return
+``R | T``: ``Fallback(value=None)`` makes it ``R | None``, which a caller must handle. Only the
+signatures change; ``call``/``call_async`` are still the drivers' (:mod:`floodwall._core.drivers`).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Iterable
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -27,14 +32,54 @@ __all__ = ["Fallback"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _UNSET: Any = object()
 
 
-class Fallback(Flow):
+class Fallback(Flow, Generic[T]):
     """Replace a failed call's outcome with ``value`` or ``factory(exception)``."""
 
     kind = "fallback"
+
+    @overload
+    def __init__(
+        self,
+        value: T,
+        *,
+        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        kinds: Collection[str] | None = None,
+        failure_result: Callable[[Any], bool] | None = None,
+        name: str = "fallback",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        *,
+        factory: Callable[[BaseException], Awaitable[T]],
+        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        kinds: Collection[str] | None = None,
+        failure_result: Callable[[Any], bool] | None = None,
+        name: str = "fallback",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        *,
+        factory: Callable[[BaseException], T],
+        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        kinds: Collection[str] | None = None,
+        failure_result: Callable[[Any], bool] | None = None,
+        name: str = "fallback",
+        clock: Clock = SYSTEM_CLOCK,
+        listeners: Iterable[EventListener] = (),
+    ) -> None: ...
 
     def __init__(
         self,
@@ -67,6 +112,29 @@ class Fallback(Flow):
         self.listeners = Listeners(listeners)
         self.degraded = 0
         """How many answers this fallback gave instead of the dependency."""
+
+    if TYPE_CHECKING:
+        # Only the types: at run time these are Flow's (the drivers' flow_sync/flow_async and
+        # Policy's decorator). They widen Policy's ``R`` to ``R | T`` (hence the ignores: a
+        # fallback answers something else than the call, by design), so a Pipeline, which
+        # types its stages as plain policies, keeps the wrapped type.
+        def call(  # type: ignore[override]
+            self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+        ) -> R | T: ...
+
+        async def call_async(  # type: ignore[override]
+            self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+        ) -> R | T: ...
+
+        @overload  # type: ignore[override]
+        def __call__(
+            self, fn: Callable[P, Coroutine[Any, Any, R]]
+        ) -> Callable[P, Coroutine[Any, Any, R | T]]: ...
+
+        @overload
+        def __call__(self, fn: Callable[P, R]) -> Callable[P, R | T]: ...
+
+        def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]: ...
 
     def handles(self, exc: BaseException) -> bool:
         """Whether this fallback answers for ``exc``."""

@@ -193,7 +193,7 @@ class Built:
     """The policies one resource's config describes, in pipeline order."""
 
     policies: tuple[Policy, ...]
-    fallback: Fallback | None
+    fallback: Fallback[Any] | None
     breaker: CircuitBreaker | None
     retry: Retry | None
     timeout: Timeout | None
@@ -404,7 +404,7 @@ class Resource(Pipeline):
         self.breaker: CircuitBreaker | None = None
         self.retry: Retry | None = None
         self.timeout: Timeout | None = None
-        self.fallback: Fallback | None = None
+        self.fallback: Fallback[Any] | None = None
         self.bulkhead: Bulkhead | None = None
         self.limiter: RateLimiter[Any] | GlobalLimiter | None = None
         self.sampled: SampledDrop | None = None
