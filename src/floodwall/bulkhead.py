@@ -8,7 +8,11 @@ of 20 / 30 / 20, reviews can hold at most 20 and the other two keep their latenc
 
 * at most ``max_concurrent`` calls run at once; a call that finds them all busy waits in a FIFO
   queue of at most ``max_queue`` callers for at most ``max_wait`` seconds (never past the
-  ambient :func:`floodwall.deadline`); ``max_wait=0`` (the default) refuses at once;
+  ambient :func:`floodwall.deadline`); ``max_wait=0`` (the default) refuses at once; a
+  positive ``max_wait`` with ``max_queue=0`` is refused at construction (:class:`ConfigError`):
+  with no queue nobody can wait, and refusing at once would silently ignore the wait the caller
+  asked for (resilience4j's semaphore bulkhead lets every caller wait; floodwall bounds the
+  waiters, so it asks how many);
 * a refusal is a :class:`~floodwall.BulkheadFullError` carrying the figures (``max_concurrent``,
   ``max_queue``, ``in_flight``, ``queued``) and the reason ("full", "queue full", "waited …");
 * admission is strictly first come, first served: a freed slot is handed to the oldest waiter
@@ -99,6 +103,11 @@ class Bulkhead(Gate):
         self.max_concurrent = _limit("max_concurrent", max_concurrent, 1)
         self.max_queue = _limit("max_queue", max_queue, 0)
         self.max_wait = _wait_seconds("max_wait", max_wait)
+        if self.max_queue == 0 and max_wait is not None and self.max_wait > 0:
+            raise ConfigError(
+                f"max_wait={max_wait!r} needs max_queue >= 1 (callers wait in the queue), got"
+                " max_queue=0; pass max_queue=N to let N callers wait, or max_wait=0"
+            )
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
