@@ -203,7 +203,7 @@ class Classifier:
     overload_statuses: frozenset[int] = OVERLOAD_STATUSES
     transient_statuses: frozenset[int] = TRANSIENT_STATUSES
     libraries: bool = True
-    """Classify httpx, requests, aiohttp and gRPC errors as listed in the module docstring."""
+    """Classify the HTTP clients' and gRPC transient errors ([Retries][guide-retries])."""
     wall_clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)
     """Read only to turn an HTTP-date ``Retry-After`` into seconds."""
 
