@@ -1011,3 +1011,187 @@ def test_retry_if_exception_of_type(clock: FakeClock) -> None:
             "x", attempts=3, backoff=NoBackoff(), budget=None, retry_on=ValueError, clock=clock
         ).call(bad)
     assert next(runs) == 6
+
+
+# == resilience4j SemaphoreBulkheadTest and concurrency-limits ==============================
+
+R4J_BH = "resilience4j-bulkhead/src/test/java/io/github/resilience4j/bulkhead/internal/"
+
+
+def test_bulkhead_should_return_the_correct_name() -> None:
+    """``R4J_BH`` SemaphoreBulkheadTest.shouldReturnTheCorrectName."""
+    assert Bulkhead("test", max_concurrent=2).name == "test"
+
+
+def test_bulkhead_permits_and_completions() -> None:
+    """``R4J_BH`` SemaphoreBulkheadTest.testBulkhead: two permits, a third refused, each
+    completion gives one back."""
+    bulkhead = Bulkhead("test", max_concurrent=2)
+    bulkhead.acquire()
+    bulkhead.acquire()
+    assert bulkhead.available == 0
+    with pytest.raises(fw.BulkheadFullError):
+        bulkhead.acquire()
+    bulkhead.release()
+    assert bulkhead.available == 1
+    bulkhead.release()
+    assert bulkhead.available == 2
+    bulkhead.acquire()
+    assert bulkhead.rejected == 1
+
+
+def test_bulkhead_zero_max_concurrent_calls_is_refused() -> None:
+    """``R4J_BH`` SemaphoreBulkheadTest.testZeroMaxConcurrentCalls: resilience4j builds a
+    bulkhead that refuses everything; floodwall refuses the configuration (a bulkhead that
+    admits nothing is an outage of its own making: use ``force_open`` on a breaker for that)."""
+    with pytest.raises(ConfigError, match="max_concurrent"):
+        Bulkhead("test", max_concurrent=0)
+
+
+def test_bulkhead_create_with_defaults() -> None:
+    """``R4J_BH`` SemaphoreBulkheadTest.testCreateWithDefaults. Documented difference:
+    resilience4j's default is 25 concurrent calls, floodwall's 10 (Hystrix's semaphore
+    default); neither waits by default."""
+    bulkhead = Bulkhead("test")
+    assert (bulkhead.max_concurrent, bulkhead.max_queue, bulkhead.max_wait) == (10, 0, 0.0)
+
+
+async def test_bulkhead_entry_timeout(clock: FakeClock) -> None:
+    """``R4J_BH`` SemaphoreBulkheadTest.testEntryTimeout / testTryEnterWithTimeout: with the one
+    permit taken, a caller waiting 10 ms is refused once the wait is over (fake clock)."""
+    bulkhead = Bulkhead("test", max_concurrent=1, max_queue=1, max_wait=0.01, clock=clock)
+    bulkhead.acquire()
+    waiter = asyncio.ensure_future(bulkhead.acquire_async())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert bulkhead.queued == 1
+    clock.advance(0.01)
+    with pytest.raises(fw.BulkheadFullError):
+        await waiter
+    assert bulkhead.queued == 0 and bulkhead.in_flight == 1
+
+
+def test_bulkhead_bypass_does_not_count() -> None:
+    """concurrency-limits ``AbstractPartitionedLimiterTest``'s bypass cases (``bypassResolver``):
+    a call the predicate matches runs even when every slot is busy and takes no slot."""
+    bulkhead = Bulkhead("test", max_concurrent=1, bypass=lambda path: path == "/health")
+    bulkhead.acquire()  # the only slot is busy
+    assert bulkhead.call(lambda path: path, "/health") == "/health"
+    assert bulkhead.in_flight == 1
+    with pytest.raises(fw.BulkheadFullError):
+        bulkhead.call(lambda path: path, "/orders")
+    bulkhead.release()
+    assert bulkhead.call(lambda path: path, "/orders") == "/orders"
+    assert bulkhead.in_flight == 0
+    with pytest.raises(ConfigError, match="bypass"):
+        Bulkhead("test", bypass=True)  # type: ignore[arg-type]
+
+
+def test_bulkhead_bypass_is_not_asked_on_direct_acquire() -> None:
+    """concurrency-limits asks its bypass resolver about a request's context; floodwall's
+    direct ``acquire()`` has no call to ask about, so it always takes a slot."""
+    bulkhead = Bulkhead("test", max_concurrent=1, bypass=lambda *a, **k: True)
+    bulkhead.acquire()
+    assert bulkhead.in_flight == 1
+
+
+# == Sentinel degrade rules (ExceptionCircuitBreakerTest, ResponseTimeCircuitBreakerTest) ====
+
+SENTINEL_DEGRADE = "sentinel-core/src/test/java/com/alibaba/csp/sentinel/slots/block/degrade/"
+
+
+def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
+    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_COUNT), given
+    the minimum request amount; floodwall's ``error_count``. Documented difference: Sentinel
+    opens when the count is exceeded (``curCount > threshold``), floodwall when it is reached
+    (``>=``, as resilience4j and Polly compare): Sentinel's ``count=3`` is ``error_count=4``."""
+    b = CircuitBreaker(
+        "s", failure_rate=None, error_count=3, minimum_calls=5, window=1.0, buckets=1, clock=clock
+    )
+    ok(b, clock)
+    ok(b, clock)
+    fail(b, clock)
+    fail(b, clock)
+    assert state(b) is S.CLOSED
+    fail(b, clock)
+    assert state(b) is S.OPEN
+
+
+def test_sentinel_exception_ratio_rule(clock: FakeClock) -> None:
+    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_RATIO).
+    Documented difference: a ratio exactly at the threshold opens floodwall (``>=``, with
+    resilience4j and Polly) where Sentinel needs it exceeded."""
+    b = CircuitBreaker("s", failure_rate=0.5, minimum_calls=4, window_calls=4, clock=clock)
+    ok(b, clock)
+    ok(b, clock)
+    fail(b, clock)
+    fail(b, clock)
+    assert state(b) is S.OPEN
+
+
+def test_sentinel_slow_ratio_is_strict(clock: FakeClock) -> None:
+    """``SENTINEL_DEGRADE`` ResponseTimeCircuitBreakerTest: a request is slow when its RT is
+    greater than ``count`` (max allowed RT); exactly at it is not."""
+    b = CircuitBreaker(
+        "s",
+        failure_rate=None,
+        slow_call_rate=0.5,
+        slow_call_duration=0.05,
+        minimum_calls=2,
+        window_calls=2,
+        clock=clock,
+    )
+    ok(b, clock, 0.05)
+    ok(b, clock, 0.05)
+    assert state(b) is S.CLOSED
+    ok(b, clock, 0.0625)
+    assert state(b) is S.OPEN
+
+
+def test_sentinel_half_open_probe_recovers(clock: FakeClock) -> None:
+    """``SENTINEL_DEGRADE`` CircuitBreakingIntegrationTest (recovery after the time window):
+    after ``timeWindow`` one probe passes; its success closes the breaker."""
+    b = CircuitBreaker("s", minimum_calls=1, open_duration=10.0, clock=clock)
+    fail(b, clock)
+    assert state(b) is S.OPEN
+    clock.advance(10.0)
+    ok(b, clock)
+    assert state(b) is S.CLOSED
+
+
+# == tenacity: more stop/wait/retry cases ==================================================
+
+
+def test_stop_after_delay(clock: FakeClock) -> None:
+    """tenacity ``TestStopConditions.test_stop_after_delay``: floodwall's ``deadline=`` stops
+    before an attempt that could not finish in time (the attempts take 0.4 s each here)."""
+    runs = itertools.count(1)
+
+    def slow() -> None:
+        next(runs)
+        clock.advance(0.4)
+        raise ConnectionError
+
+    policy = Retry("x", attempts=10, backoff=Fixed(0.1), deadline=1.0, budget=None, clock=clock)
+    with pytest.raises(ConnectionError):
+        policy.call(slow)
+    assert next(runs) - 1 == 2  # a third 0.4 s attempt after 0.1 s would end past 1 s
+
+
+def test_wait_chain_is_linear_then_capped() -> None:
+    """tenacity ``TestWaitConditions.test_incrementing_sleep`` with ``max``: a cap bounds it."""
+    assert first(Linear(1.0, 1.0, cap=2.5), 4) == [1.0, 2.0, 2.5, 2.5]
+
+
+def test_retry_on_result(clock: FakeClock) -> None:
+    """tenacity ``test_retry_if_result``: a result the predicate flags is retried."""
+    answers = iter([None, None, 3])
+    policy = Retry(
+        "x",
+        attempts=3,
+        backoff=NoBackoff(),
+        budget=None,
+        retry_on_result=lambda value: value is None,
+        clock=clock,
+    )
+    assert policy.call(lambda: next(answers)) == 3
