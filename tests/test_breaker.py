@@ -104,14 +104,15 @@ def test_below_failure_rate_stays_closed(shell: Shell, clock: FakeClock) -> None
     assert b.state is CircuitState.CLOSED
 
 
-def test_a_fast_success_never_trips(shell: Shell, clock: FakeClock) -> None:
-    """Thresholds are evaluated when a call fails or is slow, never on a fast success."""
+def test_a_success_completing_minimum_calls_trips(shell: Shell, clock: FakeClock) -> None:
+    """The rule is judged on the success that completes ``minimum_calls`` (resilience4j
+    CircuitBreakerStateMachineTest: the state machine opens on the call reaching the minimum,
+    whatever its outcome); before issue 18 a success never opened the breaker."""
     b, _ = make(clock, minimum_calls=4, failure_rate=0.5)
     for _ in range(3):
         run(shell, b, fail(clock))
-    run(shell, b, ok(clock))  # 4 calls, 75 % errors, but a success does not open
-    assert b.state is CircuitState.CLOSED
-    run(shell, b, fail(clock))
+    assert b.state is CircuitState.CLOSED  # 3 calls < 4
+    run(shell, b, ok(clock))  # 4 calls, 75 % errors: opens
     assert b.state is CircuitState.OPEN
 
 
@@ -243,9 +244,13 @@ def test_slow_call_rate_trips(shell: Shell, clock: FakeClock) -> None:
     run(shell, b, ok(clock, 0.1))
     run(shell, b, ok(clock, 1.5))
     assert b.state is CircuitState.CLOSED
-    run(shell, b, ok(clock, 1.0))  # exactly the threshold counts as slow
+    run(shell, b, ok(clock, 1.0))  # exactly the threshold is not slower than it
+    assert b.state is CircuitState.CLOSED
+    run(shell, b, ok(clock, 1.25))  # 5 calls, 2 slow: 0.4
+    assert b.state is CircuitState.CLOSED
+    run(shell, b, ok(clock, 1.5))  # 6 calls, 3 slow: 0.5
     assert b.state is CircuitState.OPEN
-    assert events[-1].reason.startswith("slow-call rate 0.50 >= 0.50 (calls >= 1s)")
+    assert events[-1].reason.startswith("slow-call rate 0.50 >= 0.50 (calls > 1s)")
 
 
 def test_slow_probe_reopens_when_slow_rule_is_on(clock: FakeClock) -> None:
@@ -286,7 +291,7 @@ def test_old_failures_leave_the_window(shell: Shell, clock: FakeClock) -> None:
 
 def test_count_based_window(shell: Shell, clock: FakeClock) -> None:
     b, events = make(clock, window_calls=10, minimum_calls=10)
-    for _ in range(6):
+    for _ in range(4):
         run(shell, b, fail(clock))
     for _ in range(10):
         run(shell, b, ok(clock))  # pushes the failures out of the last 10 calls

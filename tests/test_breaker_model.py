@@ -84,7 +84,7 @@ class Model:
         if self.state not in (S.CLOSED, S.DISABLED):
             return
         self.calls.append((math.floor(now / BUCKET), int(failed), slow))
-        if self.state is S.CLOSED and (failed or slow):
+        if self.state is S.CLOSED:  # judged on every call, as resilience4j does
             live = self.live(now)
             n = len(live)
             errors = sum(1 for c in live if c[1])
@@ -137,7 +137,7 @@ class BreakerMachine(RuleBasedStateMachine):
         except Boom:
             assert admitted and failed
         if admitted:
-            self.model.finish(clock.monotonic(), failed, duration >= SLOW)
+            self.model.finish(clock.monotonic(), failed, duration > SLOW)
 
     @rule()
     def hang_a_probe(self) -> None:

@@ -22,7 +22,13 @@ our ``2 ** (n - 1)``):
 ``FullJitter``      ``uniform(0, min(cap, base × m^(n−1)))``
 ``EqualJitter``     ``v/2 + uniform(0, v/2)`` with ``v = min(cap, base × m^(n−1))``
 ``DecorrelatedJitter`` ``s₀ = base``; ``sₙ = min(cap, uniform(base, 3 × sₙ₋₁))``
+``Randomized``      ``min(cap, v × uniform(1 − f, 1 + f))``, ``v`` as above, ``f`` the factor
 ==================  =================================================================
+
+:class:`Randomized` is resilience4j's ``IntervalFunction.ofExponentialRandomBackoff``: the
+exponential interval spread ± ``randomization_factor`` around its value. Unlike resilience4j it
+never waits longer than ``cap`` (resilience4j randomizes after capping, so its longest wait is
+``max × (1 + f)``).
 
 The blog's simulation (reproduced by ``benchmarks/jitter_sim.py``) shows why jitter matters:
 clients that back off in lockstep collide again on every retry, so un-jittered exponential
@@ -50,6 +56,7 @@ __all__ = [
     "FullJitter",
     "Linear",
     "NoBackoff",
+    "Randomized",
     "Rng",
     "Uniform",
 ]
@@ -216,7 +223,7 @@ class Exponential:
         return _growing(self.base, self.multiplier, self.cap)
 
 
-def _check_exponential(strategy: Exponential | FullJitter | EqualJitter) -> None:
+def _check_exponential(strategy: Exponential | FullJitter | EqualJitter | Randomized) -> None:
     base = _seconds("base", strategy.base)
     if base == 0:
         raise ConfigError(f"base must be > 0 seconds, got {strategy.base!r}")
@@ -301,3 +308,33 @@ class DecorrelatedJitter:
             sleep = base + (high - base) * draw()
             sleep = min(sleep, cap)
             yield sleep
+
+
+@dataclass(frozen=True, slots=True)
+class Randomized:
+    """Retry ``n`` waits ``min(cap, v × uniform(1 − f, 1 + f))`` with
+    ``v = min(cap, base × multiplier^(n−1))`` and ``f = randomization_factor`` in ``[0, 1)``.
+
+    resilience4j's exponential random backoff (default factor 0.5, as there): delays keep the
+    exponential's shape on average, so a migrated configuration waits as long as before,
+    while the spread still breaks lockstep retries.
+    """
+
+    base: float = defaults.RETRY_BACKOFF_BASE
+    multiplier: float = 2.0
+    randomization_factor: float = 0.5
+    cap: float = defaults.RETRY_BACKOFF_CAP
+    rng: Rng | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_exponential(self)
+        factor = self.randomization_factor
+        if not 0 <= factor < 1:
+            raise ConfigError(f"randomization_factor must be in [0, 1), got {factor!r}")
+        object.__setattr__(self, "randomization_factor", float(factor))
+
+    def delays(self, rng: Rng | None = None) -> Iterator[float]:
+        draw = _pick(self.rng, rng).random
+        low, span, cap = 1.0 - self.randomization_factor, 2.0 * self.randomization_factor, self.cap
+        for value in _growing(self.base, self.multiplier, self.cap):
+            yield min(cap, value * (low + span * draw()))

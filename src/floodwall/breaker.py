@@ -5,9 +5,16 @@ FORCED_OPEN 3, FORCED_CLOSED 4, DISABLED 5.
 
 * CLOSED: every call runs and is counted in a rolling window. The breaker trips to OPEN when
   the window holds at least ``minimum_calls`` calls AND one of: the error rate is at least
-  ``failure_rate``; the share of calls slower than ``slow_call_duration`` is at least
+  ``failure_rate``; the share of calls strictly slower than ``slow_call_duration`` is at least
   ``slow_call_rate``; the error count is at least ``error_count``. Below ``minimum_calls``
-  nothing trips, even at 100 % failures (a handful of calls proves nothing).
+  nothing trips, even at 100 % failures (a handful of calls proves nothing). Rates are compared
+  exactly (as fractions: 7 errors of 25 calls is a rate of 0.28, not 0.2799…), and the rule is
+  evaluated on the call that completes ``minimum_calls`` even when that call succeeded (F F F S S
+  at ``minimum_calls=5``, ``failure_rate=0.5`` opens, as resilience4j does). A count window
+  smaller than ``minimum_calls`` clamps ``minimum_calls`` to its size (resilience4j's rule:
+  otherwise the breaker could never open). ``consecutive_failures=N`` opens after N errors in a
+  row regardless of ``minimum_calls`` (pybreaker's ``fail_max``, gobreaker's
+  ``ConsecutiveFailures``); any counted success resets the streak.
 * OPEN: calls are rejected with :class:`CircuitOpenError` (``retry_after`` = time left) for
   ``open_duration`` seconds; then the next call moves the breaker to HALF_OPEN.
 * HALF_OPEN: ``half_open_calls`` probes run; when all succeed the breaker closes with a fresh
@@ -34,6 +41,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from typing import Any
 
 from floodwall._core import defaults
@@ -77,6 +85,7 @@ _OPTIONS = (
     "slow_call_rate",
     "slow_call_duration",
     "error_count",
+    "consecutive_failures",
     "window",
     "buckets",
     "window_calls",
@@ -100,6 +109,21 @@ def _rate(name: str, value: float | None) -> float | None:
     if not 0 < value <= 1:
         raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
     return float(value)
+
+
+def _ratio(rate: float | None) -> tuple[int, int]:
+    """``rate`` as an exact ``(numerator, denominator)``: the decimal the user wrote, so that
+    ``errors * den >= num * calls`` is integer arithmetic (0.28 is 7/25, not 0.28000000000000003).
+    ``None`` gives a ratio no count reaches."""
+    if rate is None:
+        return 1, 0
+    exact = Fraction(repr(rate))
+    return exact.numerator, exact.denominator
+
+
+def _refuse(now: float, duration: float) -> bool:
+    """The lock-free success path while a success must be seen under the lock."""
+    return False
 
 
 def _positive(name: str, value: float) -> float:
@@ -131,6 +155,7 @@ class CircuitBreaker(Gate):
         slow_call_rate: float | None = None,
         slow_call_duration: float | None = None,
         error_count: int | None = None,
+        consecutive_failures: int | None = None,
         window: float = defaults.BREAKER_WINDOW,
         buckets: int = defaults.BREAKER_BUCKETS,
         window_calls: int | None = None,
@@ -159,13 +184,25 @@ class CircuitBreaker(Gate):
             else _positive("slow_call_duration", slow_call_duration)
         )
         self.error_count = None if error_count is None else _count("error_count", error_count)
-        if self.failure_rate is None and self.slow_call_rate is None and self.error_count is None:
+        self.consecutive_failures = (
+            None
+            if consecutive_failures is None
+            else _count("consecutive_failures", consecutive_failures)
+        )
+        if (
+            self.failure_rate is None
+            and self.slow_call_rate is None
+            and self.error_count is None
+            and self.consecutive_failures is None
+        ):
             raise ConfigError(
-                "at least one of failure_rate, slow_call_rate, error_count must be set, got none"
+                "at least one of failure_rate, slow_call_rate, error_count, consecutive_failures"
+                " must be set, got none"
             )
         self.window = _positive("window", window)
         self.buckets = _count("buckets", buckets)
         self.window_calls = None if window_calls is None else _count("window_calls", window_calls)
+        self._derive()
         self.open_duration = _positive("open_duration", open_duration)
         if not open_duration_growth >= 1:
             raise ConfigError(f"open_duration_growth must be >= 1, got {open_duration_growth!r}")
@@ -193,6 +230,10 @@ class CircuitBreaker(Gate):
         )
         self._window_shape = (self.window, self.buckets, self.window_calls, slow)
         self._add_success = self._window.add_success
+        self._streak = 0  # errors in a row while CLOSED/DISABLED (``consecutive_failures``)
+        # armed: a success must be counted under the lock, as it may complete minimum_calls
+        # after errors or end an error streak; while armed, _add_success is _refuse
+        self._armed = False
         self._lock = threading.Lock()
         self._now = clock.monotonic
         self._state = _CLOSED
@@ -206,6 +247,17 @@ class CircuitBreaker(Gate):
         self.transitions: dict[str, int] = {}
         """State changes since the breaker was built, by the state entered (for metrics)."""
         self._would_trip = False
+
+    def _derive(self) -> None:
+        """Clamp ``minimum_calls`` to a count window and fix the exact threshold ratios.
+
+        resilience4j's rule: a window of N calls never holds more than N, so a larger minimum
+        would keep the breaker closed at 100 % failures; clamping is what its users expect.
+        """
+        if self.window_calls is not None and self.minimum_calls > self.window_calls:
+            self.minimum_calls = self.window_calls
+        self._failure_ratio = _ratio(self.failure_rate)
+        self._slow_ratio = _ratio(self.slow_call_rate)
 
     # -- the pure core ----------------------------------------------------------------------
 
@@ -249,15 +301,17 @@ class CircuitBreaker(Gate):
     def on_outcome(self, permit: int, now: float, kind: Kind, duration: float) -> None:
         """Record how the call holding ``permit`` ended: ``kind`` at ``now`` after ``duration``.
 
-        Thresholds are evaluated when a call fails or is slow: a fast success never opens the
-        breaker. Outcomes of calls admitted before the last state change are dropped: they
-        describe the dependency as it was, not as the current state is testing it.
+        Thresholds are judged on every call counted under the lock; the lock-free path takes
+        only fast successes that cannot cross one (it is off while a success could complete
+        ``minimum_calls`` after errors, or end an error streak). Outcomes of calls admitted
+        before the last state change are dropped: they describe the dependency as it was, not
+        as the current state is testing it.
         """
         if (
             kind == 0
             and permit == self._gen
             and self._state is _CLOSED
-            and self._window.add_success(now, duration)
+            and self._add_success(now, duration)
         ):
             return  # the hot path: a fast success, counted lock-free
         events: list[Event] = []
@@ -268,18 +322,47 @@ class CircuitBreaker(Gate):
             if state is _HALF_OPEN:
                 self._on_probe(now, kind, duration, events)
             elif state is _CLOSED or state is _DISABLED:
-                self._window.record(now, kind, duration)
-                if (kind or duration >= self._window.slow_call_duration) and not (
-                    state is _DISABLED and self._would_trip
-                ):
-                    reason = self._trip_reason(self._window.totals())
-                    if reason is not None:
-                        self._on_threshold(now, reason, events)
+                self._count_closed(now, kind, duration, events)
         if events:
             self._emit(events)
 
+    def _count_closed(self, now: float, kind: Kind, duration: float, events: list[Event]) -> None:
+        """Count a CLOSED (or DISABLED) outcome and apply the trip rules (lock held)."""
+        if kind > 3:
+            return  # ignored: neither counted nor ending a streak
+        self._window.record(now, kind, duration)
+        if self._would_trip and self._state is _DISABLED:
+            return
+        reason = None
+        if kind:
+            self._streak += 1
+            limit = self.consecutive_failures
+            if limit is not None and self._streak >= limit:
+                reason = f"{self._streak} consecutive errors >= {limit}"
+        else:
+            self._streak = 0
+        if reason is None:
+            # every locked count is judged: the lock-free path only takes fast successes in the
+            # current bucket while unarmed, and those cannot cross a threshold
+            reason = self._trip_reason(self._window.totals())
+        if reason is not None:
+            self._on_threshold(now, reason, events)
+        elif self._state is _CLOSED or self._state is _DISABLED:
+            self._arm(self._streak > 0 or self._short_of_minimum())
+
+    def _short_of_minimum(self) -> bool:
+        """Errors in a window still short of ``minimum_calls``: a success may complete it."""
+        calls, failures, timeouts, rejections, slow = self._window.totals()
+        return calls < self.minimum_calls and (failures + timeouts + rejections + slow) > 0
+
+    def _arm(self, armed: bool) -> None:
+        """Route successes through the lock (armed) or the lock-free path (lock held)."""
+        if armed != self._armed:
+            self._armed = armed
+            self._add_success = _refuse if armed else self._window.add_success
+
     def _on_probe(self, now: float, kind: Kind, duration: float, events: list[Event]) -> None:
-        slow = self.slow_call_duration is not None and duration >= self.slow_call_duration
+        slow = self.slow_call_duration is not None and duration > self.slow_call_duration
         if kind is Kind.IGNORED:
             self._probes -= 1
         elif kind or (slow and self.slow_call_rate is not None):
@@ -300,14 +383,17 @@ class CircuitBreaker(Gate):
             return None
         errors = failures + timeouts + rejections
         span = self._span()
-        rate = self.failure_rate
-        if rate is not None and errors >= rate * calls:
-            return f"failure rate {errors / calls:.2f} >= {rate:.2f} over {calls} calls in {span}"
-        slow_rate = self.slow_call_rate
-        if slow_rate is not None and slow >= slow_rate * calls:
+        num, den = self._failure_ratio
+        if errors * den >= num * calls:
             return (
-                f"slow-call rate {slow / calls:.2f} >= {slow_rate:.2f} "
-                f"(calls >= {self.slow_call_duration:g}s) over {calls} calls in {span}"
+                f"failure rate {errors / calls:.2f} >= {self.failure_rate:.2f} over {calls} calls"
+                f" in {span}"
+            )
+        num, den = self._slow_ratio
+        if slow * den >= num * calls:
+            return (
+                f"slow-call rate {slow / calls:.2f} >= {self.slow_call_rate:.2f} "
+                f"(calls > {self.slow_call_duration:g}s) over {calls} calls in {span}"
             )
         if self.error_count is not None and errors >= self.error_count:
             return f"error count {errors} >= {self.error_count} over {calls} calls in {span}"
@@ -344,6 +430,8 @@ class CircuitBreaker(Gate):
         self._probes = 0
         self._probe_successes = 0
         self._would_trip = False
+        self._streak = 0
+        self._arm(False)
         if to is _CLOSED or to is _DISABLED or to is _HALF_OPEN:
             self._window.reset()
         self.transitions[to.name] = self.transitions.get(to.name, 0) + 1
@@ -520,9 +608,13 @@ class CircuitBreaker(Gate):
             for name in _OPTIONS:
                 attribute = _ATTRIBUTE.get(name, name)
                 setattr(self, attribute, getattr(fresh, attribute))
+            self._failure_ratio = fresh._failure_ratio
+            self._slow_ratio = fresh._slow_ratio
             if fresh._window_shape != self._window_shape:
                 self._window = fresh._window
                 self._window_shape = fresh._window_shape
+                self._streak = 0
+                self._armed = False
                 self._add_success = fresh._window.add_success
 
     def describe(self) -> str:
@@ -533,6 +625,8 @@ class CircuitBreaker(Gate):
             rules.append(f"slow_call_rate={self.slow_call_rate:g}@{self.slow_call_duration:g}s")
         if self.error_count is not None:
             rules.append(f"error_count={self.error_count}")
+        if self.consecutive_failures is not None:
+            rules.append(f"consecutive_failures={self.consecutive_failures}")
         return (
             f"CircuitBreaker({self.name!r}, {', '.join(rules)}, minimum_calls={self.minimum_calls},"
             f" window={self._span()}, open_duration={self.open_duration:g}s)"

@@ -8,7 +8,14 @@ of 20 / 30 / 20, reviews can hold at most 20 and the other two keep their latenc
 
 * at most ``max_concurrent`` calls run at once; a call that finds them all busy waits in a FIFO
   queue of at most ``max_queue`` callers for at most ``max_wait`` seconds (never past the
-  ambient :func:`floodwall.deadline`); ``max_wait=0`` (the default) refuses at once;
+  ambient :func:`floodwall.deadline`); ``max_wait=0`` (the default) refuses at once; a
+  positive ``max_wait`` with ``max_queue=0`` is refused at construction (:class:`ConfigError`):
+  with no queue nobody can wait, and refusing at once would silently ignore the wait the caller
+  asked for (resilience4j's semaphore bulkhead lets every caller wait; floodwall bounds the
+  waiters, so it asks how many);
+* ``bypass=predicate`` (concurrency-limits' ``bypassResolver``): a call for which
+  ``predicate(*args, **kwargs)`` is true runs without taking a slot and is not counted (health
+  checks, an operator's call that must get through a full bulkhead);
 * a refusal is a :class:`~floodwall.BulkheadFullError` carrying the figures (``max_concurrent``,
   ``max_queue``, ``in_flight``, ``queued``) and the reason ("full", "queue full", "waited …");
 * admission is strictly first come, first served: a freed slot is handed to the oldest waiter
@@ -67,6 +74,12 @@ def _wait_seconds(name: str, value: float | None) -> float:
     return float(value)
 
 
+_BYPASSED = object()
+"""The permit of a call the ``bypass`` predicate let through without a slot."""
+_NO_CALL: dict[str, Any] = {}
+"""The keyword arguments of a direct :meth:`Bulkhead.acquire`: no call to ask ``bypass`` about."""
+
+
 class Bulkhead(Gate):
     """Semaphore isolation with a bounded FIFO wait queue (see [Isolation][guide-isolation]).
 
@@ -92,13 +105,22 @@ class Bulkhead(Gate):
         max_concurrent: int = defaults.BULKHEAD_MAX_CONCURRENT,
         max_queue: int = defaults.BULKHEAD_MAX_QUEUE,
         max_wait: float | None = defaults.BULKHEAD_MAX_WAIT,
+        bypass: Callable[..., bool] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.name = name
+        if bypass is not None and not callable(bypass):
+            raise ConfigError(f"bypass must be a callable (the call's arguments), got {bypass!r}")
+        self.bypass = bypass
         self.max_concurrent = _limit("max_concurrent", max_concurrent, 1)
         self.max_queue = _limit("max_queue", max_queue, 0)
         self.max_wait = _wait_seconds("max_wait", max_wait)
+        if self.max_queue == 0 and max_wait is not None and self.max_wait > 0:
+            raise ConfigError(
+                f"max_wait={max_wait!r} needs max_queue >= 1 (callers wait in the queue), got"
+                " max_queue=0; pass max_queue=N to let N callers wait, or max_wait=0"
+            )
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
@@ -110,17 +132,20 @@ class Bulkhead(Gate):
 
     # -- the admission hooks (lock held for a few lines only) -------------------------------
 
-    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Take a free slot, or refuse, or raise ``Wait`` to queue for one.
+    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+        """Take a free slot, or refuse, or raise ``Wait`` to queue for one; a call ``bypass``
+        lets through takes nothing (its permit tells :meth:`record` there is nothing to give).
 
         The refusal is raised here, not in a helper: an exception costs a few hundred ns per
         frame it leaves, and refusing is the hot path of an outage ("bulkhead refusal, all
         slots busy" in benchmarks/bench_bulkhead.py).
         """
+        if self.bypass is not None and kwargs is not _NO_CALL and self.bypass(*args, **kwargs):
+            return _BYPASSED
         with self._lock:
             if self._in_flight < self.max_concurrent:
                 self._in_flight += 1
-                return
+                return None
             error = self._full("full") if self._never_waits else None
         if error is not None:
             raise self._reject(error)
@@ -140,8 +165,9 @@ class Bulkhead(Gate):
         error: BaseException | None,
         result: Any,
     ) -> None:
-        """Give the slot back, whatever the outcome."""
-        self.release()
+        """Give the slot back, whatever the outcome (a bypassed call took none)."""
+        if permit is not _BYPASSED:
+            self.release()
 
     def join(self, waiter: Waiter, budget: float) -> bool:
         """The wait step's entry: a slot freed meanwhile (True), queued (False), or refused."""
@@ -229,7 +255,7 @@ class Bulkhead(Gate):
     def _admit_now(self) -> Wait | None:
         """:meth:`admit` outside a call: ``None`` when a slot was taken, else the wait to do."""
         try:
-            self.admit(self._now(), (), {})
+            self.admit(self._now(), (), _NO_CALL)
         except Wait as wait:
             return wait
         return None

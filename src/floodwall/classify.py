@@ -12,7 +12,13 @@ one of them, or in :attr:`ErrorClass.UNKNOWN`:
   adds to the overload. Not retried by default, or only after their ``retry_after``.
 * **transient** network errors (:class:`ConnectionError`, :class:`TimeoutError` including
   :class:`~floodwall.TimeoutExceeded`, HTTP 408/425/500/502/504): random, likely gone on the
-  next attempt; retried with backoff.
+  next attempt; retried with backoff. So are the HTTP clients' and gRPC's own transient
+  errors: httpx's ``TimeoutException``/``NetworkError``/``RemoteProtocolError``, requests'
+  ``ConnectionError``/``Timeout``, aiohttp's ``ClientConnectionError`` (and its
+  ``ServerTimeoutError``), and a ``grpc.RpcError`` whose code is ``UNAVAILABLE`` or
+  ``DEADLINE_EXCEEDED`` (``RESOURCE_EXHAUSTED`` is an overload signal). Those libraries are
+  looked up in :data:`sys.modules`, never imported: an error of a library nobody imported
+  cannot have been raised.
 
 HTTP statuses are read by duck typing, so no HTTP client is imported: an exception or result
 with an integer ``status_code`` or ``status`` attribute (httpx and requests responses, aiohttp's
@@ -27,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +75,50 @@ OVERLOAD_STATUSES = frozenset({429, 503})
 TRANSIENT_STATUSES = frozenset({408, 425, 500, 502, 504})
 
 _Types = tuple[type[BaseException], ...]
+
+_LIBRARY_TRANSIENT = {
+    "httpx": ("TimeoutException", "NetworkError", "RemoteProtocolError"),
+    "requests": ("ConnectionError", "Timeout"),
+    "aiohttp": ("ClientConnectionError", "ServerTimeoutError"),
+}
+"""Each HTTP client's transient error types, by top-level name (resolved when imported)."""
+_GRPC_CLASSES = {"UNAVAILABLE": 0, "DEADLINE_EXCEEDED": 0, "RESOURCE_EXHAUSTED": 1}
+"""gRPC status names and the :class:`ErrorClass` value they mean (the others: no opinion)."""
+_resolved: dict[str, _Types] = {}
+
+
+def library_transient() -> _Types:
+    """The transient error types of the HTTP clients imported so far (none is imported here)."""
+    found: _Types = ()
+    for name, attributes in _LIBRARY_TRANSIENT.items():
+        types = _resolved.get(name)
+        if types is None:
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            types = tuple(
+                kind
+                for kind in (getattr(module, attribute, None) for attribute in attributes)
+                if isinstance(kind, type) and issubclass(kind, BaseException)
+            )
+            _resolved[name] = types
+        found += types
+    return found
+
+
+def _grpc_class(exc: BaseException) -> ErrorClass | None:
+    """The class of a ``grpc.RpcError`` by its status code, read by duck typing."""
+    grpc = sys.modules.get("grpc")
+    rpc_error = getattr(grpc, "RpcError", None) if grpc is not None else None
+    if not (isinstance(rpc_error, type) and isinstance(exc, rpc_error)):
+        return None
+    code = getattr(exc, "code", None)
+    try:
+        status = code() if callable(code) else None
+    except (AttributeError, TypeError, ValueError):  # a grpc error without a call attached
+        return None
+    value = _GRPC_CLASSES.get(getattr(status, "name", ""))
+    return None if value is None else ErrorClass(value)
 
 
 def http_status(obj: object) -> int | None:
@@ -134,7 +185,8 @@ class Classifier:
        that is not a :class:`TimeoutError` → OVERLOAD;
     3. an HTTP status (see :func:`http_status`) in ``overload_statuses``, ``business_statuses``
        or ``transient_statuses`` → that class;
-    4. an instance of ``transient`` → TRANSIENT;
+    4. an instance of ``transient``, or (with ``libraries=True``, the default) one of the HTTP
+       clients' transient errors or a gRPC error by its code → that class;
     5. anything else → UNKNOWN.
 
     A result flagged as failed by ``Retry(retry_on_result=...)`` is classified by its HTTP
@@ -150,6 +202,8 @@ class Classifier:
     business_statuses: frozenset[int] = BUSINESS_STATUSES
     overload_statuses: frozenset[int] = OVERLOAD_STATUSES
     transient_statuses: frozenset[int] = TRANSIENT_STATUSES
+    libraries: bool = True
+    """Classify the HTTP clients' and gRPC transient errors ([Retries][guide-retries])."""
     wall_clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)
     """Read only to turn an HTTP-date ``Retry-After`` into seconds."""
 
@@ -166,6 +220,12 @@ class Classifier:
             return by_status
         if isinstance(exc, self.transient):
             return ErrorClass.TRANSIENT
+        if self.libraries:
+            if isinstance(exc, library_transient()):
+                return ErrorClass.TRANSIENT
+            by_code = _grpc_class(exc)
+            if by_code is not None:
+                return by_code
         return ErrorClass.UNKNOWN
 
     def classify_result(self, result: object) -> ErrorClass:

@@ -14,10 +14,12 @@ each runs under a :class:`~floodwall.RetryMarker` so that the layers below do no
 the same reason a call that itself runs under a marker (a retry of some layer above) is not
 hedged (``respect_marker=False`` hedges it anyway).
 
-A hedge answers slowness, not failure: an attempt that fails does not start another one. A
-transient failure (see :mod:`floodwall.classify`) lets the attempts still running carry on; any
-other failure ends the call at once; when every attempt has failed, the last error is raised.
-Put a :class:`~floodwall.Retry` outside the hedge to retry failures.
+By default a hedge answers slowness, not failure: an attempt that fails does not start another
+one. With ``on_failure=True`` (Polly v8's hedging strategy) a transient failure also starts the
+next attempt at once, within ``max_hedges`` and the budget. A transient failure (see
+:mod:`floodwall.classify`) lets the attempts still running carry on; any other failure ends the
+call at once; when every attempt has failed, the last error is raised. Put a
+:class:`~floodwall.Retry` outside the hedge to retry failures with backoff.
 
 Async only (``call_async``, or decorating an ``async def``): a sync call cannot be cancelled, so
 a sync hedge would leave its losers running in threads; ``call`` raises :class:`ConfigError`.
@@ -78,6 +80,7 @@ class Hedge(Scoped):
         budget: RetryBudget | None = _DEFAULT_BUDGET,
         classifier: Classifier = DEFAULT_CLASSIFIER,
         respect_marker: bool = True,
+        on_failure: bool = False,
         window: float = defaults.RETRY_BUDGET_WINDOW,
         buckets: int = defaults.RETRY_BUDGET_BUCKETS,
         name: str = "hedge",
@@ -109,6 +112,7 @@ class Hedge(Scoped):
             budget.attach()
         self.classifier = classifier
         self.respect_marker = bool(respect_marker)
+        self.on_failure = bool(on_failure)
         self.name = name
         self.clock = clock
         self.listeners = Listeners(listeners)

@@ -24,6 +24,8 @@ class Racer(Protocol):
 
     name: str
     max_hedges: int
+    on_failure: bool
+    """Start the next attempt at once when one fails transiently (Polly's hedging)."""
 
     def _enter(self, start: float) -> Any:
         """The race starts: count it; what ``_leave`` needs back."""
@@ -82,7 +84,7 @@ class Race(Step):
             loop.create_task(call()): (1, self.start)  # type: ignore[arg-type]
         }
         launched = 1
-        more = policy._more()
+        allowed = more = policy._more()
         timer: asyncio.Task[None] | None = None
         error: BaseException | None = None
         try:
@@ -93,6 +95,7 @@ class Race(Step):
                 if timer is not None:
                     waiting.add(timer)
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                failed = 0
                 for task in sorted((t for t in done if t in running), key=lambda t: running[t]):
                     attempt, began = running.pop(task)
                     failure = task.exception()
@@ -101,6 +104,21 @@ class Race(Step):
                     error = failure
                     if policy._ends_race(failure):
                         raise failure
+                    failed += 1
+                while (
+                    failed
+                    and policy.on_failure
+                    and allowed
+                    and launched <= policy.max_hedges
+                    and policy._may_hedge(launched)
+                ):
+                    failed -= 1
+                    launched += 1
+                    running[policy._launch(loop, call, launched)] = (launched, policy._now())
+                    if timer is not None:  # the next delay counts from this attempt
+                        timer.cancel()
+                        timer = None
+                    more = launched <= policy.max_hedges
                 if not running:  # every attempt failed: a hedge answers slowness, not failure
                     assert error is not None
                     policy._all_failed(error, launched)

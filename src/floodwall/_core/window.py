@@ -71,9 +71,10 @@ class WindowSnapshot:
     """The figures of a window at one moment.
 
     ``failures``, ``timeouts`` and ``rejections`` are the three error kinds; ``errors`` is their
-    sum and ``failure_rate`` is ``errors / calls``. ``slow_calls`` counts calls (of any kind) at
-    least as slow as the window's slow-call threshold. ``span`` is the seconds the window covers
-    (time windows) or its size in calls (count windows).
+    sum and ``failure_rate`` is ``errors / calls``. ``slow_calls`` counts calls (of any kind)
+    strictly slower than the window's slow-call threshold (resilience4j's and Sentinel's rule).
+    ``span`` is the seconds the window covers (time windows) or its size in calls (count
+    windows).
     """
 
     calls: int
@@ -228,7 +229,7 @@ class TimeWindow:
         Returns False, having counted nothing, when the call was slow or time has moved to a
         new bucket: the caller then takes its lock and uses :meth:`record`.
         """
-        if duration >= self.slow_call_duration or not self._start <= now < self._end:
+        if duration > self.slow_call_duration or not self._start <= now < self._end:
             return False
         bucket = self._cur
         bucket.calls.add()  # type: ignore[union-attr] # _cur is set whenever _start <= _end
@@ -254,7 +255,7 @@ class TimeWindow:
             bucket.timeouts += 1
         elif kind == 3:
             bucket.rejections += 1
-        if duration >= self.slow_call_duration:
+        if duration > self.slow_call_duration:
             bucket.slow += 1
         if bucket.bins is not None:
             bucket.bins[_bisect(_EDGES, duration)].add()
@@ -412,7 +413,7 @@ class CountWindow:
         total[0] += 1
         if code:
             total[code] += 1
-        if duration >= self.slow_call_duration:
+        if duration > self.slow_call_duration:
             code |= 4
             total[_SLOW] += 1
         self._slot_code[slot] = code

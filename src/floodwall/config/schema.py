@@ -69,6 +69,7 @@ class CircuitBreakerConfig(_Model):
     slow_call_rate: float | None = Field(None, gt=0, le=1)
     slow_call_duration: Duration | None = None
     error_count: int | None = Field(None, ge=1)
+    consecutive_failures: int | None = Field(None, ge=1)
     window: Duration = defaults.BREAKER_WINDOW
     buckets: int = Field(defaults.BREAKER_BUCKETS, ge=1)
     window_calls: int | None = Field(None, ge=1)
