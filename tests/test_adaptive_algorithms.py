@@ -49,10 +49,13 @@ def test_gradient2_ignores_drops_and_app_limited_samples() -> None:
     assert limit.on_sample(0, 10 * MS, 50, True) == 50  # drop ignored: RTT steady, +queue
     before = limit.estimated_limit
     assert limit.on_sample(0, 10 * MS, 10, False) == int(before)  # inflight < limit / 2
-    # latency doubles for a while: the limit shrinks, at most by half per sample (gradient >= 0.5)
+    for _ in range(8):  # the long RTT's 10-sample warm-up, at 10 ms
+        limit.on_sample(0, 10 * MS, 100, False)
+    # latency quadruples, past the 1.5 tolerance: the limit shrinks, at most by half per sample
+    # (gradient >= 0.5), while the long average follows the new RTT only slowly
     for _ in range(30):
         limit.on_sample(0, 40 * MS, 100, False)
-    assert limit.limit < 40  # the warm-up average follows the new RTT, so it settles
+    assert limit.limit < 40
     assert limit.long_rtt > 10 * MS
 
 
@@ -61,8 +64,9 @@ def test_gradient2_decays_a_stale_long_rtt() -> None:
     for _ in range(10):
         limit.on_sample(0, 100 * MS, 20, False)
     assert limit.long_rtt == pytest.approx(100 * MS)
-    limit.on_sample(0, 10 * MS, 20, False)  # long/short > 2: long RTT *= 0.9
-    assert limit.long_rtt < 100 * MS * 0.9
+    limit.on_sample(0, 10 * MS, 20, False)  # long/short > 2: long RTT *= 0.95
+    factor = 2 / 601
+    assert limit.long_rtt == pytest.approx((100 * MS * (1 - factor) + 10 * MS * factor) * 0.95)
 
 
 def test_gradient_first_sample_grows_by_the_queue() -> None:
@@ -214,7 +218,7 @@ def test_every_algorithm_stays_within_its_bounds(trace: list[tuple[float, int, b
         (AIMDLimit(), 20, 200),
         (VegasLimit(rng=random.Random(0)), 1, 1000),
         (GradientLimit(rng=random.Random(0)), 1, 1000),
-        (Gradient2Limit(), 20, 200),
+        (Gradient2Limit(), 1, 200),
         (WindowedLimit(Gradient2Limit(min_limit=1)), 1, 200),
     ]
     for algorithm, low, high in algorithms:

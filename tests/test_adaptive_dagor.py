@@ -23,16 +23,38 @@ def _window(adm: QueueingTimeAdmission, now: float, queue: float, users: range) 
 
 
 def test_overloaded_window_cuts_the_admitted_share_by_alpha() -> None:
-    adm = QueueingTimeAdmission(business_levels=1, user_levels=128)
+    adm = QueueingTimeAdmission(business_levels=1, user_levels=128, early_requests=1000)
     assert adm.level == AdmissionLevel(0, 127)
     _window(adm, 0.0, 0.050, range(100))  # 50 ms average > 20 ms
     adm.admit(1.0, 0, 0)  # the next arrival closes the 1 s window
     assert adm.overloaded
     assert adm.last_queueing_time == pytest.approx(0.050)
-    # 101 admitted requests (one per user 0..99 and the closing one): keep <= 95 %
+    # too few starts (100 < early_requests) to measure the service rate: the paper's step,
+    # 100 admitted requests (one per user 0..99; the closing one opens the next window):
+    # keep <= 95 %
+    assert adm.capacity == 0.0
     assert adm.level == AdmissionLevel(0, 94)
     assert adm.admit(1.0, 0, 95) is False
     assert adm.admit(1.0, 0, 94) is True
+
+
+def test_overloaded_window_cuts_to_the_service_rate_less_the_backlog() -> None:
+    # A surge (145 ms average > 5 x 20 ms) over 100 starts in 1 s, the measured service rate:
+    # Little's law puts (145 - 20) ms x 100/s = 12.5 requests beyond the threshold; the next
+    # window admits 100 x 0.95 - 12.5 = 82.5 of this window's 100 arrivals: users 0..81.
+    adm = QueueingTimeAdmission(business_levels=1, user_levels=128, early_requests=50)
+    _window(adm, 0.0, 0.145, range(100))
+    adm.admit(1.0, 0, 0)
+    assert adm.overloaded
+    assert adm.capacity == pytest.approx(100.0)
+    assert adm.level == AdmissionLevel(0, 81)
+    assert adm.admit(1.0, 0, 82) is False
+    assert adm.admit(1.0, 0, 81) is True
+    # 50 ms (overloaded, no surge): the paper's 5 % step, and no service rate measured
+    calm = QueueingTimeAdmission(business_levels=1, user_levels=128, early_requests=50)
+    _window(calm, 0.0, 0.050, range(100))
+    calm.admit(1.0, 0, 0)
+    assert (calm.level, calm.capacity) == (AdmissionLevel(0, 94), 0.0)
 
 
 def test_calm_window_raises_the_share_by_beta() -> None:

@@ -82,12 +82,21 @@ GRADIENT_RTT_TOLERANCE = 2.0
 GRADIENT_PROBE_INTERVAL = 1000
 GRADIENT_BACKOFF_RATIO = 0.9
 GRADIENT2_INITIAL_LIMIT = 20
-GRADIENT2_MIN_LIMIT = 20
+GRADIENT2_MIN_LIMIT = 1
+"""Java's builder says 20, which is also the floor under overload: on a small service (one
+core, 2 ms a request) 20 in flight is a 40 ms queue. With ``queue_size`` 4 and smoothing 0.2 the
+limit still cannot fall below 8 (``queue / (1 - 0.5)``), so 1 only lets the latency decide."""
+GRADIENT2_COLD_LIMIT = 100
+"""In flight admitted before the first sample (floodwall's; Java starts at ``initial_limit``)."""
 GRADIENT2_MAX_CONCURRENCY = 200
 GRADIENT2_SMOOTHING = 0.2
 GRADIENT2_QUEUE_SIZE = 4
 GRADIENT2_LONG_WINDOW = 600
 GRADIENT2_WARMUP = 10
+GRADIENT2_RTT_TOLERANCE = 1.5
+"""An RTT up to 1.5 × the long RTT is not queueing (``Gradient2Limit.Builder.rttTolerance``)."""
+GRADIENT2_LONG_RTT_DECAY = 0.95
+"""A long RTT over twice the sample is multiplied by this per sample (recovery after overload)."""
 WINDOW_MIN_TIME = 1.0
 WINDOW_MAX_TIME = 1.0
 WINDOW_SIZE = 10
@@ -111,6 +120,15 @@ BBR_RT_RESOLUTION = 0.001
 DAGOR_QUEUE_THRESHOLD = 0.020
 DAGOR_WINDOW = 1.0
 DAGOR_WINDOW_REQUESTS = 2000
+DAGOR_SURGE = 5.0
+"""A window queueing more than 5 x the threshold (100 ms) is a surge, a sudden step rather than
+the steady hovering around the threshold: the level then follows the measured service rate at
+once. Lower values react sooner but disturb fan-out requests at a steady overload."""
+DAGOR_EARLY_WINDOW = 0.1
+"""Seconds: in a surge, a window that has seen ``DAGOR_EARLY_REQUESTS`` arrivals closes this
+early, so the level moves ten times a second until the queue is calm again..."""
+DAGOR_EARLY_REQUESTS = 50
+"""...and a quiet server keeps the paper's 1 s window (too few samples to judge sooner)."""
 DAGOR_USER_LEVELS = 128
 DAGOR_BUSINESS_LEVELS = 64
 DAGOR_ALPHA = 0.05

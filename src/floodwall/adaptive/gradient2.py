@@ -1,19 +1,24 @@
 """Gradient2: compare the current RTT with a long exponential average of it.
 
-concurrency-limits' ``Gradient2Limit``, the library's recommended default. The short RTT is the
-sample itself; the long RTT is an exponential average over ``long_window`` samples (after a
-10-sample plain-average warm-up), decayed by 10 % whenever it is more than twice the short RTT so
-the limit recovers quickly after a long overload:
+concurrency-limits' current ``Gradient2Limit`` (``concurrency-limits-core/.../limit/
+Gradient2Limit.java``, with ``rttTolerance``), the library's recommended default. The short RTT
+is the sample itself; the long RTT is an exponential average over ``long_window`` samples (after
+a 10-sample plain-average warm-up), decayed by 5 % per sample whenever it is more than twice the
+short RTT, so the limit recovers quickly after a long overload:
 
     inflight < limit / 2  → unchanged ("app-limited": nothing learned about capacity)
-    gradient = clamp(long_rtt / short_rtt, 0.5, 1.0)
+    gradient = clamp(rtt_tolerance × long_rtt / short_rtt, 0.5, 1.0)
     new = limit × gradient + queue_size
     new = limit × (1 − smoothing) + new × smoothing
     limit = clamp(new, min_limit, max_concurrency)
 
-Drops are ignored: the RTT already carries the signal. Defaults: ``initial_limit=20``,
-``min_limit=20``, ``max_concurrency=200``, ``smoothing=0.2``, ``queue_size=4`` (a constant, or a
-function of the limit), ``long_window=600``.
+``rtt_tolerance`` (1.5) is how much slower than its long average a sample may be before it counts
+as queueing: a steady 30 % rise in latency is not overload. Drops are ignored: the RTT already
+carries the signal. Java's builder defaults (``initial_limit=20``, ``max_concurrency=200``,
+``smoothing=0.2``, ``queue_size=4`` constant or a function of the limit, ``long_window=600``)
+except two, for small services: ``min_limit=1`` (Java: 20, a 40 ms queue on a one-core service
+at 2 ms a request) and, when no ``initial_limit`` is given, ``cold_limit=100`` in flight before
+the first sample (Java refuses a burst past 20 at start-up).
 """
 
 from __future__ import annotations
@@ -41,19 +46,26 @@ class Gradient2Limit(Limit):
         "last_rtt",
         "max_concurrency",
         "min_limit",
+        "rtt_tolerance",
         "smoothing",
     )
 
     def __init__(
         self,
         *,
-        initial_limit: int = defaults.GRADIENT2_INITIAL_LIMIT,
+        initial_limit: int | None = None,
         min_limit: int = defaults.GRADIENT2_MIN_LIMIT,
         max_concurrency: int = defaults.GRADIENT2_MAX_CONCURRENCY,
         smoothing: float = defaults.GRADIENT2_SMOOTHING,
         queue_size: int | Callable[[int], int] = defaults.GRADIENT2_QUEUE_SIZE,
         long_window: int = defaults.GRADIENT2_LONG_WINDOW,
+        rtt_tolerance: float = defaults.GRADIENT2_RTT_TOLERANCE,
+        cold_limit: int | None = None,
     ) -> None:
+        if cold_limit is None and initial_limit is None:
+            cold_limit = defaults.GRADIENT2_COLD_LIMIT
+        if initial_limit is None:
+            initial_limit = defaults.GRADIENT2_INITIAL_LIMIT
         super().__init__(initial_limit)
         self.min_limit = check_int("min_limit", min_limit)
         self.max_concurrency = check_int("max_concurrency", max_concurrency)
@@ -62,6 +74,9 @@ class Gradient2Limit(Limit):
                 f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
             )
         self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
+        if not rtt_tolerance >= 1.0:  # also refuses NaN
+            raise ConfigError(f"rtt_tolerance must be >= 1.0, got {rtt_tolerance!r}")
+        self.rtt_tolerance = float(rtt_tolerance)
         self._queue_size: Callable[[int], int] | None = None
         self._fixed_queue = -1
         """``queue_size`` when it is a constant, else -1 (then ``_queue_size`` is called)."""
@@ -76,6 +91,13 @@ class Gradient2Limit(Limit):
         )
         self.estimated_limit = float(initial_limit)
         self.last_rtt = 0.0
+        if cold_limit is not None:
+            check_int("cold_limit", cold_limit)
+            # Before the first sample nothing is known about capacity: a freshly started
+            # service admits up to cold_limit (within [initial_limit, max_concurrency]) instead
+            # of refusing a burst of healthy requests; the first sample starts Java's trace
+            # from initial_limit. An explicit initial_limit alone is honoured from the start.
+            self._limit = max(self._limit, min(cold_limit, self.max_concurrency))
 
     @property
     def long_rtt(self) -> float:
@@ -99,11 +121,11 @@ class Gradient2Limit(Limit):
             factor = avg._factor
             avg.value = long = avg.value * (1 - factor) + rtt * factor
         if short > 0 and long / short > 2:
-            avg.value *= 0.9  # a stale long RTT decays by 10 % (Gradient2Limit.java)
+            avg.value *= defaults.GRADIENT2_LONG_RTT_DECAY  # a stale long RTT decays (5 %)
         if inflight < estimated / 2:
             limit = int(estimated)  # app-limited: nothing learned about capacity
         else:
-            gradient = long / short if short > 0 else 1.0
+            gradient = self.rtt_tolerance * long / short if short > 0 else 1.0
             if gradient > 1.0:
                 gradient = 1.0
             elif gradient < 0.5:

@@ -8,6 +8,8 @@ your own). ``guard`` is a guard spec (see :mod:`floodwall.sim.scenario`) or ``No
   (capacity ≈ 100 rps) driven by exponential arrivals at 50, 90, 200 and 100 rps, 100 s each.
 * :func:`fan_out`: DAGOR's experiment (SoCC 2018, §5): requests of 1–4 sequential sub-calls to
   an overloaded service at a feed rate of 1–4× its capacity.
+* :func:`small_service_steps`: issue 18's small service (one worker, 2 ms a request, capacity
+  500/s) under Poisson load stepping through multiples of its capacity, measured from each step.
 * :func:`payment`: the seeds' post-mortem (004): 2 000 concurrent users, half of the requests
   call a payment service of which 5 % hang for 8 s.
 """
@@ -16,7 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GRADIENT2", "fan_out", "grpc_example", "payment"]
+__all__ = [
+    "GRADIENT2",
+    "SMALL_SERVICE_CAPACITY",
+    "fan_out",
+    "grpc_example",
+    "payment",
+    "small_service_steps",
+]
 
 GRADIENT2: dict[str, Any] = {
     "type": "limiter",
@@ -141,3 +150,40 @@ def payment(
             "windowed": False,
         }
     return spec
+
+
+SMALL_SERVICE_CAPACITY = 500.0
+"""Requests per second of :func:`small_service_steps`' server (one worker, 2 ms mean)."""
+
+
+def small_service_steps(
+    guard: dict[str, Any] | None,
+    *,
+    steps: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0),
+    step: float = 8.0,
+    timeout: float = 0.1,
+    seed: int = 3,
+) -> dict[str, Any]:
+    """One worker at 1.8–2.2 ms a request (the real-server benchmark's CPU-bound handler), open
+    Poisson load at each of ``steps`` × its capacity for ``step`` s, a 100 ms client deadline,
+    and no warm-up skipped: what a sudden step costs is part of the figure."""
+    return {
+        "name": "small-service",
+        "seed": seed,
+        "server": {"concurrency": 1},
+        "guard": guard,
+        "load": {
+            "type": "open",
+            "service_time": {"uniform": {"low": 0.0018, "high": 0.0022}},
+            "timeout": timeout,
+            "phases": [
+                {
+                    "name": f"{multiple:g}x",
+                    "duration": step,
+                    "rate": multiple * SMALL_SERVICE_CAPACITY,
+                }
+                for multiple in steps
+            ],
+        },
+        "report": {"warmup": 0.0},
+    }
