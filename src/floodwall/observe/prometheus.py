@@ -4,9 +4,13 @@ Nothing is recorded per call on behalf of Prometheus: the collector reads the po
 counters and each resource's :class:`~floodwall.observe.Meter` when Prometheus scrapes, so the
 request path pays nothing extra for it. Names follow the Prometheus naming practice (base
 units, ``_total`` on counters, ``_ratio`` on a 0..1 share, an enum as one series per value);
-labels are bounded (``resource``, ``outcome``, ``state``, ``decision``, ``level``)::
+labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision``,
+``level``). A call answered by a fallback counts under the dependency's outcome (``error``,
+``circuit_open``, …) in ``floodwall_calls_total`` and as ``answer="fallback"`` in
+``floodwall_answers_total``, so an outage hidden by fallbacks still shows as one::
 
-    floodwall_calls_total{resource, outcome}            counter
+    floodwall_calls_total{resource, outcome}            counter: what the dependency did
+    floodwall_answers_total{resource, answer}           counter: what the caller got
     floodwall_call_duration_seconds{resource}           histogram
     floodwall_circuit_breaker_state{resource, state}    gauge: 1 for the breaker's state, 0 for
                                                         the others (one series per state)
@@ -89,8 +93,13 @@ class FloodwallCollector(Collector):
     def _calls(self, resources: list[Any]) -> Iterator[Metric]:
         calls = CounterMetricFamily(
             "floodwall_calls",
-            "Calls through a resource, by outcome.",
+            "Calls through a resource, by what the dependency did (outcome).",
             labels=["resource", "outcome"],
+        )
+        answers = CounterMetricFamily(
+            "floodwall_answers",
+            "Calls through a resource, by what the caller got: answer, fallback or error.",
+            labels=["resource", "answer"],
         )
         latency = HistogramMetricFamily(
             "floodwall_call_duration_seconds",
@@ -103,6 +112,8 @@ class FloodwallCollector(Collector):
             counts, bins, total = resource.meter.read()
             for outcome, count in sorted(counts.items()):
                 calls.add_metric([resource.name, outcome], count)
+            for answer, count in resource.meter.answers().items():
+                answers.add_metric([resource.name, answer], count)
             buckets, seen, index = [], 0, 0
             for bound in BUCKETS:
                 while index < len(bins) and bins[index][0] <= bound * 1.0000001:
@@ -113,6 +124,7 @@ class FloodwallCollector(Collector):
             buckets.append(("+Inf", float(count)))
             latency.add_metric([resource.name], buckets, total)
         yield calls
+        yield answers
         yield latency
 
     def _breakers(self, resources: list[Any]) -> Iterator[Metric]:
