@@ -529,6 +529,7 @@ class GuardOptions(TypedDict, total=False):
     priority: Callable[[Inbound], tuple[int, int] | None] | None
     rate_limit_headers: bool
     problem_type_base: str | None
+    answer_rejections: bool
     clock: Clock
     wall: Callable[[], float]
 
@@ -545,6 +546,10 @@ class InboundGuard:
     ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``).
     ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
     Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
+    ``answer_rejections``: answer a :class:`~floodwall.RejectedError` the app raised (an open
+    breaker, a full bulkhead, a timeout deep in a handler) as the guard answers its own refusals,
+    503 with ``Retry-After`` / 429 / 504 and a problem body, instead of letting it become a bare
+    500 (default on).
     """
 
     def __init__(
@@ -560,6 +565,7 @@ class InboundGuard:
         priority: Callable[[Inbound], tuple[int, int] | None] | None = None,
         rate_limit_headers: bool = False,
         problem_type_base: str | None = None,
+        answer_rejections: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -587,6 +593,7 @@ class InboundGuard:
         self.priority = priority
         self.rate_limit_headers = rate_limit_headers
         self.problem_type_base = problem_type_base
+        self.answer_rejections = answer_rejections
         self.clock = clock
         self.wall = wall
         limiter = shedder.limiter if shedder is not None else None
@@ -722,6 +729,18 @@ class InboundGuard:
 
     def _refuse(self, error: RejectedError, headers: Headers) -> Refusal:
         return refusal(error, headers, type_base=self.problem_type_base)
+
+    def answer_error(self, error: BaseException, admitted: Admission) -> Refusal | None:
+        """The answer to ``error`` raised by the app before it answered: a problem+json
+        refusal for a :class:`~floodwall.RejectedError` (with ``answer_rejections``), ending
+        the admission's ticket with that status; ``None`` for anything else (re-raise it)."""
+        if not self.answer_rejections or not isinstance(error, RejectedError):
+            return None
+        status = rejection_status(error)
+        answer = self._refuse(error, admitted.response_headers(status))
+        admitted.status = answer.status
+        admitted.close(answer.status)
+        return answer
 
     # -- idempotency ------------------------------------------------------------------------
 
