@@ -30,6 +30,13 @@ labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision
     floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1
 
+and, for an inbound guard published with :func:`register_guard`::
+
+    floodwall_inbound_decisions_total{guard, outcome, reason}  counter (outcome: admitted,
+                                                        refused, app_rejected; reason: the kind)
+    floodwall_inbound_shedder_limit{guard}              gauge: the shedder's concurrency limit
+    floodwall_inbound_shedder_in_flight{guard}          gauge: requests holding a ticket
+
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
 folded into them, so a bucket boundary is exact to within one bin (±12 %).
 
@@ -61,8 +68,16 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
 
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
+    from floodwall.integrations._inbound import InboundGuard
 
-__all__ = ["BUCKETS", "STATES", "FloodwallCollector", "register"]
+__all__ = [
+    "BUCKETS",
+    "STATES",
+    "FloodwallCollector",
+    "InboundCollector",
+    "register",
+    "register_guard",
+]
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the published latency buckets, in seconds (plus +Inf)."""
@@ -259,5 +274,56 @@ def _bound(value: float) -> str:
 def register(registry: Registry, into: CollectorRegistry = REGISTRY) -> FloodwallCollector:
     """Publish ``registry``'s metrics on a ``prometheus_client`` registry."""
     collector = FloodwallCollector(registry)
+    into.register(collector)
+    return collector
+
+
+class InboundCollector(Collector):
+    """A ``prometheus_client`` collector over an inbound guard (ASGI, WSGI or gRPC): its
+    decisions by outcome and reason, and its shedder's limit and in-flight count."""
+
+    def __init__(self, guard: InboundGuard, name: str) -> None:
+        self.guard = guard
+        self.name = name
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        decisions = CounterMetricFamily(
+            "floodwall_inbound_decisions",
+            "Inbound requests by the guard's decision (outcome) and its reason.",
+            labels=["guard", "outcome", "reason"],
+        )
+        for (outcome, reason), count in sorted(self.guard.decisions().items()):
+            decisions.add_metric([self.name, outcome, reason], count)
+        yield decisions
+        shedder = self.guard.shedder
+        limiter = None if shedder is None else shedder.limiter
+        limit = getattr(limiter, "limit", None)
+        inflight = getattr(limiter, "inflight", None)
+        if isinstance(limit, int | float) and isinstance(inflight, int | float):
+            gauge = GaugeMetricFamily(
+                "floodwall_inbound_shedder_limit",
+                "Concurrency the inbound load shedder allows now.",
+                labels=["guard"],
+            )
+            gauge.add_metric([self.name], float(limit))
+            held = GaugeMetricFamily(
+                "floodwall_inbound_shedder_in_flight",
+                "Inbound requests holding a shedding ticket.",
+                labels=["guard"],
+            )
+            held.add_metric([self.name], float(inflight))
+            yield gauge
+            yield held
+
+
+def register_guard(
+    guard: InboundGuard, into: CollectorRegistry = REGISTRY, name: str = "http"
+) -> InboundCollector:
+    """Publish an inbound guard's decisions (and its shedder's figures) on a registry; ``name``
+    is the ``guard`` label (one per guard: ``http``, ``grpc``, …)."""
+    collector = InboundCollector(guard, name)
     into.register(collector)
     return collector
