@@ -50,7 +50,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from floodwall._core.extras import missing_extra
 from floodwall.breaker import CircuitState
@@ -68,7 +68,6 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
 
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
-    from floodwall.integrations._inbound import InboundGuard
 
 __all__ = [
     "BUCKETS",
@@ -276,6 +275,15 @@ def register(registry: Registry, into: CollectorRegistry = REGISTRY) -> Floodwal
     collector = FloodwallCollector(registry)
     into.register(collector)
     return collector
+
+
+class InboundGuard(Protocol):
+    """What the collector reads of an inbound guard (``floodwall.integrations``' guard; named
+    structurally, since observe sits below the integrations layer)."""
+
+    shedder: Any
+
+    def decisions(self) -> dict[tuple[str, str], int]: ...
 
 
 class InboundCollector(Collector):
