@@ -87,7 +87,14 @@ def test_prometheus_exposition_parses_back(clock: fw.FakeClock) -> None:
     assert got[("floodwall_calls_total", (("outcome", "success"), *pay))] == 3
     assert got[("floodwall_calls_total", (("outcome", "error"), *pay))] == 2
     assert got[("floodwall_calls_total", (("outcome", "circuit_open"), *pay))] == 1
-    assert got[("floodwall_calls_total", (("outcome", "success"), ("resource", "reviews")))] == 1
+    # reviews' dependency failed and its fallback answered: the outcome says what the dependency
+    # did, the answer what the caller got (issue 19: a fallback answer is not a success)
+    rev = (("resource", "reviews"),)
+    assert got[("floodwall_calls_total", (("outcome", "error"), *rev))] == 1
+    assert got[("floodwall_calls_total", (("outcome", "success"), *rev))] == 0
+    assert got[("floodwall_answers_total", (("answer", "fallback"), *rev))] == 1
+    assert got[("floodwall_answers_total", (("answer", "answer"), *pay))] == 3
+    assert got[("floodwall_answers_total", (("answer", "error"), *pay))] == 3
     states = {
         labels[1][1]: value
         for (name, labels), value in got.items()

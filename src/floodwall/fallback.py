@@ -25,6 +25,7 @@ from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.meter import note_degraded
 from floodwall._core.steps import CALL, Await, FlowSteps
 from floodwall.context import current_call
 
@@ -152,6 +153,7 @@ class Fallback(Flow, Generic[T]):
     def _mark(self, exc: BaseException | None) -> None:
         self.degraded += 1
         reason = self._reason(exc)
+        note_degraded(self.name, reason)
         context = current_call()
         if context is not None:
             context.degraded_by = self.name

@@ -6,13 +6,22 @@ log-linear bins as the windows (4 per power of two, ±12 %), each bin an ``itert
 a success is two atomic C increments and no lock. Adapters read it at scrape time and fold the
 bins into whatever buckets they publish.
 
-Outcomes are a small fixed set, so labels stay bounded: ``success``, ``error`` and one per
-rejection kind (``circuit_open``, ``timeout``, ``rate_limited``, ``bulkhead_full``,
-``overloaded``, ``degraded``, …).
+Every call is counted twice, because an outage answered by fallbacks must not read as health:
+its *outcome* is what the dependency did (``success``, ``error`` or the rejection kind that kept
+it from being called: ``circuit_open``, ``timeout``, ``rate_limited``, ``bulkhead_full``,
+``overloaded``, ``degraded``, …), its *answer* what the caller got (``answer`` from the
+dependency, ``fallback`` from a fallback, cache or backup source, or ``error``). Both sets are
+small and fixed, so labels stay bounded.
+
+A fallback answer reaches the meter as a success; the policy that answered says so with
+:func:`note_degraded`, which sets a context variable to a fresh marker. The meter gate reads
+that variable when it admits a call and again when it records it: a different marker means
+this call was degraded (two context reads on the success path, no lock).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from bisect import bisect_right
 
@@ -20,7 +29,7 @@ from floodwall._core.errors import RejectedError
 from floodwall._core.tally import Tally, values
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS, latency_bin_bounds
 
-__all__ = ["EDGES", "OUTCOMES", "Meter"]
+__all__ = ["ANSWERS", "EDGES", "OUTCOMES", "Degradation", "Meter", "note_degraded"]
 
 EDGES = _EDGES
 """Upper edges of the latency bins (seconds); a duration's bin is ``bisect_right(EDGES, d)``."""
@@ -40,16 +49,52 @@ OUTCOMES = (
 )
 """Every outcome label a meter can report (bounded on purpose)."""
 
+ANSWERS = ("answer", "fallback", "error")
+"""What a caller can get: the dependency's answer, a degraded answer, or an error."""
+
+_NOT_CALLED = frozenset({"sampled", "read_only"})
+"""Degradation reasons for which the dependency was deliberately not called."""
+
+
+class Degradation:
+    """One degraded answer: who gave it and what the dependency did (``outcome``)."""
+
+    __slots__ = ("by", "claimed", "outcome", "reason")
+
+    def __init__(self, by: str, reason: str) -> None:
+        self.by = by
+        self.reason = reason
+        if reason in OUTCOMES:
+            self.outcome = reason
+        elif reason in _NOT_CALLED:
+            self.outcome = "degraded"
+        else:  # an exception type name, or a result that counts as a failure
+            self.outcome = "error"
+        self.claimed = False
+
+
+DEGRADED: contextvars.ContextVar[Degradation | None] = contextvars.ContextVar(
+    "floodwall_degraded", default=None
+)
+"""The latest degraded answer given in this context (compared by identity, never reset)."""
+
+
+def note_degraded(by: str, reason: str) -> None:
+    """Tell the enclosing meter that ``by`` answered instead of the dependency, because of
+    ``reason`` (a rejection kind, an exception type name, ``sampled``, ``read_only``, …)."""
+    DEGRADED.set(Degradation(by, reason))
+
 
 class Meter:
     """Counts calls by outcome and their durations; read with :meth:`read`."""
 
-    __slots__ = ("_bins", "_errors", "_lock", "_successes", "started")
+    __slots__ = ("_bins", "_degraded", "_errors", "_lock", "_successes", "started")
 
     def __init__(self) -> None:
         self._successes = Tally()
         self._bins = [Tally() for _ in range(HISTOGRAM_BINS)]
         self._errors: dict[str, int] = {}
+        self._degraded: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def success(self, duration: float) -> None:
@@ -61,6 +106,16 @@ class Meter:
         """The success counter and the latency bins, for callers that inline :meth:`success`
         on their hot path (bump the first, and the bin ``bisect_right(EDGES, duration)``)."""
         return self._successes, self._bins
+
+    def degraded(self, degradation: Degradation, duration: float) -> str:
+        """A call answered by a fallback after ``duration`` seconds; returns the dependency's
+        outcome it was counted under."""
+        degradation.claimed = True  # an enclosing meter sees its dependency answer
+        outcome = degradation.outcome
+        with self._lock:
+            self._degraded[outcome] = self._degraded.get(outcome, 0) + 1
+        self._bins[bisect_right(_EDGES, duration)].add()
+        return outcome
 
     def failure(self, exc: BaseException, duration: float) -> str:
         """A call ended with ``exc``; returns the outcome label it was counted under."""
@@ -82,7 +137,9 @@ class Meter:
         """
         with self._lock:
             counts = dict(self._errors)
-        counts["success"] = self._successes.value
+            for outcome, count in self._degraded.items():
+                counts[outcome] = counts.get(outcome, 0) + count
+        counts["success"] = counts.get("success", 0) + self._successes.value
         bins: list[tuple[float, int]] = []
         total = 0.0
         for index, count in enumerate(values(self._bins)):
@@ -91,3 +148,18 @@ class Meter:
                 bins.append((high, count))
                 total += count * (low + high) / 2
         return counts, bins, total
+
+    def answers(self) -> dict[str, int]:
+        """Calls by what the caller got: ``answer``, ``fallback`` and ``error``."""
+        with self._lock:
+            fallback = sum(self._degraded.values())
+            error = sum(self._errors.values())
+        return {"answer": self._successes.value, "fallback": fallback, "error": error}
+
+    def read_both(self) -> dict[tuple[str, str], int]:
+        """Calls by ``(outcome, answer)``: what the dependency did and what the caller got."""
+        with self._lock:
+            both = {(outcome, "error"): count for outcome, count in self._errors.items()}
+            both.update(((o, "fallback"), c) for o, c in self._degraded.items())
+        both["success", "answer"] = self._successes.value
+        return both

@@ -36,8 +36,9 @@ from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.meter import DEGRADED as _DEGRADED
 from floodwall._core.meter import EDGES as _EDGES
-from floodwall._core.meter import Meter
+from floodwall._core.meter import Degradation, Meter
 from floodwall._core.policy import Policy
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -464,15 +465,28 @@ class _Metered(Gate):
         self._now = resource._registry._now
         self._successes, self._bins = resource.meter.success_counters()
 
-    def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        return None
+    def admit(
+        self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Degradation | None:
+        return _DEGRADED.get()  # the marker before the call: a new one means a fallback answered
 
     def record(
-        self, permit: None, now: float, duration: float, error: BaseException | None, result: Any
+        self,
+        permit: Degradation | None,
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
     ) -> None:
         if error is None:
-            self._successes.add()  # meter.success(), inlined: the success path's only cost
-            self._bins[_bisect(_EDGES, duration)].add()
+            marker = _DEGRADED.get()
+            if marker is permit or marker is None or marker.claimed:
+                self._successes.add()  # meter.success(), inlined: the success path's only cost
+                self._bins[_bisect(_EDGES, duration)].add()
+                return
+            meter = self._resource.meter
+            assert meter is not None
+            meter.degraded(marker, duration)
             return
         meter = self._resource.meter
         assert meter is not None

@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from floodwall._core.errors import BacklogFullError, ConfigError, RejectedError
+from floodwall._core.meter import note_degraded
 from floodwall.context import current_call
 
 __all__ = ["BacklogFullError", "Matcher", "mark_degraded", "reason_of"]
@@ -47,7 +48,8 @@ def reason_of(exc: BaseException) -> str:
 
 def mark_degraded(name: str, reason: str) -> None:
     """Record in the open :func:`floodwall.call_context` that ``name`` answered instead of the
-    dependency, and why."""
+    dependency, and why (and tell the resource's meter)."""
+    note_degraded(name, reason)
     context = current_call()
     if context is not None:
         context.degraded_by = name

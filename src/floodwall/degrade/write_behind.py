@@ -35,16 +35,25 @@ first resumes the writes it had taken). Counters: ``deferred``, ``delivered``, `
 (failed attempts), ``dead_lettered``, ``rejected``, ``written_through``, ``queue_errors``;
 events of the same names (``deferred``, ``delivered``, ``write_failed``, ``dead_lettered``,
 ``rejected``).
+
+**Closing** (:meth:`WriteBehind.close`) stops the background loop and drains what is queued
+within ``timeout`` seconds, like ``Coalesce.stop()``; whatever is left is reported by count in
+a ``closed`` event, a log line and the return value (on a memory queue those writes are lost; a
+stream queue keeps them for the next worker). A process that exits with writes still in a
+memory queue logs how many it dropped, so a lost backlog is never silent.
 """
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import itertools
+import logging
 import math
 import random
 import threading
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -69,6 +78,18 @@ __all__ = [
     "WriteBehind",
     "WriteQueue",
 ]
+
+
+log = logging.getLogger("floodwall.degrade")
+
+_OPEN: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+"""Write-behinds with a memory queue not closed yet: checked at interpreter exit."""
+
+CLOSE_TIMEOUT = 5.0
+"""Seconds :meth:`WriteBehind.close` drains for by default."""
+
+CLOSE_POLL = 0.01
+"""Seconds :meth:`WriteBehind.close` waits for a delivery running in another thread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +386,9 @@ class WriteBehind:
         self.rejected = 0
         self.written_through = 0
         self.queue_errors = 0
+        self.closed = False
+        if not self.queue.durable:
+            _OPEN.add(self)
 
     # -- submitting ----------------------------------------------------------------------------
 
@@ -518,8 +542,49 @@ class WriteBehind:
         return thread
 
     def stop(self) -> None:
-        """Stop the background loop (queued writes stay queued)."""
+        """Stop the background loop (queued writes stay queued; :meth:`close` drains them)."""
         self._stop.set()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> int:
+        """Stop the background loop and deliver what is queued for at most ``timeout`` seconds
+        (the write in progress when the time is up is not interrupted: bound it with a
+        ``Timeout`` in ``policy``). Returns how many writes are left; a non-zero count is
+        reported in a ``closed`` event and a warning, since on a memory queue they are lost."""
+        if isinstance(timeout, bool) or not 0 <= timeout < math.inf:
+            raise ConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        if inspect.iscoroutinefunction(self.write):
+            raise ConfigError(
+                f"write-behind {self.name!r} has an async write: drain it with deliver_async(), "
+                "then close(0)"
+            )
+        self._stop.set()
+        clock = self.clock
+        deadline = clock.monotonic() + timeout
+        while self._left() > 0 and clock.monotonic() < deadline:
+            if not self.deliver():
+                now = clock.monotonic()
+                clock.sleep(min(max(self.core.wait(now), CLOSE_POLL), max(deadline - now, 0.0)))
+        return self._closed(timeout)
+
+    def _left(self) -> int:
+        """Writes not applied, or -1 when unknown (a durable queue's store is down: they stay
+        in it)."""
+        try:
+            return self.pending()
+        except StoreUnavailableError:
+            return -1
+
+    def _closed(self, timeout: float) -> int:
+        left = self._left()
+        self.closed = True
+        _OPEN.discard(self)
+        if left:
+            fate = "kept in the stream" if self.queue.durable else "dropped"
+            what = "an unknown number of" if left < 0 else str(left)
+            reason = f"closed after {timeout:.3f}s with {what} writes not applied ({fate})"
+            self._emit("closed", reason, {"left": left, "durable": self.queue.durable})
+            log.warning("write-behind %r %s", self.name, reason)
+        return left
 
     # -- async shell ---------------------------------------------------------------------------
 
@@ -613,3 +678,17 @@ class WriteBehind:
     def __repr__(self) -> str:
         durable = "durable" if self.queue.durable else "memory"
         return f"WriteBehind({self.name!r}, {durable})"
+
+
+@atexit.register
+def _report_dropped_at_exit() -> None:
+    """Log the writes still queued in memory when the process exits (they die with it)."""
+    for each in list(_OPEN):
+        left = each.pending()
+        if left and not each.closed:
+            log.warning(
+                "write-behind %r: process exiting with %d writes in its memory queue, dropped "
+                "(call close(timeout) before exit to drain them)",
+                each.name,
+                left,
+            )

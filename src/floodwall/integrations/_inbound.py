@@ -44,6 +44,7 @@ import contextvars
 import hashlib
 import ipaddress
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypedDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
+from floodwall._core.tally import Tally
 from floodwall.adaptive.dagor import QueueingTimeAdmission
 from floodwall.adaptive.shedding import LoadShedder, Ticket
 from floodwall.breaker import CircuitState
@@ -529,6 +531,7 @@ class GuardOptions(TypedDict, total=False):
     priority: Callable[[Inbound], tuple[int, int] | None] | None
     rate_limit_headers: bool
     problem_type_base: str | None
+    answer_rejections: bool
     clock: Clock
     wall: Callable[[], float]
 
@@ -545,6 +548,10 @@ class InboundGuard:
     ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``).
     ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
     Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
+    ``answer_rejections``: answer a :class:`~floodwall.RejectedError` the app raised (an open
+    breaker, a full bulkhead, a timeout deep in a handler) as the guard answers its own refusals,
+    503 with ``Retry-After`` / 429 / 504 and a problem body, instead of letting it become a bare
+    500 (default on).
     """
 
     def __init__(
@@ -560,6 +567,7 @@ class InboundGuard:
         priority: Callable[[Inbound], tuple[int, int] | None] | None = None,
         rate_limit_headers: bool = False,
         problem_type_base: str | None = None,
+        answer_rejections: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -587,6 +595,10 @@ class InboundGuard:
         self.priority = priority
         self.rate_limit_headers = rate_limit_headers
         self.problem_type_base = problem_type_base
+        self.answer_rejections = answer_rejections
+        self._admitted = Tally()
+        self._refused: dict[tuple[str, str], int] = {}
+        self._refused_lock = threading.Lock()
         self.clock = clock
         self.wall = wall
         limiter = shedder.limiter if shedder is not None else None
@@ -662,6 +674,7 @@ class InboundGuard:
         # interpreter from C to run __init__; calling __init__ itself from here does not.
         admission: Admission = _new(Admission)
         _init_admission(admission, self, deadline, attempt, level, rate_headers, ticket)
+        self._admitted.add()
         return admission
 
     def _read(
@@ -720,8 +733,36 @@ class InboundGuard:
         level = self._level()
         return [] if level is None else [(ADMISSION_LEVEL, level)]
 
-    def _refuse(self, error: RejectedError, headers: Headers) -> Refusal:
+    def _refuse(self, error: RejectedError, headers: Headers, outcome: str = "refused") -> Refusal:
+        self._count(outcome, error.kind)
         return refusal(error, headers, type_base=self.problem_type_base)
+
+    def _count(self, outcome: str, reason: str) -> None:
+        key = (outcome, reason)
+        with self._refused_lock:
+            self._refused[key] = self._refused.get(key, 0) + 1
+
+    def decisions(self) -> dict[tuple[str, str], int]:
+        """Requests by ``(outcome, reason)``: ``("admitted", "admitted")``, ``("refused",
+        kind)`` for the guard's own refusals (``rate_limited``, ``overloaded``, ``timeout``
+        for a deadline already passed, idempotency conflicts, …) and ``("app_rejected", kind)``
+        for a floodwall rejection the app raised and the middleware answered."""
+        with self._refused_lock:
+            out = dict(self._refused)
+        out["admitted", "admitted"] = self._admitted.value
+        return out
+
+    def answer_error(self, error: BaseException, admitted: Admission) -> Refusal | None:
+        """The answer to ``error`` raised by the app before it answered: a problem+json
+        refusal for a :class:`~floodwall.RejectedError` (with ``answer_rejections``), ending
+        the admission's ticket with that status; ``None`` for anything else (re-raise it)."""
+        if not self.answer_rejections or not isinstance(error, RejectedError):
+            return None
+        status = rejection_status(error)
+        answer = self._refuse(error, admitted.response_headers(status), "app_rejected")
+        admitted.status = answer.status
+        admitted.close(answer.status)
+        return answer
 
     # -- idempotency ------------------------------------------------------------------------
 

@@ -13,11 +13,12 @@
     )
 
 Rejections are answered before the app runs (429/503/504 with ``Retry-After``, ``RateLimit-*``
-and an ``application/problem+json`` body; 409/422 for idempotency conflicts). Handlers run under
-the request's deadline and retry marker, and read the :class:`~floodwall.integrations._inbound.
-Admission` as ``request.state.floodwall`` (``scope["state"]["floodwall"]``). See
-:mod:`floodwall.integrations._inbound` for the rules. Only ``http`` scopes are guarded; lifespan
-and websocket scopes pass through.
+and an ``application/problem+json`` body; 409/422 for idempotency conflicts), and so is a
+floodwall rejection the app raises before it starts its answer (``answer_rejections``).
+Handlers run under the request's deadline and retry marker, and read the
+:class:`~floodwall.integrations._inbound.Admission` as ``request.state.floodwall``
+(``scope["state"]["floodwall"]``). See :mod:`floodwall.integrations._inbound` for the rules.
+Only ``http`` scopes are guarded; lifespan and websocket scopes pass through.
 """
 
 from __future__ import annotations
@@ -154,8 +155,12 @@ class FloodwallMiddleware:
             try:
                 await self.app(scope, receive, sender)
             except BaseException as exc:
-                admitted.close(error=exc)
-                raise
+                answer = None if admitted.status else guard.answer_error(exc, admitted)
+                if answer is None:
+                    admitted.close(error=exc)
+                    raise
+                await _answer(send, answer.status, answer.headers, answer.body)
+                return
             status = admitted.status
             ticket = admitted.ticket
             if ticket is not None and status < 500:

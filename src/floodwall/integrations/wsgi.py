@@ -126,8 +126,11 @@ class FloodwallMiddleware:
             try:
                 body = self.app(environ, start)
             except BaseException as exc:
-                admitted.close(error=exc)
-                raise
+                answer = None if status[0] else self.guard.answer_error(exc, admitted)
+                if answer is None:
+                    admitted.close(error=exc)
+                    raise
+                return _answer(start_response, answer.status, answer.headers, answer.body)
             return _Body(body, admitted, status)
 
     def _idempotent(

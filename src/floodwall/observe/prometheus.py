@@ -4,9 +4,13 @@ Nothing is recorded per call on behalf of Prometheus: the collector reads the po
 counters and each resource's :class:`~floodwall.observe.Meter` when Prometheus scrapes, so the
 request path pays nothing extra for it. Names follow the Prometheus naming practice (base
 units, ``_total`` on counters, ``_ratio`` on a 0..1 share, an enum as one series per value);
-labels are bounded (``resource``, ``outcome``, ``state``, ``decision``, ``level``)::
+labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision``,
+``level``). A call answered by a fallback counts under the dependency's outcome (``error``,
+``circuit_open``, …) in ``floodwall_calls_total`` and as ``answer="fallback"`` in
+``floodwall_answers_total``, so an outage hidden by fallbacks still shows as one::
 
-    floodwall_calls_total{resource, outcome}            counter
+    floodwall_calls_total{resource, outcome}            counter: what the dependency did
+    floodwall_answers_total{resource, answer}           counter: what the caller got
     floodwall_call_duration_seconds{resource}           histogram
     floodwall_circuit_breaker_state{resource, state}    gauge: 1 for the breaker's state, 0 for
                                                         the others (one series per state)
@@ -26,6 +30,13 @@ labels are bounded (``resource``, ``outcome``, ``state``, ``decision``, ``level`
     floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1
 
+and, for an inbound guard published with :func:`register_guard`::
+
+    floodwall_inbound_decisions_total{guard, outcome, reason}  counter (outcome: admitted,
+                                                        refused, app_rejected; reason: the kind)
+    floodwall_inbound_shedder_limit{guard}              gauge: the shedder's concurrency limit
+    floodwall_inbound_shedder_in_flight{guard}          gauge: requests holding a ticket
+
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
 folded into them, so a bucket boundary is exact to within one bin (±12 %).
 
@@ -39,7 +50,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from floodwall._core.extras import missing_extra
 from floodwall.breaker import CircuitState
@@ -58,7 +69,14 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
 
-__all__ = ["BUCKETS", "STATES", "FloodwallCollector", "register"]
+__all__ = [
+    "BUCKETS",
+    "STATES",
+    "FloodwallCollector",
+    "InboundCollector",
+    "register",
+    "register_guard",
+]
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds of the published latency buckets, in seconds (plus +Inf)."""
@@ -89,8 +107,13 @@ class FloodwallCollector(Collector):
     def _calls(self, resources: list[Any]) -> Iterator[Metric]:
         calls = CounterMetricFamily(
             "floodwall_calls",
-            "Calls through a resource, by outcome.",
+            "Calls through a resource, by what the dependency did (outcome).",
             labels=["resource", "outcome"],
+        )
+        answers = CounterMetricFamily(
+            "floodwall_answers",
+            "Calls through a resource, by what the caller got: answer, fallback or error.",
+            labels=["resource", "answer"],
         )
         latency = HistogramMetricFamily(
             "floodwall_call_duration_seconds",
@@ -103,6 +126,8 @@ class FloodwallCollector(Collector):
             counts, bins, total = resource.meter.read()
             for outcome, count in sorted(counts.items()):
                 calls.add_metric([resource.name, outcome], count)
+            for answer, count in resource.meter.answers().items():
+                answers.add_metric([resource.name, answer], count)
             buckets, seen, index = [], 0, 0
             for bound in BUCKETS:
                 while index < len(bins) and bins[index][0] <= bound * 1.0000001:
@@ -113,6 +138,7 @@ class FloodwallCollector(Collector):
             buckets.append(("+Inf", float(count)))
             latency.add_metric([resource.name], buckets, total)
         yield calls
+        yield answers
         yield latency
 
     def _breakers(self, resources: list[Any]) -> Iterator[Metric]:
@@ -247,5 +273,65 @@ def _bound(value: float) -> str:
 def register(registry: Registry, into: CollectorRegistry = REGISTRY) -> FloodwallCollector:
     """Publish ``registry``'s metrics on a ``prometheus_client`` registry."""
     collector = FloodwallCollector(registry)
+    into.register(collector)
+    return collector
+
+
+class InboundGuard(Protocol):
+    """What the collector reads of an inbound guard (``floodwall.integrations``' guard; named
+    structurally, since observe sits below the integrations layer)."""
+
+    shedder: Any
+
+    def decisions(self) -> dict[tuple[str, str], int]: ...
+
+
+class InboundCollector(Collector):
+    """A ``prometheus_client`` collector over an inbound guard (ASGI, WSGI or gRPC): its
+    decisions by outcome and reason, and its shedder's limit and in-flight count."""
+
+    def __init__(self, guard: InboundGuard, name: str) -> None:
+        self.guard = guard
+        self.name = name
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        decisions = CounterMetricFamily(
+            "floodwall_inbound_decisions",
+            "Inbound requests by the guard's decision (outcome) and its reason.",
+            labels=["guard", "outcome", "reason"],
+        )
+        for (outcome, reason), count in sorted(self.guard.decisions().items()):
+            decisions.add_metric([self.name, outcome, reason], count)
+        yield decisions
+        shedder = self.guard.shedder
+        limiter = None if shedder is None else shedder.limiter
+        limit = getattr(limiter, "limit", None)
+        inflight = getattr(limiter, "inflight", None)
+        if isinstance(limit, int | float) and isinstance(inflight, int | float):
+            gauge = GaugeMetricFamily(
+                "floodwall_inbound_shedder_limit",
+                "Concurrency the inbound load shedder allows now.",
+                labels=["guard"],
+            )
+            gauge.add_metric([self.name], float(limit))
+            held = GaugeMetricFamily(
+                "floodwall_inbound_shedder_in_flight",
+                "Inbound requests holding a shedding ticket.",
+                labels=["guard"],
+            )
+            held.add_metric([self.name], float(inflight))
+            yield gauge
+            yield held
+
+
+def register_guard(
+    guard: InboundGuard, into: CollectorRegistry = REGISTRY, name: str = "http"
+) -> InboundCollector:
+    """Publish an inbound guard's decisions (and its shedder's figures) on a registry; ``name``
+    is the ``guard`` label (one per guard: ``http``, ``grpc``, …)."""
+    collector = InboundCollector(guard, name)
     into.register(collector)
     return collector
