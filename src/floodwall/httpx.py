@@ -25,7 +25,8 @@ Request bodies must be re-readable to be retried (bytes, str, files; not generat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
+from functools import partial
 from typing import Any, Unpack
 
 from floodwall._core.extras import missing_extra
@@ -36,7 +37,9 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
     raise missing_extra(_missing, "floodwall.httpx", "httpx") from _missing
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, Either, Step
 from floodwall.integrations._faults import Fault, Faults, as_faults
 from floodwall.integrations._outbound import Call, Outbound, OutboundOptions
 from floodwall.integrations._wire import DEGRADED
@@ -68,6 +71,26 @@ def _prepare(call: Call, request: httpx.Request) -> None:
         }
 
 
+def _attempt(call: Call, request: httpx.Request) -> Generator[Step, Any, httpx.Response]:
+    """One attempt, for both transports: send (the driver's call: the inner transport), map
+    httpx's errors to the attempt's failures, and read a failed answer's body before raising,
+    so a retry does not hold its connection."""
+    _prepare(call, request)
+    try:
+        response: httpx.Response = yield CALL
+    except _CONNECT as exc:
+        raise call.connect_error(exc) from None
+    except _TIMEOUT as exc:
+        raise call.timeout_error(exc) from None
+    except _BROKEN as exc:
+        raise call.io_error(exc) from None
+    failure = call.check(response.status_code, response.headers.get, response)
+    if failure is not None:
+        yield Either(response.read, response.aread)
+        raise failure
+    return response
+
+
 def _degraded(call: Call, request: httpx.Request, value: Any) -> httpx.Response:
     return httpx.Response(
         200,
@@ -97,23 +120,10 @@ class ResilientTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         call = _begin(self.core, request)
-        inner = self.transport
+        send = partial(self.transport.handle_request, request)
 
         def attempt() -> httpx.Response:
-            _prepare(call, request)
-            try:
-                response = inner.handle_request(request)
-            except _CONNECT as exc:
-                raise call.connect_error(exc) from None
-            except _TIMEOUT as exc:
-                raise call.timeout_error(exc) from None
-            except _BROKEN as exc:
-                raise call.io_error(exc) from None
-            failure = call.check(response.status_code, response.headers.get, response)
-            if failure is not None:
-                response.read()
-                raise failure
-            return response
+            return drive_sync(_attempt(call, request), send)  # type: ignore[no-any-return]
 
         result = call.run(attempt)
         return result if isinstance(result, httpx.Response) else _degraded(call, request, result)
@@ -136,23 +146,10 @@ class AsyncResilientTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         call = _begin(self.core, request)
-        inner = self.transport
+        send = partial(self.transport.handle_async_request, request)
 
         async def attempt() -> httpx.Response:
-            _prepare(call, request)
-            try:
-                response = await inner.handle_async_request(request)
-            except _CONNECT as exc:
-                raise call.connect_error(exc) from None
-            except _TIMEOUT as exc:
-                raise call.timeout_error(exc) from None
-            except _BROKEN as exc:
-                raise call.io_error(exc) from None
-            failure = call.check(response.status_code, response.headers.get, response)
-            if failure is not None:
-                await response.aread()
-                raise failure
-            return response
+            return await drive_async(_attempt(call, request), send)  # type: ignore[no-any-return]
 
         result = await call.run_async(attempt)
         return result if isinstance(result, httpx.Response) else _degraded(call, request, result)
