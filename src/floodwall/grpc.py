@@ -33,7 +33,8 @@ request and answer bytes); use :class:`~floodwall.Idempotency` in the handler.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from functools import partial
 from typing import Any, NamedTuple, Unpack, cast
 
 from floodwall._core.extras import missing_extra
@@ -44,7 +45,9 @@ try:
 except ModuleNotFoundError as _missing:  # the extra is not installed
     raise missing_extra(_missing, "floodwall.grpc", "grpc") from _missing
 
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.policy import Policy
+from floodwall._core.steps import CALL, Either, Step
 from floodwall.integrations._inbound import (
     Admission,
     GuardOptions,
@@ -305,6 +308,59 @@ def _status(context: Any, error: BaseException | None) -> int:
     return _STATUS_OF_CODE.get(code, 400)
 
 
+def _guarded(
+    guard: InboundGuard, method: str, metadata: Metadata | None, context: Any
+) -> Generator[Step, Any, Any]:
+    """One guarded unary call, for both servers: admit (or abort with the refusal's code and
+    trailers), run the handler (the driver's call), close the admission with its status."""
+    admitted = guard.admit(_inbound(method, metadata, context))
+    if isinstance(admitted, Refusal):
+        context.set_trailing_metadata(tuple(_refusal_metadata(admitted)))
+        code = _CODE_OF_STATUS.get(admitted.status, grpc.StatusCode.UNAVAILABLE)
+        abort = partial(context.abort, code, str(admitted.error))
+        yield Either(abort, abort)  # raises; grpc.aio's abort is a coroutine function
+    assert isinstance(admitted, Admission)
+    with admitted:
+        try:
+            response = yield CALL
+        except BaseException as exc:
+            status = _status(context, exc)
+            context.set_trailing_metadata(tuple(_trailing(admitted, status)))
+            admitted.close(error=exc)
+            raise
+    context.set_trailing_metadata(tuple(_trailing(admitted, 200)))
+    admitted.close(200)
+    return response
+
+
+def _guard_handler(
+    guard: InboundGuard,
+    handler: grpc.RpcMethodHandler[Any, Any] | None,
+    details: grpc.HandlerCallDetails,
+    aio: bool,
+) -> grpc.RpcMethodHandler[Any, Any] | None:
+    """``handler`` with its unary-unary behaviour behind ``guard`` (other kinds pass)."""
+    if handler is None or handler.unary_unary is None:
+        return handler
+    behavior = handler.unary_unary
+    method = details.method
+    metadata = details.invocation_metadata
+
+    def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+        steps = _guarded(guard, method, metadata, context)
+        return drive_sync(steps, partial(behavior, request, context))
+
+    async def guarded_async(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        steps = _guarded(guard, method, metadata, context)
+        return await drive_async(steps, partial(cast(Any, behavior), request, context))
+
+    return grpc.unary_unary_rpc_method_handler(
+        cast(Any, guarded_async if aio else guarded),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 class GuardInterceptor(grpc.ServerInterceptor):
     """Sync server interceptor: ``grpc.server(pool, interceptors=[GuardInterceptor(...)])``;
     options as :class:`~floodwall.integrations._inbound.InboundGuard`'s, or a shared ``guard``."""
@@ -318,39 +374,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        behavior = handler.unary_unary
-        method = handler_call_details.method
-        metadata = handler_call_details.invocation_metadata
-        guard = self.guard
-
-        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-            admitted = guard.admit(_inbound(method, metadata, context))
-            if isinstance(admitted, Refusal):
-                context.set_trailing_metadata(tuple(_refusal_metadata(admitted)))
-                context.abort(
-                    _CODE_OF_STATUS.get(admitted.status, grpc.StatusCode.UNAVAILABLE),
-                    str(admitted.error),
-                )
-            assert isinstance(admitted, Admission)
-            with admitted:
-                try:
-                    response = behavior(request, context)
-                except BaseException as exc:
-                    status = _status(context, exc)
-                    context.set_trailing_metadata(tuple(_trailing(admitted, status)))
-                    admitted.close(error=exc)
-                    raise
-            context.set_trailing_metadata(tuple(_trailing(admitted, 200)))
-            admitted.close(200)
-            return response
-
-        return grpc.unary_unary_rpc_method_handler(
-            cast(Any, guarded),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return _guard_handler(self.guard, handler, handler_call_details, aio=False)
 
 
 class AsyncGuardInterceptor(grpc.aio.ServerInterceptor):
@@ -367,36 +391,4 @@ class AsyncGuardInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        behavior = handler.unary_unary
-        method = handler_call_details.method
-        metadata = handler_call_details.invocation_metadata
-        guard = self.guard
-
-        async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            admitted = guard.admit(_inbound(method, metadata, context))
-            if isinstance(admitted, Refusal):
-                context.set_trailing_metadata(tuple(_refusal_metadata(admitted)))
-                await context.abort(
-                    _CODE_OF_STATUS.get(admitted.status, grpc.StatusCode.UNAVAILABLE),
-                    str(admitted.error),
-                )
-            assert isinstance(admitted, Admission)
-            with admitted:
-                try:
-                    response = await cast(Any, behavior)(request, context)
-                except BaseException as exc:
-                    status = _status(context, exc)
-                    context.set_trailing_metadata(tuple(_trailing(admitted, status)))
-                    admitted.close(error=exc)
-                    raise
-            context.set_trailing_metadata(tuple(_trailing(admitted, 200)))
-            admitted.close(200)
-            return response
-
-        return grpc.unary_unary_rpc_method_handler(
-            cast(Any, guarded),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return _guard_handler(self.guard, handler, handler_call_details, aio=True)
