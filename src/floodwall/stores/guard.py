@@ -182,22 +182,7 @@ class StoreGuard:
             self._down_since = now
             self._degraded_at_down = self.degraded
             self.outages += 1
-        if self.listeners:
-            self.listeners.emit(
-                Event(
-                    kind="store_down",
-                    source="store_guard",
-                    name=self.name,
-                    time=now,
-                    reason=str(exc),
-                    figures={
-                        "store": self.store.url,
-                        "mode": self.mode,
-                        "op": exc.op,
-                        "callers": callers,
-                    },
-                )
-            )
+        self._emit("store_down", now, str(exc), {"op": exc.op, "callers": callers})
 
     def _mark_up(self, now: float) -> None:
         with self._lock:
@@ -206,22 +191,14 @@ class StoreGuard:
                 return
             self._down_since = None
             self.recoveries += 1
+        figures = {"down_for": now - since, "degraded": self.degraded - self._degraded_at_down}
+        self._emit("store_up", now, f"store answered again after {now - since:.3f}s", figures)
+
+    def _emit(self, kind: str, now: float, reason: str, figures: dict[str, Any]) -> None:
         if self.listeners:
-            self.listeners.emit(
-                Event(
-                    kind="store_up",
-                    source="store_guard",
-                    name=self.name,
-                    time=now,
-                    reason=f"store answered again after {now - since:.3f}s",
-                    figures={
-                        "store": self.store.url,
-                        "mode": self.mode,
-                        "down_for": now - since,
-                        "degraded": self.degraded - self._degraded_at_down,
-                    },
-                )
-            )
+            figures = {"store": self.store.url, "mode": self.mode, **figures}
+            event = Event(kind, "store_guard", self.name, now, reason, figures=figures)
+            self.listeners.emit(event)
 
     # -- the flow and its two shells ----------------------------------------------------------
 
