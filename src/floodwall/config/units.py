@@ -16,7 +16,7 @@ from pydantic import BeforeValidator, PlainSerializer, PlainValidator
 from floodwall.ratelimit._base import Rate as _Rate
 from floodwall.ratelimit._base import parse_rate
 
-__all__ = ["Duration", "PerSecond", "Rate", "format_duration", "parse_duration", "parse_rate"]
+__all__ = ["Duration", "Rate", "format_duration", "parse_duration", "parse_rate"]
 
 _SECONDS = {
     "us": 1e-6,
@@ -82,4 +82,5 @@ def _per_second(value: object) -> float:
 
 
 PerSecond = Annotated[float, BeforeValidator(_per_second)]
-"""A load in events per second (a drill's arrivals), written in the same rate grammar."""
+"""A load in events per second (a drill's arrivals), written in the same rate grammar; the
+drill's schema type, not a public name."""
