@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,10 @@ from floodwall.config import (
     parse_duration,
     parse_rate,
 )
+from floodwall.config import parse_rate as config_parse_rate
 from floodwall.config.schema import BackoffConfig
+from floodwall.ratelimit import Rate
+from floodwall.ratelimit import parse_rate as ratelimit_parse_rate
 
 DOC = """
 defaults:
@@ -63,15 +67,34 @@ def test_durations(text: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "rate"), [("100/s", 100.0), ("10/min", 1 / 6), ("5/h", 5 / 3600), ("1000/15m", 10 / 9)]
+    ("text", "rate", "period"),
+    [
+        ("100/s", 100.0, 1.0),
+        ("10/min", 1 / 6, 60.0),
+        ("5/h", 5 / 3600, 3600.0),
+        ("1000/15m", 10 / 9, 900.0),
+    ],
 )
-def test_rates(text: str, rate: float) -> None:
-    assert parse_rate(text) == pytest.approx(rate)
+def test_rates(text: str, rate: float, period: float) -> None:
+    parsed = parse_rate(text)
+    assert parsed.per_second == pytest.approx(rate)
+    assert parsed.period == period  # the stated window is kept: "5/h" is not 1 per 12 minutes
+
+
+def test_one_rate_grammar_and_type() -> None:
+    """Config and the limiters read a rate with one parser: "5/h" means the same everywhere."""
+    assert config_parse_rate("5/h") == Rate(5, 3600.0)
+    for text in ("5/h", "10/s", "1/30s", "0.5/s", "3 per minute", 2.5):
+        assert config_parse_rate(text) == ratelimit_parse_rate(text)
+    with pytest.raises(ValueError, match=r"^resources\.api\.rate_limit\.rate must look like"):
+        config_parse_rate("fast", "resources.api.rate_limit.rate")
 
 
 @pytest.mark.parametrize("bad", ["5 parsecs", "fast", -1, True, "1/0s", "0/s"])
 def test_bad_units_echo_the_value(bad: object) -> None:
-    parser = parse_rate if isinstance(bad, str) and "/" in bad else parse_duration
+    parser: Callable[[Any], object] = (
+        parse_rate if isinstance(bad, str) and "/" in bad else parse_duration
+    )
     with pytest.raises(ValueError, match=re.escape(f"got {bad!r}")):
         parser(bad)
 

@@ -47,13 +47,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from floodwall.integrations.aiohttp import FaultMiddleware
-    from floodwall.integrations.httpx import AsyncFaultTransport, FaultTransport
+    from floodwall.aiohttp import FaultMiddleware
+    from floodwall.httpx import AsyncFaultTransport, FaultTransport
 
 _LAZY = {
-    "FaultTransport": "floodwall.integrations.httpx",
-    "AsyncFaultTransport": "floodwall.integrations.httpx",
-    "FaultMiddleware": "floodwall.integrations.aiohttp",
+    "FaultTransport": "floodwall.httpx",
+    "AsyncFaultTransport": "floodwall.httpx",
+    "FaultMiddleware": "floodwall.aiohttp",
 }
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "CALL",
     "Apply",
     "Await",
+    "Either",
     "FlowSteps",
     "Invoke",
     "NeedsAsyncError",
@@ -114,6 +115,27 @@ class Apply(Step):
 
     def __repr__(self) -> str:
         return f"Apply({type(self.op).__name__}, {self.key!r})"
+
+
+class Either(Step):
+    """Call ``sync()`` in a thread or await ``async_()`` in a task: a library's own pair of
+    methods for one act (httpx's ``Response.read`` / ``aread``), so the flow using it is
+    written once."""
+
+    __slots__ = ("async_", "sync")
+
+    def __init__(self, sync: Callable[[], Any], async_: Callable[[], Awaitable[Any]]) -> None:
+        self.sync = sync
+        self.async_ = async_
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        return self.sync()
+
+    async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        return await self.async_()
+
+    def __repr__(self) -> str:
+        return f"Either({getattr(self.sync, '__qualname__', self.sync)!s})"
 
 
 class NeedsAsyncError(ConfigError):

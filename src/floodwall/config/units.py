@@ -1,7 +1,8 @@
 """Human units in configuration: durations (``250ms``, ``5s``, ``2m``) and rates (``100/s``).
 
-Numbers are taken as they are: seconds for durations, permits per second for rates. Errors say
-what was expected and echo the value.
+Numbers are taken as they are: seconds for durations, permits per second for rates. A rate is
+read by the rate limiters' parser into their :class:`~floodwall.Rate`, so a rate means the same
+in a config file as in code. Errors say what was expected and echo the value.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import math
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, PlainSerializer, PlainValidator
+
+from floodwall.ratelimit._base import Rate as _Rate
+from floodwall.ratelimit._base import parse_rate
 
 __all__ = ["Duration", "Rate", "format_duration", "parse_duration", "parse_rate"]
 
@@ -28,7 +32,6 @@ _SECONDS = {
     "day": 86400.0,
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zµ]+)\s*$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*(\d*(?:\.\d*)?)\s*([a-z]+)\s*$")
 
 
 def parse_duration(value: object) -> float:
@@ -52,30 +55,6 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
-def parse_rate(value: object) -> float:
-    """Permits per second from ``"100/s"``, ``"10/min"``, ``"5/h"``, ``"1000/15m"`` or a number."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
-    if isinstance(value, int | float):
-        rate = float(value)
-    elif isinstance(value, str):
-        match = _RATE.match(value.lower())
-        if match is None or match.group(3) not in _SECONDS:
-            raise ValueError(
-                f"expected a rate such as '100/s', '10/min', '5/h' or '1000/15m', got {value!r}"
-            )
-        count, multiple, unit = match.groups()
-        period = float(multiple or 1) * _SECONDS[unit]
-        if period <= 0:
-            raise ValueError(f"a rate's period must be > 0, got {value!r}")
-        rate = float(count) / period
-    else:
-        raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"a rate must be finite and > 0, got {value!r}")
-    return rate
-
-
 def format_duration(seconds: float) -> str:
     """The shortest exact human form: ``0.25 -> '250ms'``, ``120 -> '2m'``."""
     for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
@@ -92,5 +71,16 @@ Duration = Annotated[
 ]
 """A duration in seconds that accepts human units in configuration."""
 
-Rate = Annotated[float, BeforeValidator(parse_rate)]
-"""Permits per second that accept ``"100/s"``-style strings in configuration."""
+Rate = Annotated[_Rate, PlainValidator(parse_rate), PlainSerializer(str, return_type=str)]
+"""A :class:`~floodwall.Rate` that accepts ``"100/s"``-style strings in configuration."""
+
+
+def _per_second(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, _Rate | str | int | float):
+        raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
+    return parse_rate(value).per_second
+
+
+PerSecond = Annotated[float, BeforeValidator(_per_second)]
+"""A load in events per second (a drill's arrivals), written in the same rate grammar; the
+drill's schema type, not a public name."""

@@ -32,15 +32,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.steps import Either, Step
 from floodwall.degrade._common import BacklogFullError
 
 __all__ = ["Batch", "Coalesce", "CoalesceCore", "last_wins"]
@@ -133,6 +136,16 @@ class Flushed(Generic[K, V]):
 
     batch: Batch[K, V]
     exception: Exception | None = None
+
+
+def _no_call() -> None:
+    """The call of a flow that never yields ``CALL`` (a flush runs only its own steps)."""
+    raise AssertionError("a flush makes no protected call")  # pragma: no cover
+
+
+async def _no_call_async() -> None:
+    """:func:`_no_call` in a task."""
+    raise AssertionError("a flush makes no protected call")  # pragma: no cover
 
 
 class Coalesce(Generic[K, V]):
@@ -233,22 +246,29 @@ class Coalesce(Generic[K, V]):
             now = self.clock.monotonic()
             self.listeners.emit(Event(kind, self.kind, self.name, now, reason, figures=figures))
 
-    # -- sync shell ---------------------------------------------------------------------------
+    # -- the shells: one flush generator, each batch's call an Either step -----------------------
 
-    def flush(self, *, everything: bool = False) -> list[Flushed[K, V]]:
-        """Flush every batch due now (every pending batch, with ``everything``)."""
+    def _flush(self, everything: bool) -> Generator[Step, Any, list[Flushed[K, V]]]:
+        """Both shells' flush: each batch's call is a step, made in either world."""
         results = []
         for batch in self._take(everything):
             error: Exception | None = None
             try:
-                if self.policy is None:
-                    self.flush_fn(batch.key, batch.value)
-                else:
-                    self.policy.call(self.flush_fn, batch.key, batch.value)
+                yield Either(partial(self._call, batch), partial(self._call_async, batch))
             except Exception as exc:  # noqa: BLE001 - requeued or dropped, counted
                 error = exc
             results.append(self._finish(batch, error))
         return results
+
+    def _call(self, batch: Batch[K, V]) -> None:
+        if self.policy is None:
+            self.flush_fn(batch.key, batch.value)
+        else:
+            self.policy.call(self.flush_fn, batch.key, batch.value)
+
+    def flush(self, *, everything: bool = False) -> list[Flushed[K, V]]:
+        """Flush every batch due now (every pending batch, with ``everything``)."""
+        return drive_sync(self._flush(everything), _no_call)  # type: ignore[no-any-return]
 
     def flush_all(self) -> list[Flushed[K, V]]:
         """Flush every pending batch now (shutdown); failures are requeued or dropped as
@@ -281,19 +301,9 @@ class Coalesce(Generic[K, V]):
         self._stop.set()
         self._wake.set()
 
-    # -- async shell --------------------------------------------------------------------------
-
     async def flush_async(self, *, everything: bool = False) -> list[Flushed[K, V]]:
         """:meth:`flush` for async flush functions (a sync one is called directly)."""
-        results = []
-        for batch in self._take(everything):
-            error: Exception | None = None
-            try:
-                await self._call_async(batch)
-            except Exception as exc:  # noqa: BLE001 - requeued or dropped, counted
-                error = exc
-            results.append(self._finish(batch, error))
-        return results
+        return await drive_async(self._flush(everything), _no_call_async)  # type: ignore[no-any-return]
 
     async def flush_all_async(self) -> list[Flushed[K, V]]:
         return await self.flush_async(everything=True)

@@ -55,15 +55,18 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
+from floodwall._core.steps import Either, Step
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.context import current_idempotency_key, idempotency_key
 from floodwall.degrade._common import BacklogFullError
@@ -324,6 +327,16 @@ class DeliveryCore:
 # -- the writer ----------------------------------------------------------------------------------
 
 
+def _no_call() -> None:
+    """The call of a flow that never yields ``CALL`` (delivery runs only its own steps)."""
+    raise AssertionError("delivery makes no protected call")  # pragma: no cover
+
+
+async def _no_call_async() -> None:
+    """:func:`_no_call` in a task."""
+    raise AssertionError("delivery makes no protected call")  # pragma: no cover
+
+
 class WriteBehind:
     """Deferred writes with at-least-once delivery (see [Degradation][guide-degradation])."""
 
@@ -467,7 +480,7 @@ class WriteBehind:
         self.core.pause(self.clock.monotonic())
         self._emit("queue_error", str(exc), {})
 
-    # -- sync shell ----------------------------------------------------------------------------
+    # -- the shells: one delivery generator, each write and queue round trip an Either step ----
 
     def _run(self, payload: Any) -> None:
         if inspect.iscoroutinefunction(self.write):
@@ -483,20 +496,27 @@ class WriteBehind:
         nothing while a retry is not due, or while another thread delivers."""
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(f"write-behind {self.name!r} has an async write; use the async API")
+        return drive_sync(self._deliver(limit), _no_call)  # type: ignore[no-any-return]
+
+    def _deliver(self, limit: int | None) -> Generator[Step, Any, int]:
+        """Both shells' delivery: the queue and the writes are steps, taken in either world."""
         if not self._deliver_lock.acquire(blocking=False):
             return 0
         try:
             done = 0
+            queue = self.queue
             while limit is None or done < limit:
                 if not self.core.ready(self.clock.monotonic()):
                     break
                 count = self.batch if limit is None else min(self.batch, limit - done)
                 try:
-                    messages = self.queue.take(count)
+                    messages = yield Either(
+                        partial(queue.take, count), partial(queue.take_async, count)
+                    )
                 except StoreUnavailableError as exc:
                     self._queue_failed(exc)
                     break
-                applied, finished = self._round(messages)
+                applied, finished = yield from self._round(messages)
                 done += applied
                 if finished or not messages:
                     break
@@ -504,15 +524,16 @@ class WriteBehind:
         finally:
             self._deliver_lock.release()
 
-    def _round(self, messages: list[Message]) -> tuple[int, bool]:
+    def _round(self, messages: list[Message]) -> Generator[Step, Any, tuple[int, bool]]:
         """Write ``messages`` in order; ``(applied, stopped_early)``."""
         acks: list[str] = []
         applied = 0
         stopped = False
         for message in messages:
+            payload = message.payload
             try:
                 with idempotency_key(message.key):
-                    self._run(message.payload)
+                    yield Either(partial(self._run, payload), partial(self._run_async, payload))
             except Exception as exc:  # noqa: BLE001 - retried or dead-lettered, counted
                 if not self._failed(message, exc):
                     stopped = True
@@ -523,7 +544,7 @@ class WriteBehind:
             acks.append(message.id)
             applied += 1
         try:
-            self.queue.ack(acks)
+            yield Either(partial(self.queue.ack, acks), partial(self.queue.ack_async, acks))
         except StoreUnavailableError as exc:  # redelivered later; the key deduplicates
             self._queue_failed(exc)
             stopped = True
@@ -586,8 +607,6 @@ class WriteBehind:
             log.warning("write-behind %r %s", self.name, reason)
         return left
 
-    # -- async shell ---------------------------------------------------------------------------
-
     async def _run_async(self, payload: Any) -> None:
         write = self.write
 
@@ -604,50 +623,7 @@ class WriteBehind:
 
     async def deliver_async(self, limit: int | None = None) -> int:
         """:meth:`deliver` for async writes and queues."""
-        if not self._deliver_lock.acquire(blocking=False):
-            return 0
-        try:
-            done = 0
-            while limit is None or done < limit:
-                if not self.core.ready(self.clock.monotonic()):
-                    break
-                count = self.batch if limit is None else min(self.batch, limit - done)
-                try:
-                    messages = await self.queue.take_async(count)
-                except StoreUnavailableError as exc:
-                    self._queue_failed(exc)
-                    break
-                applied, finished = await self._round_async(messages)
-                done += applied
-                if finished or not messages:
-                    break
-            return done
-        finally:
-            self._deliver_lock.release()
-
-    async def _round_async(self, messages: list[Message]) -> tuple[int, bool]:
-        acks: list[str] = []
-        applied = 0
-        stopped = False
-        for message in messages:
-            try:
-                with idempotency_key(message.key):
-                    await self._run_async(message.payload)
-            except Exception as exc:  # noqa: BLE001 - retried or dead-lettered, counted
-                if not self._failed(message, exc):
-                    stopped = True
-                    break
-                acks.append(message.id)
-                continue
-            self._succeeded(message)
-            acks.append(message.id)
-            applied += 1
-        try:
-            await self.queue.ack_async(acks)
-        except StoreUnavailableError as exc:
-            self._queue_failed(exc)
-            stopped = True
-        return applied, stopped
+        return await drive_async(self._deliver(limit), _no_call_async)  # type: ignore[no-any-return]
 
     async def run_async(self) -> None:
         """Deliver until cancelled or :meth:`stop`, sleeping on the clock when idle."""

@@ -64,7 +64,7 @@ from floodwall._core.errors import ConfigError
 from floodwall.chaos import Latency
 from floodwall.config.loader import _path, loads, parse
 from floodwall.config.schema import Document
-from floodwall.config.units import Duration, Rate, parse_duration
+from floodwall.config.units import Duration, PerSecond, parse_duration
 
 __all__ = [
     "FIGURES",
@@ -270,13 +270,13 @@ class EdgeSpec(_Model):
 
 
 class RampSpec(_Model):
-    start: Rate = Field(alias="from")
-    end: Rate = Field(alias="to")
+    start: PerSecond = Field(alias="from")
+    end: PerSecond = Field(alias="to")
 
 
 class SpikeSpec(_Model):
-    base: Rate
-    peak: Rate
+    base: PerSecond
+    peak: PerSecond
     at: Duration
     length: Duration = Field(alias="for", gt=0)
 
@@ -288,7 +288,7 @@ class LoadSpec(_Model):
     or ``uniform`` (even gaps). Each arrival picks a route by ``mix`` weight (default: equal)."""
 
     duration: Duration = Field(gt=0)
-    rate: Rate | None = None
+    rate: PerSecond | None = None
     ramp: RampSpec | None = None
     spike: SpikeSpec | None = None
     arrivals: Literal["poisson", "uniform"] = "poisson"

@@ -7,9 +7,9 @@ A :class:`Fault` says what goes wrong with one request: an answer with a ``statu
 request: first the listed ``plan`` in order (``None`` = no fault), then, forever, ``then`` with
 probability ``rate`` (drawn from ``rng``, seedable). ``injected`` counts what was injected.
 
-The injectors live beside each client's integration: ``floodwall.integrations.httpx.
+The injectors live beside each client's integration: ``floodwall.httpx.
 FaultTransport`` / ``AsyncFaultTransport`` (status faults answered by the transport itself, the
-upstream is not called) and ``floodwall.integrations.aiohttp.FaultMiddleware`` (the request is
+upstream is not called) and ``floodwall.aiohttp.FaultMiddleware`` (the request is
 sent and the answer's status, headers and body replaced: aiohttp has no public way to build a
 response). :mod:`floodwall.testing` re-exports them lazily. Latency waits on the injector's
 ``clock`` (a :class:`~floodwall.FakeClock` makes it free).

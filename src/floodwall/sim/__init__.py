@@ -32,7 +32,7 @@ from floodwall.sim.scenario import (
     SimResult,
     build_limit,
     format_report,
-    load_scenario,
+    read_scenario,
     run_scenario,
 )
 
@@ -65,8 +65,8 @@ __all__ = [
     "build_limit",
     "distribution",
     "format_report",
-    "load_scenario",
     "percentile",
     "phase_bounds",
+    "read_scenario",
     "run_scenario",
 ]

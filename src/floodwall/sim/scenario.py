@@ -72,7 +72,7 @@ from floodwall.sim.models import (
     distribution,
 )
 
-__all__ = ["SimResult", "build_limit", "format_report", "load_scenario", "run_scenario"]
+__all__ = ["SimResult", "build_limit", "format_report", "read_scenario", "run_scenario"]
 
 _ALGORITHMS: dict[str, type[Limit]] = {
     "aimd": AIMDLimit,
@@ -90,8 +90,9 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
     return value
 
 
-def load_scenario(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """Read a scenario from a YAML/JSON file (or take a mapping as is)."""
+def read_scenario(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """The raw mapping of a simulator scenario from a YAML/JSON file (or a mapping as is);
+    not :func:`floodwall.drill.load_scenario`, which validates a drill."""
     if isinstance(source, Mapping):
         return dict(source)
     path = Path(source)
@@ -198,7 +199,7 @@ def _phases(spec: Any, path: str) -> list[Phase]:
 def run_scenario(source: str | os.PathLike[str] | Mapping[str, Any]) -> SimResult:
     """Build and run a scenario (see [Overload protection][guide-overload]); deterministic for a
     given seed."""
-    spec = load_scenario(source)
+    spec = read_scenario(source)
     sim = Simulation(int(spec.get("seed", 0)))
     recorder = Recorder(float(spec.get("bin", 1.0)))
     server_spec = _mapping(spec.get("server"), "server")

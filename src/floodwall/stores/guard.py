@@ -38,14 +38,17 @@ propagates.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Literal, NamedTuple, get_args
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import CircuitOpenError, ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.steps import CALL, Apply, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.stores.base import Arg, Op, R, Store, StoreTimeoutError, StoreUnavailableError
 from floodwall.stores.memory import MemoryStore
@@ -86,6 +89,11 @@ _new = tuple.__new__
 """``_new(Guarded, (value, down))`` skips the Python-level ``NamedTuple.__new__``."""
 
 
+async def _no_call() -> None:
+    """The call of a flow that never yields :data:`CALL` (the degraded answer alone)."""
+    raise AssertionError("the degraded answer makes no store call")  # pragma: no cover
+
+
 def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
     """The breaker a guard uses unless given one (figures:
     [Distributed state][guide-distributed])."""
@@ -107,8 +115,8 @@ class StoreGuard:
     """A store behind a breaker, with ``on_store_error`` semantics (see
     [Distributed state][guide-distributed]).
 
-    The decision logic (:meth:`_admit`, :meth:`_succeeded`, :meth:`_failed`, :meth:`_fallback`)
-    is shared by the sync :meth:`apply` and async :meth:`apply_async` shells.
+    One step generator (:meth:`_apply`) decides every op; :meth:`apply` and
+    :meth:`apply_async` are the two drivers' shells around it.
     """
 
     def __init__(
@@ -174,22 +182,7 @@ class StoreGuard:
             self._down_since = now
             self._degraded_at_down = self.degraded
             self.outages += 1
-        if self.listeners:
-            self.listeners.emit(
-                Event(
-                    kind="store_down",
-                    source="store_guard",
-                    name=self.name,
-                    time=now,
-                    reason=str(exc),
-                    figures={
-                        "store": self.store.url,
-                        "mode": self.mode,
-                        "op": exc.op,
-                        "callers": callers,
-                    },
-                )
-            )
+        self._emit("store_down", now, str(exc), {"op": exc.op, "callers": callers})
 
     def _mark_up(self, now: float) -> None:
         with self._lock:
@@ -198,28 +191,55 @@ class StoreGuard:
                 return
             self._down_since = None
             self.recoveries += 1
+        figures = {"down_for": now - since, "degraded": self.degraded - self._degraded_at_down}
+        self._emit("store_up", now, f"store answered again after {now - since:.3f}s", figures)
+
+    def _emit(self, kind: str, now: float, reason: str, figures: dict[str, Any]) -> None:
         if self.listeners:
-            self.listeners.emit(
-                Event(
-                    kind="store_up",
-                    source="store_guard",
-                    name=self.name,
-                    time=now,
-                    reason=f"store answered again after {now - since:.3f}s",
-                    figures={
-                        "store": self.store.url,
-                        "mode": self.mode,
-                        "down_for": now - since,
-                        "degraded": self.degraded - self._degraded_at_down,
-                    },
-                )
-            )
+            figures = {"store": self.store.url, "mode": self.mode, **figures}
+            event = Event(kind, "store_guard", self.name, now, reason, figures=figures)
+            self.listeners.emit(event)
 
-    # -- the shells ---------------------------------------------------------------------------
+    # -- the flow and its two shells ----------------------------------------------------------
 
-    # Both shells run the store call through the breaker's own shells, whose success path
-    # takes no lock and reads the clock twice: the guard adds almost nothing while the store
-    # answers, and an open breaker refuses in a few hundred nanoseconds.
+    # One generator decides every op (the store's answer, or the degraded one); the drivers run
+    # it, the call being the breaker's own shell around the store's sync or async adapter. The
+    # breaker's success path takes no lock and reads the clock twice: the guard adds almost
+    # nothing while the store answers, and an open breaker refuses in a few hundred nanoseconds.
+
+    def _apply(
+        self,
+        op: Op[R],
+        key: str,
+        args: Sequence[Arg],
+        local_args: Sequence[Arg] | None,
+        callers: int,
+    ) -> Generator[Step, Any, Guarded[R]]:
+        was_down = self._down_since is not None
+        try:
+            value = yield CALL
+        except CircuitOpenError as exc:
+            down = self._short_circuited(exc)
+        except StoreUnavailableError as exc:
+            down = self._failed(exc, callers)
+        else:
+            if was_down and self._down_since is not None:
+                self._mark_up(self.clock.monotonic())
+            return _new(Guarded, (value, None))
+        return (yield from self._degrade(down, op, key, args, local_args))
+
+    def _degrade(
+        self,
+        down: StoreDown,
+        op: Op[R],
+        key: str,
+        args: Sequence[Arg],
+        local_args: Sequence[Arg] | None,
+    ) -> Generator[Step, Any, Guarded[R]]:
+        if self._fallback():
+            local = yield Apply(self.local, op, key, args if local_args is None else local_args)
+            return _new(Guarded, (local, down))
+        return _new(Guarded, (None, down))
 
     def apply(
         self,
@@ -231,21 +251,8 @@ class StoreGuard:
     ) -> Guarded[R]:
         """Run ``op`` on the store; when it is down, degrade (never raises a store error).
         ``callers``: how many callers the op answers (a batch), for ``failed_callers``."""
-        was_down = self._down_since is not None
-        try:
-            value = self.breaker.call(self.store.apply, op, key, args)
-        except CircuitOpenError as exc:
-            down = self._short_circuited(exc)
-        except StoreUnavailableError as exc:
-            down = self._failed(exc, callers)
-        else:
-            if was_down and self._down_since is not None:
-                self._mark_up(self.clock.monotonic())
-            return _new(Guarded, (value, None))
-        if self._fallback():
-            local = self.local.apply(op, key, args if local_args is None else local_args)
-            return _new(Guarded, (local, down))
-        return _new(Guarded, (None, down))
+        steps = self._apply(op, key, args, local_args, callers)
+        return drive_sync(steps, partial(self.breaker.call, self.store.apply, op, key, args))  # type: ignore[no-any-return]
 
     async def apply_async(
         self,
@@ -256,23 +263,9 @@ class StoreGuard:
         callers: int = 1,
     ) -> Guarded[R]:
         """:meth:`apply` for async callers."""
-        was_down = self._down_since is not None
-        try:
-            value = await self.breaker.call_async(self.store.apply_async, op, key, args)
-        except CircuitOpenError as exc:
-            down = self._short_circuited(exc)
-        except StoreUnavailableError as exc:
-            down = self._failed(exc, callers)
-        else:
-            if was_down and self._down_since is not None:
-                self._mark_up(self.clock.monotonic())
-            return _new(Guarded, (value, None))
-        if self._fallback():
-            local = await self.local.apply_async(
-                op, key, args if local_args is None else local_args
-            )
-            return _new(Guarded, (local, down))
-        return _new(Guarded, (None, down))
+        steps = self._apply(op, key, args, local_args, callers)
+        call = partial(self.breaker.call_async, self.store.apply_async, op, key, args)
+        return await drive_async(steps, call)  # type: ignore[no-any-return]
 
     async def gave_up_async(
         self,
@@ -291,13 +284,8 @@ class StoreGuard:
             error = StoreTimeoutError(self.store.url, op.script)
             error.__cause__ = cause
         self.failed_callers += callers
-        down = StoreDown(self.mode, error)
-        if self._fallback():
-            local = await self.local.apply_async(
-                op, key, args if local_args is None else local_args
-            )
-            return _new(Guarded, (local, down))
-        return _new(Guarded, (None, down))
+        steps = self._degrade(StoreDown(self.mode, error), op, key, args, local_args)
+        return await drive_async(steps, _no_call)  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
         """The guard's counters and state, for metrics."""
