@@ -123,6 +123,10 @@ FACTORIES: dict[str, Factory] = {
     "Keyed": lambda c: ratelimit.Keyed(
         ratelimit.TokenBucket("3/s", burst=1, clock=c), key=lambda i: i % 2
     ),
+    "HotKeys": lambda c: ratelimit.HotKeys(
+        ratelimit.Keyed(ratelimit.TokenBucket("3/s", burst=1, clock=c), key=lambda i: i % 3),
+        {1: ratelimit.TokenBucket("1/s", clock=c)},
+    ),
     "GlobalLimiter": lambda c: GlobalLimiter("fixed_window", "6/s", clock=c),
     "LeasedLimiter": lambda c: LeasedLimiter("fixed_window", "6/s", clock=c),
     "TimeSliceLimiter": lambda c: TimeSliceLimiter("6/s", clock=c),

@@ -18,6 +18,7 @@ per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time 
 :class:`WarmUp`           ramps from ``rate / 3`` to ``rate`` over a warm-up period
 :class:`Multi`            several limiters on one key (``10/s`` and ``1000/h``)
 :class:`Keyed`            one state per key, bounded memory, idle keys evicted
+:class:`HotKeys`          listed hot key values on limits of their own beside a ``Keyed`` default
 :class:`GlobalLimiter`    one limit across processes on a store (Redis, Cluster, SQL), batched
 :class:`LeasedLimiter`    permits taken from the store in small leases and spent locally
 :class:`TimeSliceLimiter` counts locally, syncs per slice, drops with an elected drop rate
@@ -32,6 +33,7 @@ from floodwall.ratelimit.fixed import FixedWindow
 from floodwall.ratelimit.gcra import GCRA
 from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.headers import rate_limit_headers
+from floodwall.ratelimit.hot import HotKeys
 from floodwall.ratelimit.keyed import Keyed
 from floodwall.ratelimit.leaky import LeakyBucket
 from floodwall.ratelimit.leasing import LeasedLimiter
@@ -46,6 +48,7 @@ __all__ = [
     "Decision",
     "FixedWindow",
     "GlobalLimiter",
+    "HotKeys",
     "Keyed",
     "LeakyBucket",
     "LeasedLimiter",
