@@ -21,7 +21,7 @@ def test_time_window_counts_each_kind() -> None:
     w.record(0.4, Kind.REJECTED, 0.0)
     w.record(0.5, Kind.IGNORED, 9.0)
     assert w.add_success(0.6, 0.01)
-    assert not w.add_success(0.7, 0.5)  # slow: refused, the owner records it under its lock
+    assert not w.add_success(0.7, 0.51)  # slower than 0.5 s: refused, the owner records it
     snap = w.snapshot(0.8)
     assert (snap.calls, snap.failures, snap.timeouts, snap.rejections) == (5, 1, 1, 1)
     assert (snap.errors, snap.successes, snap.slow_calls) == (3, 2, 2)

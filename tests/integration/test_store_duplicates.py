@@ -31,7 +31,11 @@ async def test_duplicate_pairs_run_once_and_keep_every_record(
     request: pytest.FixtureRequest, fixture: str
 ) -> None:
     url = str(request.getfixturevalue(fixture))
-    options = {"pool_size": 16} if fixture == "postgres_dsn" else {}
+    options: dict[str, object] = {"pool_size": 16} if fixture == "postgres_dsn" else {}
+    # Exactly-once under contention is the point here, not bounded waits (test_store_freeze
+    # holds those to the 0.5 s default): 64 tasks on a busy 2-core machine can queue an op past
+    # 0.5 s, and a fail-closed idempotency store then refuses the call instead of deduplicating.
+    options["timeout"] = 5.0
     store = connect(url, prefix=f"dup-{uuid.uuid4().hex[:8]}:", **options)
     idem = Idempotency(store, lock_ttl=60)
     executions: Counter[int] = Counter()
