@@ -2,7 +2,7 @@
 
 Circuit breakers, retries that never storm, bulkheads, rate limits, adaptive limits, timeouts
 and deadlines, fallbacks, degradation and pipelines for ``def`` and ``async def`` alike; pure
-decision cores fed by an injectable clock, thin sync and async shells.
+decision cores fed by an injectable clock, run by one sync and one async driver.
 
 The public names below are imported on first use (PEP 562), so ``import floodwall`` stays
 cheap; type checkers see them through the ``TYPE_CHECKING`` imports.

@@ -1,8 +1,11 @@
 """The shape every policy shares: ``call``, ``call_async`` and use as a decorator.
 
-A policy is a decision core plus two thin shells. ``call(fn, *args)`` runs a plain callable,
-``await call_async(fn, *args)`` runs a coroutine function; decorating picks the right shell from
-the function's kind and keeps its signature for type checkers.
+A policy is a decision core run by the two drivers (:mod:`floodwall._core.drivers`):
+``call(fn, *args)`` runs a plain callable, ``await call_async(fn, *args)`` a coroutine function;
+decorating picks the right one from the function's kind and keeps its signature for type
+checkers. Policies take their ``call``/``call_async`` from a shape in
+:mod:`floodwall._core.admission` (gate, flow, attempt-first flow, scoped) and write only its
+hooks.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ R = TypeVar("R")
 class Policy(ABC):
     """Base of every floodwall policy.
 
-    Subclasses implement :meth:`call` and :meth:`call_async`; everything else (decorating,
-    composing in a :class:`~floodwall.Pipeline`) is built on those two.
+    :meth:`call` and :meth:`call_async` come from a shape of :mod:`floodwall._core.admission`
+    (the drivers'); everything else (decorating, composing in a :class:`~floodwall.Pipeline`) is
+    built on those two.
     """
 
     name: str
