@@ -39,9 +39,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.pending import settle, settle_async
 from floodwall._core.policy import Policy
 from floodwall._core.steps import Either, Step
 from floodwall.degrade._common import BacklogFullError
@@ -136,16 +136,6 @@ class Flushed(Generic[K, V]):
 
     batch: Batch[K, V]
     exception: Exception | None = None
-
-
-def _no_call() -> None:
-    """The call of a flow that never yields ``CALL`` (a flush runs only its own steps)."""
-    raise AssertionError("a flush makes no protected call")  # pragma: no cover
-
-
-async def _no_call_async() -> None:
-    """:func:`_no_call` in a task."""
-    raise AssertionError("a flush makes no protected call")  # pragma: no cover
 
 
 class Coalesce(Generic[K, V]):
@@ -268,7 +258,7 @@ class Coalesce(Generic[K, V]):
 
     def flush(self, *, everything: bool = False) -> list[Flushed[K, V]]:
         """Flush every batch due now (every pending batch, with ``everything``)."""
-        return drive_sync(self._flush(everything), _no_call)  # type: ignore[no-any-return]
+        return settle(self._flush(everything))  # type: ignore[no-any-return]
 
     def flush_all(self) -> list[Flushed[K, V]]:
         """Flush every pending batch now (shutdown); failures are requeued or dropped as
@@ -303,7 +293,7 @@ class Coalesce(Generic[K, V]):
 
     async def flush_async(self, *, everything: bool = False) -> list[Flushed[K, V]]:
         """:meth:`flush` for async flush functions (a sync one is called directly)."""
-        return await drive_async(self._flush(everything), _no_call_async)  # type: ignore[no-any-return]
+        return await settle_async(self._flush(everything))  # type: ignore[no-any-return]
 
     async def flush_all_async(self) -> list[Flushed[K, V]]:
         return await self.flush_async(everything=True)

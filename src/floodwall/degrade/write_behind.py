@@ -62,9 +62,9 @@ from typing import Any, Literal, Protocol
 
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.pending import settle, settle_async
 from floodwall._core.policy import Policy
 from floodwall._core.steps import Either, Step
 from floodwall.backoff import Backoff, FullJitter, Rng
@@ -327,16 +327,6 @@ class DeliveryCore:
 # -- the writer ----------------------------------------------------------------------------------
 
 
-def _no_call() -> None:
-    """The call of a flow that never yields ``CALL`` (delivery runs only its own steps)."""
-    raise AssertionError("delivery makes no protected call")  # pragma: no cover
-
-
-async def _no_call_async() -> None:
-    """:func:`_no_call` in a task."""
-    raise AssertionError("delivery makes no protected call")  # pragma: no cover
-
-
 class WriteBehind:
     """Deferred writes with at-least-once delivery (see [Degradation][guide-degradation])."""
 
@@ -496,7 +486,7 @@ class WriteBehind:
         nothing while a retry is not due, or while another thread delivers."""
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(f"write-behind {self.name!r} has an async write; use the async API")
-        return drive_sync(self._deliver(limit), _no_call)  # type: ignore[no-any-return]
+        return settle(self._deliver(limit))  # type: ignore[no-any-return]
 
     def _deliver(self, limit: int | None) -> Generator[Step, Any, int]:
         """Both shells' delivery: the queue and the writes are steps, taken in either world."""
@@ -623,7 +613,7 @@ class WriteBehind:
 
     async def deliver_async(self, limit: int | None = None) -> int:
         """:meth:`deliver` for async writes and queues."""
-        return await drive_async(self._deliver(limit), _no_call_async)  # type: ignore[no-any-return]
+        return await settle_async(self._deliver(limit))  # type: ignore[no-any-return]
 
     async def run_async(self) -> None:
         """Deliver until cancelled or :meth:`stop`, sleeping on the clock when idle."""

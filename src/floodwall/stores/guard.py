@@ -48,6 +48,7 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import CircuitOpenError, ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.pending import settle_async
 from floodwall._core.steps import CALL, Apply, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.stores.base import Arg, Op, R, Store, StoreTimeoutError, StoreUnavailableError
@@ -87,11 +88,6 @@ class Guarded(NamedTuple, Generic[R]):
 
 _new = tuple.__new__
 """``_new(Guarded, (value, down))`` skips the Python-level ``NamedTuple.__new__``."""
-
-
-async def _no_call() -> None:
-    """The call of a flow that never yields :data:`CALL` (the degraded answer alone)."""
-    raise AssertionError("the degraded answer makes no store call")  # pragma: no cover
 
 
 def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
@@ -285,7 +281,7 @@ class StoreGuard:
             error.__cause__ = cause
         self.failed_callers += callers
         steps = self._degrade(StoreDown(self.mode, error), op, key, args, local_args)
-        return await drive_async(steps, _no_call)  # type: ignore[no-any-return]
+        return await settle_async(steps)  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
         """The guard's counters and state, for metrics."""
