@@ -337,3 +337,27 @@ def outage(
         }
         assert set(figures) == set(resources), (title, figures)
         assert all(value >= 0.99 for value in figures.values()), (title, figures)
+
+
+def test_a_shed_resource_still_counts_its_calls() -> None:
+    """An operator's shed is an outage the metrics must show: shed calls pass the meter too,
+    refused (no fallback) or answered by the fallback."""
+    clock = fw.FakeClock()
+    document = {
+        "resources": {
+            "bare": {"level": 3},
+            "covered": {"level": 3, "fallback": {"value": "cached"}},
+        }
+    }
+    registry = Registry(document, clock=clock)
+    registry.shed(3)
+    bare, covered = registry.get("bare"), registry.get("covered")
+    for _ in range(4):
+        with pytest.raises(fw.DegradedError):
+            bare.call(lambda: "live")
+        assert covered.call(lambda: "live") == "cached"
+    assert bare.meter is not None and covered.meter is not None
+    bare_counts, _, _ = bare.meter.read()
+    covered_counts, _, _ = covered.meter.read()
+    assert sum(bare_counts.values()) == 4 and bare_counts.get("success", 0) == 0
+    assert sum(covered_counts.values()) == 4 and covered_counts.get("success", 0) == 0

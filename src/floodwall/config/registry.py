@@ -421,14 +421,14 @@ class Resource(Pipeline):
         or the new ones, never a mix)."""
         self.policies = policies
         self.pipeline = Pipeline(*policies, name=self.name)
-        metered: tuple[Policy, ...] = (
-            policies if self.meter is None else (_Metered(self), *policies)
-        )
-        answering = [p for p in policies if p.kind in self._ANSWERING]
+        meter: tuple[Policy, ...] = () if self.meter is None else (_Metered(self),)
+        answering = tuple(p for p in policies if p.kind in self._ANSWERING)
         refuse = (_refuse, self), (_refuse_async, self)
-        shed_sync, shed_async = _stages(tuple(answering))
+        # The meter is outermost in both plans: a shed call is counted (as shed, or as a
+        # degraded answer), so an operator's shed shows in the metrics as it is.
+        shed_sync, shed_async = _stages((*meter, *answering))
         self._plans = (
-            _stages(metered),
+            _stages((*meter, *policies)),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
         )
         self.watch(self._registry._attention)
