@@ -13,7 +13,8 @@ import pytest
 import floodwall
 from conftest import Shell, StoreCase
 from floodwall import ConfigError, Event, FakeClock, Pipeline, Retry
-from floodwall.idempotency import (
+from floodwall.shared.idempotency import (
+    BEGIN,
     DuplicateInFlightError,
     Idempotency,
     IdempotencyKeyMissingError,
@@ -120,7 +121,7 @@ def test_a_crashed_owners_claim_lapses_after_lock_ttl(clock: FakeClock) -> None:
     store = MemoryStore(clock=clock)
     crashed = Idempotency(store, lock_ttl=30, clock=clock)
     crashed.store.apply(
-        __import__("floodwall.idempotency").idempotency.BEGIN,
+        BEGIN,
         "idem:idempotency:k",
         ["dead-owner", "", 30_000],
     )
