@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "shared state",
         (
             "floodwall.frequency",
+            "floodwall.host_bulkhead",
             "floodwall.idempotency",
             "floodwall.ratelimit.global_limit",
             "floodwall.ratelimit.leasing",

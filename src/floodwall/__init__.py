@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from floodwall.fallback import Fallback
     from floodwall.frequency import Frequency, FrequencyDecision
     from floodwall.hedge import Hedge
+    from floodwall.host_bulkhead import HostBulkhead
     from floodwall.idempotency import (
         DuplicateInFlightError,
         Idempotency,
@@ -123,6 +124,7 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "floodwall._core.errors",
     "CountWindow": "floodwall._core.window",
     "Deadline": "floodwall.context",
+    "HostBulkhead": "floodwall.host_bulkhead",
     "DegradedError": "floodwall._core.errors",
     "DuplicateInFlightError": "floodwall.idempotency",
     "ErrorClass": "floodwall.classify",
@@ -225,6 +227,7 @@ __all__ = [
     "FrequencyDecision",
     "GaveUp",
     "Hedge",
+    "HostBulkhead",
     "Idempotency",
     "IdempotencyKeyMissingError",
     "IdempotencyKeyReusedError",
