@@ -147,6 +147,7 @@ class HostBulkhead(Gate):
         self.on_store_error = check_mode(on_store_error)
         self.expected_instances = count("expected_instances", expected_instances, 1)
         self.clock = clock
+        listeners = tuple(listeners)
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._never_waits = self.max_wait == 0
@@ -156,6 +157,7 @@ class HostBulkhead(Gate):
             f"{name}.local",
             max_concurrent=max(1, self.max_concurrent // self.expected_instances),
             clock=clock,
+            listeners=listeners,
         )
         self._rejections = Tally()
 

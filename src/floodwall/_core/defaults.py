@@ -161,8 +161,9 @@ STORE_MEMORY_MAX_KEYS = 100_000
 """Memory store: records held at most (about 21 MB); a new key past it evicts (see memory.py)."""
 STORE_HOST_MAX_KEYS = 4096
 """``host://``: records in the shared segment (fixed size, ``max_keys x record_bytes``)."""
-STORE_HOST_RECORD_BYTES = 256
-"""``host://``: bytes per record, 16 of them header: key + value fit in the other 240."""
+STORE_HOST_RECORD_BYTES = 1024
+"""``host://``: bytes per record, 16 of them header: key + value fit in the other 1008 (an
+idempotency record holds the call's result)."""
 STORE_HOST_BULKHEADS = 64
 """``host://``: host bulkheads one name holds (one semaphore each, in one set)."""
 STORE_HOST_TIMEOUT = 0.5

@@ -33,7 +33,7 @@ reused by the next process (every slot came back through ``SEM_UNDO``); :func:`r
 ``floodwall host remove NAME``) deletes them, refusing while a process still uses NAME.
 
 **Bounds.** Memory is ``max_keys x record_bytes`` plus ``bulkheads x 96`` bytes, fixed when
-NAME is first created (1 MiB by default); a new key arriving at a full probe window (16
+NAME is first created (4 MiB by default); a new key arriving at a full probe window (16
 records) evicts the one expiring first (:attr:`HostStore.evicted`). The layout is fixed for
 the life of the objects: a process asking NAME for another layout is refused.
 
@@ -52,7 +52,6 @@ import os
 import re
 import struct
 import threading
-import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -222,7 +221,6 @@ class HostStore(Store):
         self._joined = False
         self._closed = False
         self._slots: dict[str, HostSlots] = {}
-        _OPEN.add(self)
 
     # -- attaching ----------------------------------------------------------------------------
 
@@ -259,6 +257,7 @@ class HostStore(Store):
                     self._check_header(self._view)
                     lib.semop_timed(self.semid, _JOIN, None)
                     self._joined = True
+                    _OPEN.add(self)
                 finally:
                     self._unlock()
                 return
@@ -420,10 +419,12 @@ class HostStore(Store):
         slot, tag = place
         room = self.layout.record_bytes - 16
         if len(full) + len(record.value) > room:
-            raise ValueError(
+            error = StoreUnavailableError(self.url, "write")
+            error.__cause__ = ValueError(
                 f"{self.url} holds at most {room} bytes of key and value per record "
                 f"(record_bytes={self.layout.record_bytes}), got {len(full) + len(record.value)}"
             )
+            raise error
         if slot < 0:
             slot = self._room(view, tag, now)
         expires = math.inf if record.expires_at is None else record.expires_at
@@ -726,8 +727,10 @@ def remove(name: str, *, force: bool = False) -> bool:
     return semid is not None or shmid is not None
 
 
-_OPEN: weakref.WeakSet[HostStore] = weakref.WeakSet()
-"""Every store of this process not closed yet: closed at exit, re-joined after a fork."""
+_OPEN: set[HostStore] = set()
+"""Every store of this process that joined its NAME and is not closed yet: closed at exit (so
+the last process to leave removes the objects), re-joined after a fork. Held strongly: a store
+dropped without ``close()`` still leaves at exit."""
 
 
 def _close_all() -> None:
