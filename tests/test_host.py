@@ -80,7 +80,7 @@ def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
     with HostStore(f"host://{name}") as store:
         store.apply(COUNT, "k", [5, 1000, 1])
         other = HostStore(f"host://{name}?max_keys=64")
-        with pytest.raises(fw.ConfigError, match="exists with max_keys=4096.*got max_keys=64"):
+        with pytest.raises(fw.ConfigError, match=r"exists with max_keys=4096.*got max_keys=64"):
             other.apply(COUNT, "k", [5, 1000, 1])
         store.slots("db", 3)
         with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
@@ -182,7 +182,7 @@ def test_a_waiting_thread_is_woken_by_a_release(name: str) -> None:
         quick = fw.HostBulkhead("q", store=store, max_concurrent=1, max_queue=1, max_wait=0.05)
         held = quick.acquire()
         began = time.monotonic()
-        with pytest.raises(fw.BulkheadFullError, match="no slot within 0.050s"):
+        with pytest.raises(fw.BulkheadFullError, match=r"no slot within 0\.050s"):
             quick.acquire()
         assert time.monotonic() - began >= 0.05
         quick.release(held)
