@@ -567,6 +567,9 @@ class HostStore(Store):
                 else:
                     lib.semop_timed(semid, _UNLOCK, None)
 
+    def __enter__(self) -> HostStore:
+        return self
+
     def _after_fork(self) -> None:
         """In a forked child: the mapping is inherited, the count of users is not."""
         self._mutex = threading.Lock()
