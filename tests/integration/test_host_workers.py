@@ -126,7 +126,7 @@ def _serve(kind: str, name: str, dep: Dependency, size: int) -> tuple[subprocess
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=20) as answer:  # noqa: S310 - loopback
+            with urllib.request.urlopen(url, timeout=20) as answer:
                 answer.read()
             break
         except (urllib.error.URLError, ConnectionError, TimeoutError):
