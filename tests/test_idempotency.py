@@ -265,8 +265,10 @@ async def test_idempotency_async_on_every_store(async_store_case: StoreCase) -> 
         )
         assert await idem.call_async(write) == 1
     assert runs == 1
-    assert results.count(1) == 1
-    assert all(isinstance(r, DuplicateInFlightError) for r in results if r != 1)
+    # Each duplicate either met the first call in flight (refused) or found it completed (its
+    # answer replayed): which one depends on scheduling, never on a second run.
+    assert 1 in results
+    assert all(r == 1 or isinstance(r, DuplicateInFlightError) for r in results)
     tokens = OneTimeTokens(async_store_case.store)
     token = await tokens.issue_async()
     assert [await tokens.consume_async(token) for _ in range(2)] == [True, False]
