@@ -251,7 +251,6 @@ def test_every_policy_class_has_a_script() -> None:
         "ChaosPolicy": "the chaos base class; its faults are scripted",
         "RateLimiter": "abstract; its algorithms are scripted",
         "BBRLimiter": "reads the host's CPU; scripted in tests/test_adaptive_bbr.py",
-        "_Metered": "a resource's meter, run inside Resource",
         "_LevelView": "a priority gate's per-level view, run inside PriorityGate",
     }
     scripted = {name.split(" ")[0] for name in FACTORIES}

@@ -121,11 +121,6 @@ def _ratio(rate: float | None) -> tuple[int, int]:
     return exact.numerator, exact.denominator
 
 
-def _refuse(now: float, duration: float) -> bool:
-    """The lock-free success path while a success must be seen under the lock."""
-    return False
-
-
 def _positive(name: str, value: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
@@ -229,10 +224,9 @@ class CircuitBreaker(Gate):
             else TimeWindow(self.buckets, self.window / self.buckets, slow_call_duration=slow)
         )
         self._window_shape = (self.window, self.buckets, self.window_calls, slow)
-        self._add_success = self._window.add_success
         self._streak = 0  # errors in a row while CLOSED/DISABLED (``consecutive_failures``)
         # armed: a success must be counted under the lock, as it may complete minimum_calls
-        # after errors or end an error streak; while armed, _add_success is _refuse
+        # after errors or end an error streak; while armed, the lane is closed
         self._armed = False
         self._lock = threading.Lock()
         self._now = clock.monotonic
@@ -247,6 +241,7 @@ class CircuitBreaker(Gate):
         self.transitions: dict[str, int] = {}
         """State changes since the breaker was built, by the state entered (for metrics)."""
         self._would_trip = False
+        self._set_lane()
 
     def _derive(self) -> None:
         """Clamp ``minimum_calls`` to a count window and fix the exact threshold ratios.
@@ -307,12 +302,8 @@ class CircuitBreaker(Gate):
         before the last state change are dropped: they describe the dependency as it was, not
         as the current state is testing it.
         """
-        if (
-            kind == 0
-            and permit == self._gen
-            and self._state is _CLOSED
-            and self._add_success(now, duration)
-        ):
+        lane = self.lane
+        if kind == 0 and lane is not None and permit == lane[0] and lane[1](now, duration):
             return  # the hot path: a fast success, counted lock-free
         events: list[Event] = []
         with self._lock:
@@ -359,7 +350,16 @@ class CircuitBreaker(Gate):
         """Route successes through the lock (armed) or the lock-free path (lock held)."""
         if armed != self._armed:
             self._armed = armed
-            self._add_success = _refuse if armed else self._window.add_success
+            self._set_lane()
+
+    def _set_lane(self) -> None:
+        """Open the lane (:attr:`~floodwall._core.admission.Gate.lane`) while CLOSED, unarmed and
+        without ``failure_result``: ``(generation, the window's lock-free success count)``;
+        close it otherwise (lock held, or the breaker not yet shared)."""
+        if self._state is _CLOSED and not self._armed and self.failure_result is None:
+            self.lane = (self._gen, self._window.add_success)
+        else:
+            self.lane = None
 
     def _on_probe(self, now: float, kind: Kind, duration: float, events: list[Event]) -> None:
         slow = self.slow_call_duration is not None and duration > self.slow_call_duration
@@ -423,6 +423,7 @@ class CircuitBreaker(Gate):
         """Change state (lock held): new generation, fresh probe and window bookkeeping."""
         before = self._state
         figures = self._figures(now)
+        self.lane = None  # closed while the state changes; _set_lane below reopens it
         self._state = to
         self._gen += 1
         self._changed_at = now
@@ -431,7 +432,8 @@ class CircuitBreaker(Gate):
         self._probe_successes = 0
         self._would_trip = False
         self._streak = 0
-        self._arm(False)
+        self._armed = False
+        self._set_lane()
         if to is _CLOSED or to is _DISABLED or to is _HALF_OPEN:
             self._window.reset()
         self.transitions[to.name] = self.transitions.get(to.name, 0) + 1
@@ -527,9 +529,7 @@ class CircuitBreaker(Gate):
             self.on_outcome(permit, now, self.classify(error), duration)
         elif self.failure_result is not None and self.failure_result(result):
             self.on_outcome(permit, now, _FAILURE, duration)
-        elif not (
-            permit == self._gen and self._state is _CLOSED and self._add_success(now, duration)
-        ):
+        else:
             self.on_outcome(permit, now, _SUCCESS, duration)
 
     # -- operators and observers ------------------------------------------------------------
@@ -615,7 +615,7 @@ class CircuitBreaker(Gate):
                 self._window_shape = fresh._window_shape
                 self._streak = 0
                 self._armed = False
-                self._add_success = fresh._window.add_success
+            self._set_lane()
 
     def describe(self) -> str:
         rules = []

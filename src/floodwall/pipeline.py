@@ -15,9 +15,10 @@ from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core.admission import Gate
-from floodwall._core.drivers import gate_async, gate_sync, gates_async, gates_sync
+from floodwall._core.drivers import Run, gate_async, gate_sync, gates_async, gates_sync
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
+from floodwall._core.meter import Metering
 from floodwall._core.policy import Policy
 
 __all__ = ["Pipeline"]
@@ -84,13 +85,19 @@ def chain(stages: list[_Stage], fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _stages(policies: tuple[Policy, ...]) -> tuple[list[_Stage], list[_Stage]]:
+def _stages(
+    policies: tuple[Policy, ...],
+    metering: Metering | None = None,
+    now: Callable[[], float] | None = None,
+) -> tuple[list[_Stage], list[_Stage]]:
     """The runners of a pipeline, innermost first: one per flow, one per run of gates.
 
-    Nested pipelines are flattened (composition is associative); consecutive gates share one
-    admission loop (:func:`~floodwall._core.drivers.gates_sync`), so ``Pipeline(breaker,
+    Nested pipelines are flattened (composition is associative); consecutive gates on one clock
+    share one admission loop (:class:`~floodwall._core.drivers.Run`), so ``Pipeline(breaker,
     bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
-    other policy runs through its own ``call``.
+    other policy runs through its own ``call``. ``metering`` (a config resource's meter, read on
+    ``now``) goes around everything: it joins the outermost run of gates when they share its
+    clock, else it is a run of its own.
     """
     flat: list[Policy] = []
     for policy in policies:
@@ -100,16 +107,27 @@ def _stages(policies: tuple[Policy, ...]) -> tuple[list[_Stage], list[_Stage]]:
     run: list[Gate] = []
 
     def close_run() -> None:
-        if len(run) == 1:
+        nonlocal metering
+        if len(run) == 1 and metering is None:
             sync.append((gate_sync, run[0]))
             async_.append((gate_async, run[0]))
         elif run:
-            sync.append((gates_sync, tuple(run)))
-            async_.append((gates_async, tuple(run)))
+            stage = Run(run, run[0]._now, metering)
+            sync.append((gates_sync, stage))
+            async_.append((gates_async, stage))
+            metering = None
         run.clear()
 
+    if metering is not None:
+        assert now is not None, "a metering needs the clock it reads"
+        if not flat or not isinstance(flat[0], Gate) or flat[0]._now != now:
+            sync.append((gates_sync, Run((), now, metering)))
+            async_.append((gates_async, Run((), now, metering)))
+            metering = None
     for policy in flat:
         if isinstance(policy, Gate):
+            if run and policy._now != run[0]._now:
+                close_run()
             run.append(policy)
             continue
         close_run()

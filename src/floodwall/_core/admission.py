@@ -34,7 +34,10 @@ from floodwall._core import drivers
 from floodwall._core.policy import Policy
 from floodwall._core.steps import FlowSteps, Step
 
-__all__ = ["Attempts", "Flow", "Gate", "Scoped"]
+__all__ = ["Attempts", "Flow", "Gate", "Lane", "Scoped"]
+
+Lane = tuple[Any, Callable[[float, float], bool]]
+"""A gate's open lane: ``(permit, tally)`` (see :attr:`Gate.lane`)."""
 
 
 class Gate(Policy):
@@ -46,6 +49,15 @@ class Gate(Policy):
     """
 
     _now: Callable[[], float]
+
+    lane: Lane | None = None
+    """The gate's open lane, or ``None`` (the default: every call runs :meth:`admit` and
+    :meth:`record`). While it is ``(permit, tally)``, the gate would admit any call with
+    ``permit`` without deciding anything, so the drivers skip ``admit``; and when a call so
+    admitted returns while ``lane`` is still the same object, ``tally(now, duration)`` counts
+    the success lock-free (True) or declines (False, and ``record`` runs). A gate replaces the
+    tuple (or sets ``None``) whenever that stops being true. The breaker's CLOSED state is such
+    a lane: two hook calls fewer per call (benchmark group "gate lane")."""
 
     call = drivers.gate_sync
     call_async = drivers.gate_async

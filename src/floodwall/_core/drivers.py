@@ -12,16 +12,19 @@ each call, so ``reconfigure()`` and subclass overrides are always seen.
 
 from __future__ import annotations
 
+from bisect import bisect_right as _bisect
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from floodwall._core.meter import DEGRADED, EDGES, Degradation, Metering
 from floodwall._core.steps import CALL, FlowSteps, Wait
 
 if TYPE_CHECKING:
-    from floodwall._core.admission import Attempts, Flow, Gate, Scoped
+    from floodwall._core.admission import Attempts, Flow, Gate, Lane, Scoped
 
 __all__ = [
+    "Run",
     "attempts_async",
     "attempts_sync",
     "drive_async",
@@ -44,14 +47,18 @@ R = TypeVar("R")
 
 
 def gate_sync(gate: Gate, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-    """Admit, call, record: a gate's ``call``."""
+    """Admit, call, record: a gate's ``call`` (through its open lane when it has one)."""
     now = gate._now
     start = now()
-    try:
-        permit = gate.admit(start, args, kwargs)
-    except Wait as wait:
-        permit = wait_sync(gate, wait)
-        start = now()
+    lane = gate.lane
+    if lane is None:
+        try:
+            permit = gate.admit(start, args, kwargs)
+        except Wait as wait:
+            permit = wait_sync(gate, wait)
+            start = now()
+    else:
+        permit = lane[0]
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
@@ -59,7 +66,8 @@ def gate_sync(gate: Gate, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwar
         gate.record(permit, end, end - start, exc, None)
         raise
     end = now()
-    gate.record(permit, end, end - start, None, result)
+    if lane is None or lane is not gate.lane or not lane[1](end, end - start):
+        gate.record(permit, end, end - start, None, result)
     return result
 
 
@@ -69,11 +77,15 @@ async def gate_async(
     """:func:`gate_sync` for coroutine functions: a gate's ``call_async``."""
     now = gate._now
     start = now()
-    try:
-        permit = gate.admit(start, args, kwargs)
-    except Wait as wait:
-        permit = await wait_async(gate, wait)
-        start = now()
+    lane = gate.lane
+    if lane is None:
+        try:
+            permit = gate.admit(start, args, kwargs)
+        except Wait as wait:
+            permit = await wait_async(gate, wait)
+            start = now()
+    else:
+        permit = lane[0]
     try:
         result = await fn(*args, **kwargs)
     except BaseException as exc:
@@ -81,7 +93,8 @@ async def gate_async(
         gate.record(permit, end, end - start, exc, None)
         raise
     end = now()
-    gate.record(permit, end, end - start, None, result)
+    if lane is None or lane is not gate.lane or not lane[1](end, end - start):
+        gate.record(permit, end, end - start, None, result)
     return result
 
 
@@ -118,74 +131,121 @@ async def _no_call_async() -> Any:
 # -- several gates in a row (a pipeline's stage) ---------------------------------------------
 
 
-def gates_sync(
-    gates: Sequence[Gate], fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
-) -> R:
-    """Admit outermost first, call, record in reverse.
+class Run:
+    """Consecutive gates of a pipeline that share a clock, admitted by one loop; ``metering``, a
+    config resource's meter around them (it may have no gates at all). Built with the pipeline.
+
+    One clock reading starts the run and one ends it (a gate that made the caller wait starts
+    the gates after it anew): two readings per call instead of two per gate, and the meter's
+    count shares them (benchmark group "gate run").
+    """
+
+    __slots__ = ("gates", "metering", "now")
+
+    def __init__(
+        self,
+        gates: Sequence[Gate],
+        now: Callable[[], float],
+        metering: Metering | None = None,
+    ) -> None:
+        self.gates = tuple(gates)
+        self.now = now
+        self.metering = metering
+
+
+def gates_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Admit outermost first, call, record in reverse; the meter, if any, around it all.
 
     A gate that refuses (or fails to admit) ends the call there: the gates already passed
     record its exception as the outcome, as they would had it come from the call itself.
     """
-    admitted: list[tuple[Gate, Any, float]] = []
-    for gate in gates:
-        start = gate._now()
-        try:
-            permit = gate.admit(start, args, kwargs)
-        except Wait as wait:
-            try:
-                permit = wait_sync(gate, wait)
-            except BaseException as exc:
-                _record_all(admitted, exc, None)
-                raise
-            start = gate._now()
-        except BaseException as exc:
-            _record_all(admitted, exc, None)
-            raise
-        admitted.append((gate, permit, start))
+    now = run.now
+    metering = run.metering
+    # the marker before the call: a new one after it means a fallback inside answered
+    before = None if metering is None else DEGRADED.get()
+    start = first = now()
+    admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
+        for gate in run.gates:
+            lane = gate.lane
+            if lane is not None:
+                admitted.append((gate, lane[0], start, lane))
+                continue
+            try:
+                permit = gate.admit(start, args, kwargs)
+            except Wait as wait:
+                permit = wait_sync(gate, wait)
+                start = now()
+            admitted.append((gate, permit, start, None))
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        _record_all(admitted, exc, None)
+        end = now()
+        _record_all(admitted, end, exc, None)
+        if metering is not None:
+            metering.failed(exc, end - first)
         raise
-    _record_all(admitted, None, result)
+    end = now()
+    _record_all(admitted, end, None, result)
+    if metering is not None:
+        _metered(metering, before, end - first)
     return result
 
 
 async def gates_async(
-    gates: Sequence[Gate], fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    run: Run, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
 ) -> R:
     """:func:`gates_sync` for coroutine functions."""
-    admitted: list[tuple[Gate, Any, float]] = []
-    for gate in gates:
-        start = gate._now()
-        try:
-            permit = gate.admit(start, args, kwargs)
-        except Wait as wait:
-            try:
-                permit = await wait_async(gate, wait)
-            except BaseException as exc:
-                _record_all(admitted, exc, None)
-                raise
-            start = gate._now()
-        except BaseException as exc:
-            _record_all(admitted, exc, None)
-            raise
-        admitted.append((gate, permit, start))
+    now = run.now
+    metering = run.metering
+    before = None if metering is None else DEGRADED.get()
+    start = first = now()
+    admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
+        for gate in run.gates:
+            lane = gate.lane
+            if lane is not None:
+                admitted.append((gate, lane[0], start, lane))
+                continue
+            try:
+                permit = gate.admit(start, args, kwargs)
+            except Wait as wait:
+                permit = await wait_async(gate, wait)
+                start = now()
+            admitted.append((gate, permit, start, None))
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        _record_all(admitted, exc, None)
+        end = now()
+        _record_all(admitted, end, exc, None)
+        if metering is not None:
+            metering.failed(exc, end - first)
         raise
-    _record_all(admitted, None, result)
+    end = now()
+    _record_all(admitted, end, None, result)
+    if metering is not None:
+        _metered(metering, before, end - first)
     return result
 
 
 def _record_all(
-    admitted: list[tuple[Gate, Any, float]], error: BaseException | None, result: Any
+    admitted: list[tuple[Gate, Any, float, Lane | None]],
+    end: float,
+    error: BaseException | None,
+    result: Any,
 ) -> None:
-    for gate, permit, start in reversed(admitted):
-        end = gate._now()
+    for gate, permit, start, lane in reversed(admitted):
+        if error is None and lane is not None and lane is gate.lane and lane[1](end, end - start):
+            continue  # counted in the gate's open lane
         gate.record(permit, end, end - start, error, result)
+
+
+def _metered(metering: Metering, before: Degradation | None, duration: float) -> None:
+    """Count an answer: a success, or a degraded one when a fallback inside set a new marker."""
+    marker = DEGRADED.get()
+    if marker is before or marker is None or marker.claimed:
+        metering.add()
+        metering.bins[_bisect(EDGES, duration)]()
+    else:
+        metering.degraded(marker, duration)
 
 
 # -- flows -----------------------------------------------------------------------------------

@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextvars
 import threading
 from bisect import bisect_right
+from collections.abc import Callable
 
 from floodwall._core.errors import RejectedError
 from floodwall._core.tally import Tally, values
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS, latency_bin_bounds
 
-__all__ = ["ANSWERS", "EDGES", "OUTCOMES", "Degradation", "Meter", "note_degraded"]
+__all__ = ["ANSWERS", "EDGES", "OUTCOMES", "Degradation", "Meter", "Metering", "note_degraded"]
 
 EDGES = _EDGES
 """Upper edges of the latency bins (seconds); a duration's bin is ``bisect_right(EDGES, d)``."""
@@ -163,3 +164,30 @@ class Meter:
             both.update(((o, "fallback"), c) for o, c in self._degraded.items())
         both["success", "answer"] = self._successes.value
         return both
+
+
+class Metering:
+    """A meter as the drivers run it around a stage of a pipeline (a config resource's meter,
+    outermost): :func:`~floodwall._core.drivers.gates_sync` reads :data:`DEGRADED` before and
+    after the call and counts a success inline (``add()`` and one bin's ``add``); the rarer
+    outcomes go through :meth:`degraded` and :meth:`failed`. ``rejected(outcome, error)`` hears
+    each call refused by a floodwall rejection (its outcome label and the error)."""
+
+    __slots__ = ("add", "bins", "meter", "rejected")
+
+    def __init__(self, meter: Meter, rejected: Callable[[str, BaseException], None]) -> None:
+        self.meter = meter
+        self.rejected = rejected
+        successes, bins = meter.success_counters()
+        self.add = successes.add
+        self.bins = [counter.add for counter in bins]
+
+    def degraded(self, marker: Degradation, duration: float) -> None:
+        """A fallback answered (``marker``) after ``duration`` seconds."""
+        self.meter.degraded(marker, duration)
+
+    def failed(self, error: BaseException, duration: float) -> None:
+        """The call ended with ``error`` after ``duration`` seconds."""
+        outcome = self.meter.failure(error, duration)
+        if outcome not in ("error", "cancelled"):
+            self.rejected(outcome, error)

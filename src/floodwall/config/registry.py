@@ -25,20 +25,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from bisect import bisect_right as _bisect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
-from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.meter import DEGRADED as _DEGRADED
-from floodwall._core.meter import EDGES as _EDGES
-from floodwall._core.meter import Degradation, Meter
+from floodwall._core.meter import Meter, Metering
 from floodwall._core.policy import Policy
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -443,6 +439,7 @@ class Resource(Pipeline):
         self.adaptive: AdaptiveLimiter | None = None
         self.chaos: ChaosPolicy | None = None
         self.meter: Meter | None = Meter() if registry.metrics else None
+        self._metering = None if self.meter is None else Metering(self.meter, self._rejected)
         self.removed = False
         self.use(())
 
@@ -451,14 +448,14 @@ class Resource(Pipeline):
         or the new ones, never a mix)."""
         self.policies = policies
         self.pipeline = Pipeline(*policies, name=self.name)
-        meter: tuple[Policy, ...] = () if self.meter is None else (_Metered(self),)
         answering = tuple(p for p in policies if p.kind in self._ANSWERING)
         refuse = (_refuse, self), (_refuse_async, self)
         # The meter is outermost in both plans: a shed call is counted (as shed, or as a
         # degraded answer), so an operator's shed shows in the metrics as it is.
-        shed_sync, shed_async = _stages((*meter, *answering))
+        now = self._registry._now
+        shed_sync, shed_async = _stages(answering, self._metering, now)
         self._plans = (
-            _stages((*meter, *policies)),
+            _stages(policies, self._metering, now),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
         )
         self.watch(self._registry._attention)
@@ -474,55 +471,14 @@ class Resource(Pipeline):
 
     _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
 
+    def _rejected(self, outcome: str, error: BaseException) -> None:
+        self._registry._rejected(self, outcome, error)
+
     def _shed_error(self) -> DegradedError:
         return DegradedError(self.name, f"dependency level {self.level} is shed", None)
 
     def describe(self) -> str:
         return f"Resource({self.name!r}, level={self.level}: {self.pipeline})"
-
-
-class _Metered(Gate):
-    """A resource's meter as its outermost gate: every call's outcome and duration."""
-
-    kind = "meter"
-
-    def __init__(self, resource: Resource) -> None:
-        assert resource.meter is not None
-        self.name = resource.name
-        self.listeners = Listeners()
-        self._resource = resource
-        self._registry = resource._registry
-        self._now = resource._registry._now
-        self._successes, self._bins = resource.meter.success_counters()
-
-    def admit(
-        self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Degradation | None:
-        return _DEGRADED.get()  # the marker before the call: a new one means a fallback answered
-
-    def record(
-        self,
-        permit: Degradation | None,
-        now: float,
-        duration: float,
-        error: BaseException | None,
-        result: Any,
-    ) -> None:
-        if error is None:
-            marker = _DEGRADED.get()
-            if marker is permit or marker is None or marker.claimed:
-                self._successes.add()  # meter.success(), inlined: the success path's only cost
-                self._bins[_bisect(_EDGES, duration)].add()
-                return
-            meter = self._resource.meter
-            assert meter is not None
-            meter.degraded(marker, duration)
-            return
-        meter = self._resource.meter
-        assert meter is not None
-        outcome = meter.failure(error, duration)
-        if outcome not in ("error", "cancelled"):
-            self._registry._rejected(self._resource, outcome, error)
 
 
 def _checked_sync(resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
