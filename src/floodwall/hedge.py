@@ -129,6 +129,7 @@ class Hedge(Scoped):
         self._hedges = Tally()
         self._hedge_wins = Tally()
         self._refusals = Tally()
+        self.scope = Race(self)  # every call's race (the budget entered as it starts)
 
     # -- the pure parts ---------------------------------------------------------------------
 
@@ -154,10 +155,6 @@ class Hedge(Scoped):
                 self._latency.record(now, Kind.SUCCESS, duration)
 
     # -- the step (a Race in the core runs the tasks; these hooks decide) --------------------
-
-    def scope(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Race:
-        """The call's race (the budget is entered when it starts and left when it ends)."""
-        return Race(self, self._now())
 
     def _enter(self, start: float) -> Any:
         self._calls.add()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from floodwall._core import defaults
 from floodwall._core.admission import Scoped
@@ -52,8 +52,8 @@ class Timeout(Scoped):
     """Bound a call to ``seconds`` (and to the ambient deadline); see
     [Timeouts and deadlines][guide-timeouts].
 
-    On the request path a timeout is one step: :meth:`scope` works out the call's budget and
-    hands the drivers a :class:`~floodwall._core.timebox.Timebox`, which cancels the task (or
+    On the request path a timeout is one scope, a :class:`~floodwall._core.timebox.Timebox`
+    built once: it works out each call's budget (:meth:`_budget`) and cancels the task (or
     arms the alarm, or abandons the thread) at the deadline.
     """
 
@@ -88,6 +88,7 @@ class Timeout(Scoped):
         self._abandoned = 0
         self._abandoned_lock = threading.Lock()
         self._timeouts = 0
+        self.scope = Timebox(self)  # every call's time box (its budget worked out as it starts)
 
     # -- shared -----------------------------------------------------------------------------
 
@@ -126,12 +127,6 @@ class Timeout(Scoped):
         return self._timeouts
 
     # -- the step -------------------------------------------------------------------------
-
-    def scope(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timebox:
-        """The call's time box: its own ``seconds`` or what is left of the ambient deadline."""
-        start = self._now()
-        budget, inherited = self._budget(start)
-        return Timebox(self, start, budget, inherited)
 
     def _refused(self, budget: float) -> TimeoutExceeded:
         self._timeouts += 1

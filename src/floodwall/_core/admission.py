@@ -32,7 +32,7 @@ from typing import Any
 
 from floodwall._core import drivers
 from floodwall._core.policy import Policy
-from floodwall._core.steps import FlowSteps, Step
+from floodwall._core.steps import FlowSteps, Scope, Step
 
 __all__ = ["Attempts", "Flow", "Gate", "Lane", "Scoped"]
 
@@ -119,12 +119,12 @@ class Attempts(Policy):
 
 
 class Scoped(Policy):
-    """A policy that runs the call inside one step of its own making (a time box, a race of
-    attempts, an offload to a pool): no generator, one object per call."""
+    """A policy that runs every call inside one :class:`~floodwall._core.steps.Scope` of its own
+    making (a time box, a race of attempts): no generator, no object per call. The constructor
+    sets :attr:`scope` (a plain attribute: the drivers read it on every call)."""
+
+    scope: Scope
+    """The scope every call of this policy runs inside."""
 
     call = drivers.scoped_sync
     call_async = drivers.scoped_async
-
-    @abstractmethod
-    def scope(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
-        """The step that runs this call (its ``run``/``arun`` receives the call to make)."""

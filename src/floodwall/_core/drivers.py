@@ -343,12 +343,12 @@ async def attempts_async(
 
 
 def scoped_sync(policy: Scoped, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-    """Run the call inside the policy's step: a scoped policy's ``call``."""
-    return policy.scope(args, kwargs).run(partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+    """Run the call inside the policy's scope: a scoped policy's ``call``."""
+    return policy.scope.run(fn, args, kwargs)  # type: ignore[no-any-return]
 
 
 async def scoped_async(
     policy: Scoped, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
 ) -> R:
     """:func:`scoped_sync` in a task."""
-    return await policy.scope(args, kwargs).arun(partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
+    return await policy.scope.arun(fn, args, kwargs)  # type: ignore[no-any-return]

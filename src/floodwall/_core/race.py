@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 from floodwall._core.errors import ConfigError
-from floodwall._core.steps import Step
+from floodwall._core.steps import Scope
 
 __all__ = ["Race", "Racer"]
 
@@ -60,28 +61,31 @@ class Racer(Protocol):
     def _now(self) -> float: ...
 
 
-class Race(Step):
-    """Run the call, start another attempt each time the policy's delay passes unanswered."""
+class Race(Scope):
+    """Run each call, start another attempt each time the policy's delay passes unanswered."""
 
-    __slots__ = ("policy", "start")
+    __slots__ = ("policy",)
 
-    def __init__(self, policy: Racer, start: float) -> None:
+    def __init__(self, policy: Racer) -> None:
         self.policy = policy
-        self.start = start
 
-    def run(self, call: Callable[[], Any]) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise ConfigError(
             f"Hedge {self.policy.name!r} hedges async calls only (use call_async or decorate an "
             "async def): a sync attempt cannot be cancelled, its losers would keep running in "
             "threads"
         )
 
-    async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def arun(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         policy = self.policy
-        token = policy._enter(self.start)
+        start = policy._now()
+        call = partial(fn, *args, **kwargs)
+        token = policy._enter(start)
         loop = asyncio.get_running_loop()
         running: dict[asyncio.Task[Any], tuple[int, float]] = {
-            loop.create_task(call()): (1, self.start)  # type: ignore[arg-type]
+            loop.create_task(call()): (1, start)  # type: ignore[arg-type]
         }
         launched = 1
         allowed = more = policy._more()

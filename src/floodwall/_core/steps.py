@@ -23,6 +23,7 @@ __all__ = [
     "FlowSteps",
     "Invoke",
     "NeedsAsyncError",
+    "Scope",
     "Sleep",
     "Step",
     "Wait",
@@ -45,6 +46,28 @@ class Step:
 
     async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """Perform the step in the running task."""
+        raise NotImplementedError
+
+
+class Scope:
+    """What a scoped policy (a timeout, a hedge) runs every call inside, built once with it.
+
+    ``run(fn, args, kwargs)`` performs the call in a thread, ``arun(fn, args, kwargs)`` in a
+    task. Unlike a :class:`Step` it takes the call as it came, not as a ``partial``, and it
+    keeps no state of one call: a call under a scoped policy allocates neither (benchmark group
+    "scoped step").
+    """
+
+    __slots__ = ()
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``fn(*args, **kwargs)`` inside the scope, blocking the calling thread."""
+        raise NotImplementedError
+
+    async def arun(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Await ``fn(*args, **kwargs)`` inside the scope, in the running task."""
         raise NotImplementedError
 
 

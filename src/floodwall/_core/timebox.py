@@ -24,12 +24,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from types import FrameType
 from typing import Any, Protocol
 
 from floodwall._core.clock import Clock, SystemClock
 from floodwall._core.errors import ConfigError, TimeoutExceeded
-from floodwall._core.steps import Step
+from floodwall._core.steps import Scope
 from floodwall.context import _DEADLINE, Deadline
 
 __all__ = ["Boxed", "Timebox", "Watchdogs", "can_signal"]
@@ -51,6 +52,10 @@ class Boxed(Protocol):
     @property
     def mode(self) -> str: ...
 
+    def _now(self) -> float: ...
+
+    def _budget(self, now: float) -> tuple[float, bool]: ...
+
     def _expired(self, budget: float, inherited: bool) -> TimeoutExceeded: ...
 
     def _refused(self, budget: float) -> TimeoutExceeded: ...
@@ -58,38 +63,41 @@ class Boxed(Protocol):
     def _on_abandoned(self, worker: str, budget: float, count: int) -> None: ...
 
 
-class Timebox(Step):
-    """Run the call by ``start + budget``; ``inherited`` when an outer deadline set the bound."""
+class Timebox(Scope):
+    """Run each call of ``policy`` within its budget: the policy's ``seconds``, or what is left
+    of the ambient deadline when that is less (``inherited``)."""
 
-    __slots__ = ("budget", "inherited", "policy", "start")
+    __slots__ = ("policy",)
 
-    def __init__(self, policy: Boxed, start: float, budget: float, inherited: bool) -> None:
+    def __init__(self, policy: Boxed) -> None:
         self.policy = policy
-        self.start = start
-        self.budget = budget
-        self.inherited = inherited
 
     # -- in a task -------------------------------------------------------------------------
 
-    async def arun(self, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def arun(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         policy = self.policy
-        at = self.start + self.budget
+        start = policy._now()
+        budget, inherited = policy._budget(start)
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError(f"Timeout {policy.name!r}: call_async must run inside a task")
-        entry = _Entry(at, task, task.cancelling())
-        watch = policy._watchdogs.enter(entry, self.inherited)
-        token = _DEADLINE.set(Deadline(at, policy.clock))
+        # the entry under watch is also the deadline the call sees: one object per call
+        entry = _Entry(start + budget, policy.clock, task, task.cancelling())
+        watch = policy._watchdogs.enter(entry, inherited)
+        token = _DEADLINE.set(entry)
         try:
-            result = await call()
+            result = await fn(*args, **kwargs)
         except asyncio.CancelledError as exc:
             if entry.state == _EXPIRED and task.uncancel() <= entry.cancelling:
-                raise policy._expired(self.budget, self.inherited) from exc
+                raise policy._expired(budget, inherited) from exc
             raise
         finally:
             _DEADLINE.reset(token)
             if entry.state == _PENDING:
                 entry.state = _DONE
+            entry.task = None  # a deadline kept by the caller must not keep the task
             fifo = watch.fifo
             while fifo and fifo[0].state:
                 fifo.popleft()
@@ -99,9 +107,11 @@ class Timebox(Step):
 
     # -- in a thread -----------------------------------------------------------------------
 
-    def run(self, call: Callable[[], Any]) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         policy = self.policy
-        token = _DEADLINE.set(Deadline(self.start + self.budget, policy.clock))
+        start = policy._now()
+        budget, inherited = policy._budget(start)
+        token = _DEADLINE.set(Deadline(start + budget, policy.clock))
         try:
             mode = policy.mode
             if mode == "auto":
@@ -109,17 +119,17 @@ class Timebox(Step):
                 real = isinstance(policy.clock, SystemClock)
                 mode = "signal" if real and can_signal() else "cooperative"
             if mode == "signal":
-                return self._signal(call)
+                return self._signal(partial(fn, *args, **kwargs), budget, inherited)
             if mode == "thread":
-                return self._thread(call)
-            result = call()
-            if policy.clock.monotonic() - self.start > self.budget:
-                raise policy._expired(self.budget, self.inherited)
+                return self._thread(partial(fn, *args, **kwargs), budget, inherited)
+            result = fn(*args, **kwargs)
+            if policy.clock.monotonic() - start > budget:
+                raise policy._expired(budget, inherited)
             return result
         finally:
             _DEADLINE.reset(token)
 
-    def _signal(self, call: Callable[[], Any]) -> Any:
+    def _signal(self, call: Callable[[], Any], budget: float, inherited: bool) -> Any:
         if not can_signal():
             raise ConfigError(
                 f"mode='signal' needs the main thread on POSIX, got thread "
@@ -132,14 +142,14 @@ class Timebox(Step):
 
         clock = self.policy.clock
         previous_handler = signal.signal(signal.SIGALRM, on_alarm)
-        outer_left, _ = signal.setitimer(signal.ITIMER_REAL, self.budget)
+        outer_left, _ = signal.setitimer(signal.ITIMER_REAL, budget)
         started = clock.monotonic()
         try:
             return call()
         except _Alarm as alarm:
             if alarm is not marker:
                 raise  # an outer timeout's alarm: let it reach its owner
-            raise self.policy._expired(self.budget, self.inherited) from None
+            raise self.policy._expired(budget, inherited) from None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous_handler)
@@ -149,9 +159,8 @@ class Timebox(Step):
                 left = outer_left - (clock.monotonic() - started)
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))
 
-    def _thread(self, call: Callable[[], Any]) -> Any:
+    def _thread(self, call: Callable[[], Any], budget: float, inherited: bool) -> Any:
         policy = self.policy
-        budget = self.budget
         lock = policy._abandoned_lock
         with lock:
             if policy._abandoned >= policy.thread_limit:
@@ -183,17 +192,19 @@ class Timebox(Step):
                 policy._abandoned += 1
                 count = policy._abandoned
             policy._on_abandoned(name, budget, count)
-            raise policy._expired(budget, self.inherited) from None
+            raise policy._expired(budget, inherited) from None
 
 
-class _Entry:
-    """One async call under watch: its deadline, task, and whether it ended or expired."""
+class _Entry(Deadline):
+    """One async call under watch, and the deadline it runs under: its task (until it ends)
+    and whether it ended or expired."""
 
-    __slots__ = ("at", "cancelling", "state", "task")
+    __slots__ = ("cancelling", "state", "task")
 
-    def __init__(self, at: float, task: asyncio.Task[Any], cancelling: int) -> None:
+    def __init__(self, at: float, clock: Clock, task: asyncio.Task[Any], cancelling: int) -> None:
         self.at = at
-        self.task = task
+        self.clock = clock
+        self.task: asyncio.Task[Any] | None = task
         self.cancelling = cancelling
         self.state = _PENDING
 
@@ -282,6 +293,7 @@ def _expire(watch: _Watch, now: float) -> float:
 def _cancel(entry: _Entry) -> None:
     if entry.state == _PENDING:
         entry.state = _EXPIRED
+        assert entry.task is not None  # set until the call ends
         entry.task.cancel()
 
 
