@@ -15,7 +15,15 @@ from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core.admission import Gate
-from floodwall._core.drivers import Run, gate_async, gate_sync, gates_async, gates_sync
+from floodwall._core.drivers import (
+    Run,
+    gate_async,
+    gate_sync,
+    gates_async,
+    gates_sync,
+    metered_async,
+    metered_sync,
+)
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.meter import Metering
@@ -96,8 +104,8 @@ def _stages(
     share one admission loop (:class:`~floodwall._core.drivers.Run`), so ``Pipeline(breaker,
     bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
     other policy runs through its own ``call``. ``metering`` (a config resource's meter, read on
-    ``now``) goes around everything: it joins the outermost run of gates when they share its
-    clock, else it is a run of its own.
+    ``now``) goes around everything, taking the outermost gate into its runner when they share
+    its clock.
     """
     flat: list[Policy] = []
     for policy in policies:
@@ -105,25 +113,27 @@ def _stages(
     sync: list[_Stage] = []
     async_: list[_Stage] = []
     run: list[Gate] = []
+    if metering is not None:
+        assert now is not None, "a metering needs the clock it reads"
+        # the meter takes the outermost gate into its runner when they share a clock
+        first = flat[0] if flat else None
+        joins = isinstance(first, Gate) and first._now == now
+        if joins:
+            del flat[0]
+        meter_run = Run((first,) if joins else (), now, metering)  # type: ignore[arg-type]
+        sync.append((metered_sync, meter_run))
+        async_.append((metered_async, meter_run))
 
     def close_run() -> None:
-        nonlocal metering
-        if len(run) == 1 and metering is None:
+        if len(run) == 1:
             sync.append((gate_sync, run[0]))
             async_.append((gate_async, run[0]))
         elif run:
-            stage = Run(run, run[0]._now, metering)
+            stage = Run(run, run[0]._now)
             sync.append((gates_sync, stage))
             async_.append((gates_async, stage))
-            metering = None
         run.clear()
 
-    if metering is not None:
-        assert now is not None, "a metering needs the clock it reads"
-        if not flat or not isinstance(flat[0], Gate) or flat[0]._now != now:
-            sync.append((gates_sync, Run((), now, metering)))
-            async_.append((gates_async, Run((), now, metering)))
-            metering = None
     for policy in flat:
         if isinstance(policy, Gate):
             if run and policy._now != run[0]._now:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from floodwall._core.meter import DEGRADED, EDGES, Degradation, Metering
+from floodwall._core.meter import DEGRADED, EDGES, Metering
 from floodwall._core.steps import CALL, FlowSteps, Wait
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ __all__ = [
     "gate_sync",
     "gates_async",
     "gates_sync",
+    "metered_async",
+    "metered_sync",
     "scoped_async",
     "scoped_sync",
 ]
@@ -128,19 +130,19 @@ async def _no_call_async() -> Any:
     _no_call()
 
 
-# -- several gates in a row (a pipeline's stage) ---------------------------------------------
+# -- several gates in a row (a pipeline's stage), and a meter ---------------------------------
 
 
 class Run:
-    """Consecutive gates of a pipeline that share a clock, admitted by one loop; ``metering``, a
-    config resource's meter around them (it may have no gates at all). Built with the pipeline.
+    """Consecutive gates of a pipeline that share a clock (``now``), admitted by one loop; or a
+    config resource's ``metering`` around at most one gate. Built with the pipeline.
 
     One clock reading starts the run and one ends it (a gate that made the caller wait starts
-    the gates after it anew): two readings per call instead of two per gate, and the meter's
-    count shares them (benchmark group "gate run").
+    the gates after it anew): two readings per call, not two per gate (benchmark group "gate
+    run").
     """
 
-    __slots__ = ("gates", "metering", "now")
+    __slots__ = ("gate", "gates", "metering", "now")
 
     def __init__(
         self,
@@ -149,21 +151,19 @@ class Run:
         metering: Metering | None = None,
     ) -> None:
         self.gates = tuple(gates)
+        self.gate = self.gates[0] if len(self.gates) == 1 else None
         self.now = now
         self.metering = metering
 
 
 def gates_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-    """Admit outermost first, call, record in reverse; the meter, if any, around it all.
+    """Admit outermost first, call, record in reverse.
 
     A gate that refuses (or fails to admit) ends the call there: the gates already passed
     record its exception as the outcome, as they would had it come from the call itself.
     """
     now = run.now
-    metering = run.metering
-    # the marker before the call: a new one after it means a fallback inside answered
-    before = None if metering is None else DEGRADED.get()
-    start = first = now()
+    start = now()
     admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
         for gate in run.gates:
@@ -179,15 +179,9 @@ def gates_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwarg
             admitted.append((gate, permit, start, None))
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        end = now()
-        _record_all(admitted, end, exc, None)
-        if metering is not None:
-            metering.failed(exc, end - first)
+        _record_all(admitted, now(), exc, None)
         raise
-    end = now()
-    _record_all(admitted, end, None, result)
-    if metering is not None:
-        _metered(metering, before, end - first)
+    _record_all(admitted, now(), None, result)
     return result
 
 
@@ -196,9 +190,7 @@ async def gates_async(
 ) -> R:
     """:func:`gates_sync` for coroutine functions."""
     now = run.now
-    metering = run.metering
-    before = None if metering is None else DEGRADED.get()
-    start = first = now()
+    start = now()
     admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
         for gate in run.gates:
@@ -214,15 +206,9 @@ async def gates_async(
             admitted.append((gate, permit, start, None))
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        end = now()
-        _record_all(admitted, end, exc, None)
-        if metering is not None:
-            metering.failed(exc, end - first)
+        _record_all(admitted, now(), exc, None)
         raise
-    end = now()
-    _record_all(admitted, end, None, result)
-    if metering is not None:
-        _metered(metering, before, end - first)
+    _record_all(admitted, now(), None, result)
     return result
 
 
@@ -238,14 +224,91 @@ def _record_all(
         gate.record(permit, end, end - start, error, result)
 
 
-def _metered(metering: Metering, before: Degradation | None, duration: float) -> None:
-    """Count an answer: a success, or a degraded one when a fallback inside set a new marker."""
+def metered_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """A config resource's meter around the call and its outermost gate, if it has one.
+
+    The meter is folded into this runner rather than run as a gate of its own: it shares the
+    gate's two clock readings, and a success costs two context reads and two counter bumps
+    (benchmark groups "config-built resource ...": metrics add at most a fifth).
+    """
+    metering = run.metering
+    assert metering is not None
+    now = run.now
+    gate = run.gate
+    before = DEGRADED.get()  # a new marker after the call means a fallback inside answered
+    start = first = now()
+    held = False
+    try:
+        if gate is not None:
+            lane = gate.lane
+            if lane is None:
+                try:
+                    permit = gate.admit(start, args, kwargs)
+                except Wait as wait:
+                    permit = wait_sync(gate, wait)
+                    start = now()
+            else:
+                permit = lane[0]
+            held = True
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        end = now()
+        if held:
+            gate.record(permit, end, end - start, exc, None)  # type: ignore[union-attr]
+        metering.failed(exc, end - first)
+        raise
+    end = now()
+    if held and (lane is None or lane is not gate.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+        gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        metering.add()
-        metering.bins[_bisect(EDGES, duration)]()
+        next(metering.successes)
+        next(metering.bins[_bisect(EDGES, end - first)])
     else:
-        metering.degraded(marker, duration)
+        metering.degraded(marker, end - first)
+    return result
+
+
+async def metered_async(
+    run: Run, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`metered_sync` for coroutine functions."""
+    metering = run.metering
+    assert metering is not None
+    now = run.now
+    gate = run.gate
+    before = DEGRADED.get()
+    start = first = now()
+    held = False
+    try:
+        if gate is not None:
+            lane = gate.lane
+            if lane is None:
+                try:
+                    permit = gate.admit(start, args, kwargs)
+                except Wait as wait:
+                    permit = await wait_async(gate, wait)
+                    start = now()
+            else:
+                permit = lane[0]
+            held = True
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        end = now()
+        if held:
+            gate.record(permit, end, end - start, exc, None)  # type: ignore[union-attr]
+        metering.failed(exc, end - first)
+        raise
+    end = now()
+    if held and (lane is None or lane is not gate.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+        gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
+    marker = DEGRADED.get()
+    if marker is before or marker is None or marker.claimed:
+        next(metering.successes)
+        next(metering.bins[_bisect(EDGES, end - first)])
+    else:
+        metering.degraded(marker, end - first)
+    return result
 
 
 # -- flows -----------------------------------------------------------------------------------

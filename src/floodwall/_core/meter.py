@@ -168,19 +168,19 @@ class Meter:
 
 class Metering:
     """A meter as the drivers run it around a stage of a pipeline (a config resource's meter,
-    outermost): :func:`~floodwall._core.drivers.gates_sync` reads :data:`DEGRADED` before and
-    after the call and counts a success inline (``add()`` and one bin's ``add``); the rarer
-    outcomes go through :meth:`degraded` and :meth:`failed`. ``rejected(outcome, error)`` hears
-    each call refused by a floodwall rejection (its outcome label and the error)."""
+    outermost): :func:`~floodwall._core.drivers.metered_sync` reads :data:`DEGRADED` before and
+    after the call and counts a success inline (``next()`` of ``successes`` and of one of
+    ``bins``); the rarer outcomes go through :meth:`degraded` and :meth:`failed`.
+    ``rejected(outcome, error)`` hears each call refused by a floodwall rejection."""
 
-    __slots__ = ("add", "bins", "meter", "rejected")
+    __slots__ = ("bins", "meter", "rejected", "successes")
 
     def __init__(self, meter: Meter, rejected: Callable[[str, BaseException], None]) -> None:
         self.meter = meter
         self.rejected = rejected
         successes, bins = meter.success_counters()
-        self.add = successes.add
-        self.bins = [counter.add for counter in bins]
+        self.successes = successes.counter
+        self.bins = [tally.counter for tally in bins]
 
     def degraded(self, marker: Degradation, duration: float) -> None:
         """A fallback answered (``marker``) after ``duration`` seconds."""
