@@ -32,23 +32,14 @@ A_co = TypeVar("A_co", covariant=True)
 
 
 class _Guards(Protocol):
-    def apply(
-        self,
-        op: Any,
-        key: str,
-        args: Sequence[Any] = ...,
-        local_args: Any = ...,
-        callers: int = ...,
-    ) -> Any: ...
+    """A :class:`~floodwall.stores.StoreGuard`: ``apply(op, key, args, local_args, callers)``
+    in a thread, ``apply_async`` (the same arguments) in a task."""
 
-    async def apply_async(
-        self,
-        op: Any,
-        key: str,
-        args: Sequence[Any] = ...,
-        local_args: Any = ...,
-        callers: int = ...,
-    ) -> Any: ...
+    @property
+    def apply(self) -> Callable[..., Any]: ...
+
+    @property
+    def apply_async(self) -> Callable[..., Awaitable[Any]]: ...
 
 
 class GuardedApply(Step):

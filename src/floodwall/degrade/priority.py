@@ -88,7 +88,28 @@ class LevelReserve:
 # -- a concurrency gate with levels ---------------------------------------------------------
 
 
-class PriorityGate(Gate):
+class _Levelled:
+    """What the level-aware admissions share: a policy per level, sharing the owner's capacity
+    (:meth:`for_level`), and :meth:`run` / :meth:`run_async` through it."""
+
+    _views: dict[int, _LevelView]
+
+    def for_level(self, level: int) -> _LevelView:
+        """The policy for ``level`` calls through this gate or limiter."""
+        return self._views[_check_level(level)]
+
+    def run(self, level: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        """``fn(*args, **kwargs)`` as ``level`` work."""
+        return self.for_level(level).call(fn, *args, **kwargs)
+
+    async def run_async(
+        self, level: int, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
+    ) -> R:
+        """Await ``fn(*args, **kwargs)`` as ``level`` work."""
+        return await self.for_level(level).call_async(fn, *args, **kwargs)
+
+
+class PriorityGate(_Levelled, Gate):
     """At most ``max_concurrent`` calls at once, level 1 first (see
     [Degradation][guide-degradation]).
 
@@ -180,20 +201,6 @@ class PriorityGate(Gate):
         """Give the slot back."""
         self.release()
 
-    def run(self, level: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        """``fn(*args, **kwargs)`` as ``level`` work."""
-        return self.for_level(level).call(fn, *args, **kwargs)
-
-    async def run_async(
-        self, level: int, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
-    ) -> R:
-        """Await ``fn(*args, **kwargs)`` as ``level`` work."""
-        return await self.for_level(level).call_async(fn, *args, **kwargs)
-
-    def for_level(self, level: int) -> _LevelView:
-        """The policy for ``level`` calls through this gate."""
-        return self._views[_check_level(level)]
-
     def describe(self) -> str:
         return f"PriorityGate({self.name!r}, max_concurrent={self.max_concurrent})"
 
@@ -230,7 +237,7 @@ class _LevelView(Gate):
 # -- rate limiters --------------------------------------------------------------------------
 
 
-class LevelLimiter:
+class LevelLimiter(_Levelled):
     """A :class:`~floodwall.ratelimit.RateLimiter` that keeps a reserve for level 1.
 
     ``acquire(level, key, cost)`` returns the limiter's
@@ -280,18 +287,6 @@ class LevelLimiter:
 
     def _leave(self) -> None:
         """Nothing to give back: rate permits are spent."""
-
-    def run(self, level: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        return self.for_level(level).call(fn, *args, **kwargs)
-
-    async def run_async(
-        self, level: int, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
-    ) -> R:
-        return await self.for_level(level).call_async(fn, *args, **kwargs)
-
-    def for_level(self, level: int) -> _LevelView:
-        """The policy for ``level`` calls through this limiter."""
-        return self._views[_check_level(level)]
 
     def describe(self) -> str:
         return f"LevelLimiter({self.name!r})"

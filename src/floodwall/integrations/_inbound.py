@@ -46,13 +46,24 @@ import ipaddress
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Protocol, TypedDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
+from floodwall._core.steps import CALL, Step
 from floodwall._core.tally import Tally
 from floodwall.adaptive.dagor import QueueingTimeAdmission
 from floodwall.adaptive.shedding import LoadShedder, Ticket
@@ -777,67 +788,64 @@ class InboundGuard:
     ) -> tuple[Captured, bool] | Refusal:
         """Run ``produce`` once per :meth:`idempotency_key` of ``request`` (which must have
         one): ``(answer, replayed)``, or a refusal (409/422/503)."""
-        idem = self.idempotency
-        key = self.idempotency_key(request)
-        assert idem is not None
-        assert key is not None
-        ran = False
+        ran: list[bool] = []
 
         def run(_: str) -> dict[str, Any]:
-            nonlocal ran
-            ran = True
-            token = _IDEMPOTENCY_KEY.set(None)  # the handler's own calls are other writes
-            try:
-                captured = produce()
-            finally:
-                _IDEMPOTENCY_KEY.reset(token)
-            if captured.status >= 500:
-                raise _Unstored(captured)
-            return captured.encode()
+            return drive_sync(_produced(ran), produce)  # type: ignore[no-any-return]
 
-        token = _IDEMPOTENCY_KEY.set(key)
-        try:
-            stored = idem.call(run, fingerprint(request, body))
-        except _Unstored as unstored:
-            return unstored.captured, False
-        except RejectedError as error:
-            return self._refuse(error, [])
-        finally:
-            _IDEMPOTENCY_KEY.reset(token)
-        return _replayed(stored, ran)
+        idem, steps = self._idempotent(request, ran)
+        return drive_sync(steps, partial(idem.call, run, fingerprint(request, body)))  # type: ignore[no-any-return]
 
     async def idempotent_async(
         self, request: Inbound, body: bytes, produce: Callable[[], Awaitable[Captured]]
     ) -> tuple[Captured, bool] | Refusal:
-        """:meth:`idempotent` for coroutines."""
+        """:meth:`idempotent` for coroutines (the same steps, driven in the task)."""
+        ran: list[bool] = []
+
+        async def run(_: str) -> dict[str, Any]:
+            return await drive_async(_produced(ran), produce)  # type: ignore[no-any-return]
+
+        idem, steps = self._idempotent(request, ran)
+        call = partial(idem.call_async, run, fingerprint(request, body))
+        return await drive_async(steps, call)  # type: ignore[no-any-return]
+
+    def _idempotent(
+        self, request: Inbound, ran: list[bool]
+    ) -> tuple[Idempotency, Generator[Step, Any, tuple[Captured, bool] | Refusal]]:
+        """The idempotency policy, and the steps around its call (:data:`CALL`): the request's
+        key set for the call, a refusal for a rejection, ``(answer, replayed)`` otherwise."""
         idem = self.idempotency
         key = self.idempotency_key(request)
         assert idem is not None
         assert key is not None
-        ran = False
 
-        async def run(_: str) -> dict[str, Any]:
-            nonlocal ran
-            ran = True
-            token = _IDEMPOTENCY_KEY.set(None)
+        def steps() -> Generator[Step, Any, tuple[Captured, bool] | Refusal]:
+            token = _IDEMPOTENCY_KEY.set(key)
             try:
-                captured = await produce()
+                stored = yield CALL
+            except _Unstored as unstored:
+                return unstored.captured, False
+            except RejectedError as error:
+                return self._refuse(error, [])
             finally:
                 _IDEMPOTENCY_KEY.reset(token)
-            if captured.status >= 500:
-                raise _Unstored(captured)
-            return captured.encode()
+            return _replayed(stored, bool(ran))
 
-        token = _IDEMPOTENCY_KEY.set(key)
-        try:
-            stored = await idem.call_async(run, fingerprint(request, body))
-        except _Unstored as unstored:
-            return unstored.captured, False
-        except RejectedError as error:
-            return self._refuse(error, [])
-        finally:
-            _IDEMPOTENCY_KEY.reset(token)
-        return _replayed(stored, ran)
+        return idem, steps()
+
+
+def _produced(ran: list[bool]) -> Generator[Step, Any, dict[str, Any]]:
+    """The handler's run under an idempotency key (:data:`CALL` produces its answer): noted in
+    ``ran``, its own calls free of the key (they are other writes), stored only below 500."""
+    ran.append(True)
+    token = _IDEMPOTENCY_KEY.set(None)
+    try:
+        captured = yield CALL
+    finally:
+        _IDEMPOTENCY_KEY.reset(token)
+    if captured.status >= 500:
+        raise _Unstored(captured)
+    return captured.encode()  # type: ignore[no-any-return]
 
 
 def _replayed(stored: Mapping[str, Any], ran: bool) -> tuple[Captured, bool]:
