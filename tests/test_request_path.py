@@ -14,6 +14,8 @@ import importlib
 import inspect
 import pkgutil
 import random
+import sys
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -36,6 +38,7 @@ from floodwall.shared import (
     LeasedLimiter,
     TimeSliceLimiter,
 )
+from floodwall.stores.host import HostStore, remove
 
 APPLICATIONS = ("floodwall.gateway", "floodwall.drill", "floodwall.sim", "floodwall.cli")
 SHAPES = (Gate, Flow, Attempts, Scoped)
@@ -104,6 +107,31 @@ def _resource(clock: fw.FakeClock) -> Policy:
     return Registry(document, clock=clock).get("dep")
 
 
+def _metered_resource(clock: fw.FakeClock) -> Policy:
+    """A resource whose meter takes its breaker into its runner (no fallback outside it)."""
+    document = {
+        "resources": {
+            "dep": {
+                "circuit_breaker": {"minimum_calls": 4, "open_duration": "0.5s"},
+                "bulkhead": {"max_concurrent": 2},
+            }
+        }
+    }
+    return Registry(document, clock=clock).get("dep")
+
+
+def _metered_waiting_resource(clock: fw.FakeClock) -> Policy:
+    """A resource whose meter takes in a gate that makes callers wait (a paced limiter)."""
+    resource = Registry({"resources": {"dep": {}}}, clock=clock).get("dep")
+    resource.use(
+        (
+            ratelimit.TokenBucket("6/s", max_wait=0.2, clock=clock),
+            fw.CircuitBreaker("mb", minimum_calls=4, open_duration=0.5, clock=clock),
+        )
+    )
+    return resource
+
+
 FACTORIES: dict[str, Factory] = {
     "CircuitBreaker": lambda c: fw.CircuitBreaker("b", minimum_calls=4, open_duration=0.5, clock=c),
     "Bulkhead": lambda c: fw.Bulkhead("h", max_concurrent=2, clock=c),
@@ -155,6 +183,13 @@ FACTORIES: dict[str, Factory] = {
     "FallbackSource": lambda c: FallbackSource(lambda i: -i, clock=c),
     "Idempotency": lambda c: Idempotency(key=lambda i: f"k{i % 4}", clock=c),
     "Resource": _resource,
+    "Resource (metered breaker)": _metered_resource,
+    "Resource (metered waiting limiter)": _metered_waiting_resource,
+    "Pipeline (a run of gates that waits)": lambda c: fw.Pipeline(
+        ratelimit.TokenBucket("6/s", max_wait=0.2, clock=c),
+        fw.CircuitBreaker("wb", minimum_calls=4, open_duration=0.5, clock=c),
+        fw.Bulkhead("wbh", max_concurrent=2, clock=c),
+    ),
     "Pipeline": lambda c: fw.Pipeline(
         fw.Fallback(value=-1, clock=c),
         fw.CircuitBreaker("pb", minimum_calls=4, open_duration=0.5, clock=c),
@@ -252,10 +287,27 @@ def test_every_policy_class_has_a_script() -> None:
         "RateLimiter": "abstract; its algorithms are scripted",
         "BBRLimiter": "reads the host's CPU; scripted in tests/test_adaptive_bbr.py",
         "_LevelView": "a priority gate's per-level view, run inside PriorityGate",
+        "HostBulkhead": "needs a host:// store of its own: scripted below",
     }
     scripted = {name.split(" ")[0] for name in FACTORIES}
     names = {cls.__name__ for cls in POLICY_CLASSES if cls not in PROTOCOL}
     assert names - scripted - set(exempt) == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="System V: Linux")
+def test_host_bulkhead_gives_the_same_outcomes_in_both_worlds() -> None:
+    name = f"t{uuid.uuid4().hex[:16]}"
+    traces = []
+    try:
+        for trace in (_sync_trace, _async_trace):
+            clock = fw.FakeClock(100.0)
+            with HostStore(f"host://{name}") as store:
+                bulkhead = fw.HostBulkhead("h", store=store, max_concurrent=2, clock=clock)
+                traces.append(trace(bulkhead, clock))
+    finally:
+        remove(name, force=True)
+    assert traces[0] == traces[1]
+    assert ("answer", 0) in traces[0]
 
 
 def test_hedge_runs_only_in_a_task() -> None:
