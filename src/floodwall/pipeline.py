@@ -16,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from floodwall._core.admission import Gate
 from floodwall._core.drivers import (
-    Run,
+    Metered,
     gate_async,
     gate_sync,
     gates_async,
@@ -100,8 +100,8 @@ def _stages(
 ) -> tuple[list[_Stage], list[_Stage]]:
     """The runners of a pipeline, innermost first: one per flow, one per run of gates.
 
-    Nested pipelines are flattened (composition is associative); consecutive gates on one clock
-    share one admission loop (:class:`~floodwall._core.drivers.Run`), so ``Pipeline(breaker,
+    Nested pipelines are flattened (composition is associative); consecutive gates share one
+    admission loop (:func:`~floodwall._core.drivers.gates_sync`), so ``Pipeline(breaker,
     bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
     other policy runs through its own ``call``. ``metering`` (a config resource's meter, read on
     ``now``) goes around everything, taking the outermost gate into its runner when they share
@@ -117,27 +117,24 @@ def _stages(
         assert now is not None, "a metering needs the clock it reads"
         # the meter takes the outermost gate into its runner when they share a clock
         first = flat[0] if flat else None
-        joins = isinstance(first, Gate) and first._now == now
-        if joins:
+        gate = first if isinstance(first, Gate) and first._now == now else None
+        if gate is not None:
             del flat[0]
-        meter_run = Run((first,) if joins else (), now, metering)  # type: ignore[arg-type]
-        sync.append((metered_sync, meter_run))
-        async_.append((metered_async, meter_run))
+        metered = Metered(metering, now, gate)
+        sync.append((metered_sync, metered))
+        async_.append((metered_async, metered))
 
     def close_run() -> None:
         if len(run) == 1:
             sync.append((gate_sync, run[0]))
             async_.append((gate_async, run[0]))
         elif run:
-            stage = Run(run, run[0]._now)
-            sync.append((gates_sync, stage))
-            async_.append((gates_async, stage))
+            sync.append((gates_sync, tuple(run)))
+            async_.append((gates_async, tuple(run)))
         run.clear()
 
     for policy in flat:
         if isinstance(policy, Gate):
-            if run and policy._now != run[0]._now:
-                close_run()
             run.append(policy)
             continue
         close_run()

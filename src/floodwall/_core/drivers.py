@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from floodwall._core.admission import Attempts, Flow, Gate, Lane, Scoped
 
 __all__ = [
-    "Run",
+    "Metered",
     "attempts_async",
     "attempts_sync",
     "drive_async",
@@ -130,43 +130,36 @@ async def _no_call_async() -> Any:
     _no_call()
 
 
-# -- several gates in a row (a pipeline's stage), and a meter ---------------------------------
+# -- several gates in a row (a pipeline's stage), a resource's meter -------------------------------
 
 
-class Run:
-    """Consecutive gates of a pipeline that share a clock (``now``), admitted by one loop; or a
-    config resource's ``metering`` around at most one gate. Built with the pipeline.
+class Metered:
+    """A config resource's meter (``metering``, read on ``now``) and the outermost gate it takes
+    into its runner (``gate``, or ``None``): what :func:`metered_sync` runs. Built with the
+    resource's stages."""
 
-    One clock reading starts the run and one ends it (a gate that made the caller wait starts
-    the gates after it anew): two readings per call, not two per gate (benchmark group "gate
-    run").
-    """
-
-    __slots__ = ("gate", "gates", "metering", "now")
+    __slots__ = ("gate", "metering", "now")
 
     def __init__(
-        self,
-        gates: Sequence[Gate],
-        now: Callable[[], float],
-        metering: Metering | None = None,
+        self, metering: Metering, now: Callable[[], float], gate: Gate | None = None
     ) -> None:
-        self.gates = tuple(gates)
-        self.gate = self.gates[0] if len(self.gates) == 1 else None
-        self.now = now
         self.metering = metering
+        self.now = now
+        self.gate = gate
 
 
-def gates_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+def gates_sync(
+    gates: Sequence[Gate], fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
     """Admit outermost first, call, record in reverse.
 
     A gate that refuses (or fails to admit) ends the call there: the gates already passed
     record its exception as the outcome, as they would had it come from the call itself.
     """
-    now = run.now
-    start = now()
     admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
-        for gate in run.gates:
+        for gate in gates:
+            start = gate._now()
             lane = gate.lane
             if lane is not None:
                 admitted.append((gate, lane[0], start, lane))
@@ -175,25 +168,24 @@ def gates_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwarg
                 permit = gate.admit(start, args, kwargs)
             except Wait as wait:
                 permit = wait_sync(gate, wait)
-                start = now()
+                start = gate._now()
             admitted.append((gate, permit, start, None))
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        _record_all(admitted, now(), exc, None)
+        _record_all(admitted, exc, None)
         raise
-    _record_all(admitted, now(), None, result)
+    _record_all(admitted, None, result)
     return result
 
 
 async def gates_async(
-    run: Run, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    gates: Sequence[Gate], fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
 ) -> R:
     """:func:`gates_sync` for coroutine functions."""
-    now = run.now
-    start = now()
     admitted: list[tuple[Gate, Any, float, Lane | None]] = []
     try:
-        for gate in run.gates:
+        for gate in gates:
+            start = gate._now()
             lane = gate.lane
             if lane is not None:
                 admitted.append((gate, lane[0], start, lane))
@@ -202,29 +194,27 @@ async def gates_async(
                 permit = gate.admit(start, args, kwargs)
             except Wait as wait:
                 permit = await wait_async(gate, wait)
-                start = now()
+                start = gate._now()
             admitted.append((gate, permit, start, None))
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        _record_all(admitted, now(), exc, None)
+        _record_all(admitted, exc, None)
         raise
-    _record_all(admitted, now(), None, result)
+    _record_all(admitted, None, result)
     return result
 
 
 def _record_all(
-    admitted: list[tuple[Gate, Any, float, Lane | None]],
-    end: float,
-    error: BaseException | None,
-    result: Any,
+    admitted: list[tuple[Gate, Any, float, Lane | None]], error: BaseException | None, result: Any
 ) -> None:
     for gate, permit, start, lane in reversed(admitted):
+        end = gate._now()
         if error is None and lane is not None and lane is gate.lane and lane[1](end, end - start):
             continue  # counted in the gate's open lane
         gate.record(permit, end, end - start, error, result)
 
 
-def metered_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+def metered_sync(run: Metered, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """A config resource's meter around the call and its outermost gate, if it has one.
 
     The meter is folded into this runner rather than run as a gate of its own: it shares the
@@ -232,7 +222,6 @@ def metered_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwa
     (benchmark groups "config-built resource ...": metrics add at most a fifth).
     """
     metering = run.metering
-    assert metering is not None
     now = run.now
     gate = run.gate
     before = DEGRADED.get()  # a new marker after the call means a fallback inside answered
@@ -270,11 +259,10 @@ def metered_sync(run: Run, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwa
 
 
 async def metered_async(
-    run: Run, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    run: Metered, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
 ) -> R:
     """:func:`metered_sync` for coroutine functions."""
     metering = run.metering
-    assert metering is not None
     now = run.now
     gate = run.gate
     before = DEGRADED.get()
