@@ -57,7 +57,7 @@ class Gate(Policy):
     admitted returns while ``lane`` is still the same object, ``tally(now, duration)`` counts
     the success lock-free (True) or declines (False, and ``record`` runs). A gate replaces the
     tuple (or sets ``None``) whenever that stops being true. The breaker's CLOSED state is such
-    a lane: two hook calls fewer per call (benchmark group "gate lane")."""
+    a lane: two hook calls fewer per call (benchmark groups "gate lane: ...")."""
 
     call = drivers.gate_sync
     call_async = drivers.gate_async

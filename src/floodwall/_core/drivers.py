@@ -52,7 +52,7 @@ def gate_sync(gate: Gate, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwar
     """Admit, call, record: a gate's ``call`` (through its open lane when it has one)."""
     now = gate._now
     start = now()
-    lane = gate.lane
+    lane = gate.lane  # the gate's open lane: benchmark group "gate lane: ..., sync"
     if lane is None:
         try:
             permit = gate.admit(start, args, kwargs)
@@ -79,7 +79,7 @@ async def gate_async(
     """:func:`gate_sync` for coroutine functions: a gate's ``call_async``."""
     now = gate._now
     start = now()
-    lane = gate.lane
+    lane = gate.lane  # the gate's open lane: benchmark group "gate lane: ..., async"
     if lane is None:
         try:
             permit = gate.admit(start, args, kwargs)
@@ -219,7 +219,7 @@ def metered_sync(run: Metered, fn: Callable[P, R], /, *args: P.args, **kwargs: P
 
     The meter is folded into this runner rather than run as a gate of its own: it shares the
     gate's two clock readings, and a success costs two context reads and two counter bumps
-    (benchmark groups "config-built resource ...": metrics add at most a fifth).
+    (benchmark groups "meter folded into its runner, ..." and "config-built resource ...").
     """
     metering = run.metering
     now = run.now

@@ -55,7 +55,7 @@ class Scope:
     ``run(fn, args, kwargs)`` performs the call in a thread, ``arun(fn, args, kwargs)`` in a
     task. Unlike a :class:`Step` it takes the call as it came, not as a ``partial``, and it
     keeps no state of one call: a call under a scoped policy allocates neither (benchmark group
-    "scoped step").
+    "async timeout").
     """
 
     __slots__ = ()

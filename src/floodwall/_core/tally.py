@@ -26,7 +26,7 @@ class Tally:
     def __init__(self) -> None:
         self.counter = itertools.count()
         """The count itself: ``next(tally.counter)`` is :meth:`add` for the hottest paths (a
-        builtin call is cheaper than the bound ``__next__``; benchmark group "tally")."""
+        builtin call is cheaper than the bound ``__next__``; benchmark group "tally: one bump")."""
         self.add = self.counter.__next__
         """Count one, lock-free (the number it returns is meaningless)."""
         self._reads = 0

@@ -83,7 +83,7 @@ class Timebox(Scope):
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError(f"Timeout {policy.name!r}: call_async must run inside a task")
-        # the entry under watch is also the deadline the call sees: one object per call
+        # the entry under watch is the call's deadline: benchmark group "timeout entry as deadline"
         entry = _Entry(start + budget, policy.clock, task, task.cancelling())
         watch = policy._watchdogs.enter(entry, inherited)
         token = _DEADLINE.set(entry)

@@ -232,7 +232,7 @@ class TimeWindow:
         if duration > self.slow_call_duration or not self._start <= now < self._end:
             return False
         bucket = self._cur
-        # next(counter) rather than add(): the breaker's success path (benchmark group "tally")
+        # next(counter) rather than add(): benchmark group "tally: one bump"
         next(bucket.calls.counter)  # type: ignore[union-attr] # _cur is set while _start <= _end
         bins = bucket.bins  # type: ignore[union-attr]
         if bins is not None:

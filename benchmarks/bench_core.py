@@ -1,0 +1,210 @@
+"""The drivers' and the core's shortcuts, each measured alone: the path with it and without it.
+
+STYLE.md item 23: a hot-path trick stays only where a case measures it on its own and it saves
+at least a tenth of that path. Each group here times one path twice, the shortcut on and off
+(off: a subclass or a stand-in that takes the plain road), side by side in the same rounds. The
+protected function is ``return 1``.
+
+* **gate lane**: a CLOSED breaker's open lane (:attr:`floodwall._core.admission.Gate.lane`)
+  lets the drivers skip ``admit`` and count a fast success without ``record``; off, the drivers
+  see no lane and every call runs both hooks (``record`` still counting lock-free).
+* **tally**: ``next(tally.counter)`` against ``tally.add()`` (the bound ``__next__``), the bump
+  of the breaker window's and the meter's success counts.
+* **meter folded into its runner**: a config resource's meter takes its outermost gate (the
+  breaker) into :func:`~floodwall._core.drivers.metered_sync` and shares its clock readings;
+  off, the breaker reads another clock, so the meter runs alone around a runner of its own.
+* **timeout entry as deadline**: a timeout's watch entry is also the deadline the call sees
+  (one object per call); off, a separate :class:`~floodwall.context.Deadline` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from itertools import repeat
+from typing import Any
+
+import floodwall
+from _harness import Case, Target
+from floodwall._core import timebox
+from floodwall._core.clock import SystemClock
+from floodwall._core.tally import Tally
+from floodwall.backoff import FullJitter
+from floodwall.config import Registry
+from floodwall.context import _DEADLINE, Deadline
+
+LANE = "gate lane: breaker success path, sync"
+ALANE = "gate lane: breaker success path, async"
+TALLY = "tally: one bump"
+METER = "meter folded into its runner, sync"
+AMETER = "meter folded into its runner, async"
+ENTRY = "timeout entry as deadline, async"
+
+LANE_ON = "floodwall @CircuitBreaker, lane open"
+LANE_OFF = "lane shut: admit + record"
+TALLY_ON = "next(tally.counter)"
+TALLY_OFF = "tally.add()"
+METER_ON = "metrics on, meter takes in the breaker"
+METER_OFF = "metrics on, meter alone (breaker on another clock)"
+METER_NONE = "metrics off"
+ENTRY_ON = "floodwall await timeout.call_async(f)"
+ENTRY_OFF = "a Deadline of its own per call"
+
+
+def f() -> int:
+    return 1
+
+
+async def af() -> int:
+    return 1
+
+
+class _ShutLane(floodwall.CircuitBreaker):
+    """A breaker that shows the drivers no lane, so every call runs ``admit`` and ``record``;
+    ``record`` still counts a fast success lock-free (as the breaker did before lanes)."""
+
+    _own: Any = None
+
+    def _set_lane(self) -> None:
+        super()._set_lane()
+        self._own, self.lane = self.lane, None
+
+    def record(
+        self, permit: int, now: float, duration: float, error: BaseException | None, result: Any
+    ) -> None:
+        own = self._own
+        if error is None and own is not None and permit == own[0] and own[1](now, duration):
+            return
+        super().record(permit, now, duration, error, result)
+
+
+class _OtherClock(SystemClock):
+    """The system clock read through another function (equal time, unequal clock)."""
+
+    monotonic = staticmethod(time.perf_counter)
+
+
+class _TwoObjects(timebox.Timebox):
+    """The time box as it was before the entry doubled as the deadline."""
+
+    async def arun(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        policy = self.policy
+        start = policy._now()
+        budget, inherited = policy._budget(start)
+        task = asyncio.current_task()
+        assert task is not None
+        entry = timebox._Entry(start + budget, policy.clock, task, task.cancelling())
+        watch = policy._watchdogs.enter(entry, inherited)
+        token = _DEADLINE.set(Deadline(start + budget, policy.clock))
+        try:
+            result = await fn(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if entry.state == timebox._EXPIRED and task.uncancel() <= entry.cancelling:
+                raise policy._expired(budget, inherited) from exc
+            raise
+        finally:
+            _DEADLINE.reset(token)
+            if entry.state == timebox._PENDING:
+                entry.state = timebox._DONE
+            entry.task = None
+            fifo = watch.fifo
+            while fifo and fifo[0].state:
+                fifo.popleft()
+        if entry.state == timebox._EXPIRED:
+            task.uncancel()
+        return result
+
+
+DOC = {
+    "resources": {
+        "dep": {
+            "circuit_breaker": {"minimum_calls": 20},
+            "retry": {"attempts": 3, "backoff": {"kind": "exponential", "jitter": "full"}},
+        }
+    }
+}
+
+
+def _resource(fn: Callable[..., Any], *, metrics: bool, apart: bool) -> Callable[[], Any]:
+    """The config group's resource (breaker + retry); ``apart``: its breaker on another clock."""
+    resource = Registry(DOC, metrics=metrics).get("dep")
+    if apart:
+        resource.use(
+            (
+                floodwall.CircuitBreaker("dep", minimum_calls=20, clock=_OtherClock()),
+                floodwall.Retry("dep", attempts=3, backoff=FullJitter(0.1, cap=10.0)),
+            )
+        )
+    return resource(fn)
+
+
+def _tally_cases() -> list[Case]:
+    tally = Tally()
+    counter = tally.counter
+    add = tally.add
+
+    def bump_next(n: int) -> None:
+        for _ in repeat(None, n):
+            next(counter)
+
+    def bump_add(n: int) -> None:
+        for _ in repeat(None, n):
+            add()
+
+    return [
+        Case(TALLY, TALLY_OFF, loop=bump_add, ref="add"),
+        Case(TALLY, TALLY_ON, loop=bump_next),
+    ]
+
+
+def _entry_cases() -> list[Case]:
+    shared = floodwall.Timeout(1.0)
+    apart = floodwall.Timeout(1.0)
+    apart.scope = _TwoObjects(apart)
+
+    async def on(n: int) -> None:
+        call = shared.call_async
+        for _ in repeat(None, n):
+            await call(af)
+
+    async def off(n: int) -> None:
+        call = apart.call_async
+        for _ in repeat(None, n):
+            await call(af)
+
+    return [
+        Case(ENTRY, ENTRY_OFF, aloop=off, ref="own deadline"),
+        Case(ENTRY, ENTRY_ON, aloop=on),
+    ]
+
+
+def cases() -> list[Case]:
+    return [
+        Case(LANE, LANE_OFF, fn=_ShutLane("bench-shut")(f), ref="lane shut"),
+        Case(LANE, LANE_ON, fn=floodwall.CircuitBreaker("bench-lane")(f)),
+        Case(ALANE, LANE_OFF, afn=_ShutLane("bench-ashut")(af), ref="lane shut"),
+        Case(ALANE, LANE_ON, afn=floodwall.CircuitBreaker("bench-alane")(af)),
+        *_tally_cases(),
+        Case(METER, METER_NONE, fn=_resource(f, metrics=False, apart=False), ref="no metrics"),
+        Case(METER, METER_OFF, fn=_resource(f, metrics=True, apart=True), ref="meter alone"),
+        Case(METER, METER_ON, fn=_resource(f, metrics=True, apart=False)),
+        Case(AMETER, METER_NONE, afn=_resource(af, metrics=False, apart=False), ref="no metrics"),
+        Case(AMETER, METER_OFF, afn=_resource(af, metrics=True, apart=True), ref="meter alone"),
+        Case(AMETER, METER_ON, afn=_resource(af, metrics=True, apart=False)),
+        *_entry_cases(),
+    ]
+
+
+def targets() -> list[Target]:
+    """Each shortcut's saving, as the ratio with it to without it (≤ 0.9 earns its place)."""
+    return [
+        Target(LANE, LANE_ON, LANE_OFF, 0.9, "shortcut: gate lane, breaker sync"),
+        Target(ALANE, LANE_ON, LANE_OFF, 0.9, "shortcut: gate lane, breaker async"),
+        Target(TALLY, TALLY_ON, TALLY_OFF, 0.9, "shortcut: next(tally.counter), one bump"),
+        Target(METER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, sync"),
+        Target(AMETER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, async"),
+        Target(ENTRY, ENTRY_ON, ENTRY_OFF, 0.9, "shortcut: timeout entry as deadline"),
+    ]
