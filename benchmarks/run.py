@@ -89,7 +89,9 @@ Run it with `make bench` (the command below; it rewrites this file), or
 `.venv/bin/python benchmarks/run.py` to print the tables without writing. `--quick` takes fewer
 and shorter samples (a smoke run, seconds), `--filter SUBSTR` keeps the groups or cases whose
 name contains SUBSTR (a group's reference cases are always kept). The cases live in
-`benchmarks/bench_*.py`.
+`benchmarks/bench_*.py`; `bench_core.py` times each shortcut of the drivers and the core on and
+off. `benchmarks/versus.py` times the breaker success path of this tree beside an older
+revision's (two worker processes, interleaved rounds).
 """
 
 
