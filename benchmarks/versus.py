@@ -7,8 +7,11 @@ process (the same interpreter, the tree's ``src`` first on ``sys.path``): this c
 older revision's, unpacked by ``git archive REV src`` into a temporary folder (never committed,
 removed at the end). The parent process asks the workers in turn: in every round each case of
 each tree takes one sample, in a fresh random order, while the other worker waits on its pipe,
-so the machine's drift hits both trees alike. A figure is the median over rounds (ns per call);
-the difference and the ratio are the medians of the per-round differences and ratios.
+so the machine's drift hits both trees alike; both workers are pinned to one CPU (``--cpu``), so
+a round never compares two cores under different loads. A figure is the median over rounds (ns per call);
+the difference and the ratio are the medians of the per-round differences and ratios. The
+fastest round of each (``min``) is printed too: on a machine busy with other work it is the
+sample least disturbed, and the difference of the two minimums the steadiest figure.
 
 Cases (the protected function is ``return 1``): ``@CircuitBreaker`` (the row of
 ``docs/benchmarks.md`` that issue 16's "+100 ns" bar refers to), ``breaker.call(f)``, and their
@@ -111,7 +114,7 @@ for line in sys.stdin:
 class Worker:
     """One tree's process: ``sample(case, n)`` returns the ns that ``n`` calls took there."""
 
-    def __init__(self, name: str, src: Path) -> None:
+    def __init__(self, name: str, src: Path, cpu: int | None) -> None:
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(src)],
@@ -120,6 +123,8 @@ class Worker:
             text=True,
             env={**os.environ, "PYTHONPATH": ""},
         )
+        if cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(self.proc.pid, {cpu})
 
     def sample(self, case: str, n: int) -> int:
         assert self.proc.stdin is not None
@@ -169,6 +174,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=41, help="interleaved rounds (default 41)")
     parser.add_argument("--sample-ms", type=float, default=30.0, help="ms per sample (30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round orders")
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        default=max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        help="the CPU both workers are pinned to (default: the last one this process may use)",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     sample_ns = args.sample_ms * 1e6
@@ -176,8 +187,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="floodwall-versus-") as tmp:
         old_src = unpack(args.rev, Path(tmp))
         workers = {
-            "this tree": Worker("this tree", ROOT / "src"),
-            args.rev: Worker(args.rev, old_src),
+            "this tree": Worker("this tree", ROOT / "src", args.cpu),
+            args.rev: Worker(args.rev, old_src, args.cpu),
         }
         try:
             counts = {
@@ -199,9 +210,15 @@ def main() -> int:
                 worker.close()
     new, old = workers
     print(f"load average after: {loadavg()}")
-    print(f"{args.rounds} rounds of one ~{args.sample_ms:g} ms sample per case and tree")
-    print(f"| case | {new} ns/call | {old} ns/call | difference (ns) | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(
+        f"{args.rounds} rounds of one ~{args.sample_ms:g} ms sample per case and tree, "
+        f"both workers on CPU {args.cpu}"
+    )
+    print(
+        f"| case | {new} ns/call | {old} ns/call | difference (ns) | ratio "
+        f"| {new} min | {old} min | difference of mins |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     verdict = ""
     for case in CASES:
         a, b = per_call[new, case], per_call[old, case]
@@ -209,7 +226,8 @@ def main() -> int:
         ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
         print(
             f"| {case} | {statistics.median(a):,.0f} | {statistics.median(b):,.0f} "
-            f"| {diff:+,.0f} | {ratio:.2f} |"
+            f"| {diff:+,.0f} | {ratio:.2f} | {min(a):,.0f} | {min(b):,.0f} "
+            f"| {min(a) - min(b):+,.0f} |"
         )
         if case == BAR_CASE:
             verdict = (
