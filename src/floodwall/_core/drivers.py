@@ -5,9 +5,12 @@ every ``call_async`` the matching ``*_async`` function; a :class:`~floodwall.Pip
 the same runners, one per stage. Each sync function here has an async twin that differs only
 where a thread and a task differ (``await``); nothing else in the package writes a call body.
 
-Costs: a gate adds two Python calls to the protected call (``admit`` and ``record``), a flow a
-generator and one ``send`` per step. The gate runners take the hook methods from the instance
-each call, so ``reconfigure()`` and subclass overrides are always seen.
+Costs: a gate adds two Python calls to the protected call (``admit`` and ``record``), none
+while it keeps an open lane (:attr:`~floodwall._core.admission.Gate.lane`: a CLOSED breaker);
+a flow a generator and one ``send`` per step; a scoped policy one call of its scope. The gate
+runners take the hooks and the lane from the instance each call, so ``reconfigure()`` and
+subclass overrides are always seen. A config resource's meter has its own runner
+(:func:`metered_sync`), which takes the resource's outermost gate in.
 """
 
 from __future__ import annotations
