@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import json
@@ -9,6 +10,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +341,24 @@ def test_dagor_level_rides_on_answers_and_pushback_on_failures(clock: fw.FakeClo
     assert dict(admitted.response_headers(502))["X-Retry-Pushback-Ms"] == "-1"
 
 
-def test_idempotent_answers_are_stored_replayed_and_refused(clock: fw.FakeClock) -> None:
+def _idempotent(
+    world: str, guard: InboundGuard, request: Inbound, body: bytes, produce: Callable[[], Captured]
+) -> tuple[Captured, bool] | Refusal:
+    """``guard.idempotent`` in a thread, or ``guard.idempotent_async`` in a task."""
+    if world == "thread":
+        return guard.idempotent(request, body, produce)
+
+    async def produce_async() -> Captured:
+        await asyncio.sleep(0)
+        return produce()
+
+    return asyncio.run(guard.idempotent_async(request, body, produce_async))
+
+
+@pytest.mark.parametrize("world", ["thread", "task"])
+def test_idempotent_answers_are_stored_replayed_and_refused(
+    clock: fw.FakeClock, world: str
+) -> None:
     guard = InboundGuard(
         idempotency=fw.Idempotency("memory://", fingerprint=str, clock=clock), clock=clock
     )
@@ -352,17 +371,18 @@ def test_idempotent_answers_are_stored_replayed_and_refused(clock: fw.FakeClock)
         runs.append(1)
         return Captured(201, [("Content-Length", "2"), ("X-Order", "7")], b"ok")
 
-    first = guard.idempotent(request, b"{}", produce)
-    again = guard.idempotent(request, b"{}", produce)
+    first = _idempotent(world, guard, request, b"{}", produce)
+    again = _idempotent(world, guard, request, b"{}", produce)
     assert not isinstance(first, Refusal) and not isinstance(again, Refusal)
     assert first[1] is False and again[1] is True
     assert again[0].body == b"ok" and again[0].headers == [("X-Order", "7")]
-    other = guard.idempotent(request, b"{other}", produce)
+    other = _idempotent(world, guard, request, b"{other}", produce)
     assert isinstance(other, Refusal) and other.status == 422
     assert len(runs) == 1
 
 
-def test_idempotent_failures_are_not_stored(clock: fw.FakeClock) -> None:
+@pytest.mark.parametrize("world", ["thread", "task"])
+def test_idempotent_failures_are_not_stored(clock: fw.FakeClock, world: str) -> None:
     guard = InboundGuard(
         idempotency=fw.Idempotency("memory://", fingerprint=str, clock=clock), clock=clock
     )
@@ -372,8 +392,8 @@ def test_idempotent_failures_are_not_stored(clock: fw.FakeClock) -> None:
     def produce() -> Captured:
         return Captured(next(statuses), [], b"")
 
-    first = guard.idempotent(request, b"", produce)
-    second = guard.idempotent(request, b"", produce)
+    first = _idempotent(world, guard, request, b"", produce)
+    second = _idempotent(world, guard, request, b"", produce)
     assert not isinstance(first, Refusal) and first[0].status == 503
     assert not isinstance(second, Refusal) and second[0].status == 200 and not second[1]
 
