@@ -14,8 +14,9 @@ fastest round of each (``min``) is printed too: on a machine busy with other wor
 sample least disturbed, and the difference of the two minimums the steadiest figure.
 
 Cases (the protected function is ``return 1``): ``@CircuitBreaker`` (the row of
-``docs/benchmarks.md`` that issue 16's "+100 ns" bar refers to), ``breaker.call(f)``, and their
-async twins. The load average is printed before and after: quote it with the figures.
+``docs/benchmarks.md`` that issue 16's "+100 ns" bar refers to), ``breaker.call(f)``, their
+async twins, ``Timeout(1.0).call_async`` and ``asyncio.timeout`` (the same code in both trees,
+a yardstick of the machine's state). The load average is printed before and after: quote it with the figures.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = ("@CircuitBreaker", "breaker.call(f)", "@CircuitBreaker (async def)", "breaker.call_async")
+CASES = (
+    "@CircuitBreaker",
+    "breaker.call(f)",
+    "@CircuitBreaker (async def)",
+    "breaker.call_async",
+    "timeout.call_async",
+    "async with asyncio.timeout",
+)
 BAR_CASE = "@CircuitBreaker"
 BAR_NS = 100.0
 """Issue 16: the success path may cost at most this much more than the old revision's."""
@@ -73,11 +81,25 @@ async def async_call(n):
     for _ in repeat(None, n):
         await call(af)
 
+timeout = floodwall.Timeout(1.0)
+
+async def timeout_call(n):
+    call = timeout.call_async
+    for _ in repeat(None, n):
+        await call(af)
+
+async def asyncio_timeout(n):
+    for _ in repeat(None, n):
+        async with asyncio.timeout(1.0):
+            await af()
+
 LOOPS = {
     "@CircuitBreaker": (sync_deco, False),
     "breaker.call(f)": (sync_call, False),
     "@CircuitBreaker (async def)": (async_deco, True),
     "breaker.call_async": (async_call, True),
+    "timeout.call_async": (timeout_call, True),
+    "async with asyncio.timeout": (asyncio_timeout, True),
 }
 loop = asyncio.new_event_loop()
 
