@@ -13,8 +13,11 @@ protected function is ``return 1``.
 * **meter folded into its runner**: a config resource's meter takes its outermost gate (the
   breaker) into :func:`~floodwall._core.drivers.metered_sync` and shares its clock readings;
   off, the breaker reads another clock, so the meter runs alone around a runner of its own.
-* **timeout entry as deadline**: a timeout's watch entry is also the deadline the call sees
-  (one object per call); off, a separate :class:`~floodwall.context.Deadline` is set.
+* **timeout box, common case**: two shortcuts of a timeout's call, each measured against the
+  case without it: its watch entry is also the deadline the call sees (one object per call;
+  off, a separate :class:`~floodwall.context.Deadline`), and with no ambient deadline the
+  budget and the watch are taken inline (off, through ``Timeout._budget`` and
+  ``Watchdogs.enter``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ ALANE = "gate lane: breaker success path, async"
 TALLY = "tally: one bump"
 METER = "meter folded into its runner, sync"
 AMETER = "meter folded into its runner, async"
-ENTRY = "timeout entry as deadline, async"
+ENTRY = "timeout box, common case"
 
 LANE_ON = "floodwall @CircuitBreaker, lane open"
 LANE_OFF = "lane shut: admit + record"
@@ -49,7 +52,8 @@ METER_ON = "metrics on, meter takes in the breaker"
 METER_OFF = "metrics on, meter alone (breaker on another clock)"
 METER_NONE = "metrics off"
 ENTRY_ON = "floodwall await timeout.call_async(f)"
-ENTRY_OFF = "a Deadline of its own per call"
+ENTRY_OFF = "inline, but a Deadline of its own per call"
+ENTRY_NONE = "neither shortcut: policy._budget, watchdogs.enter, own Deadline"
 
 
 def f() -> int:
@@ -85,20 +89,24 @@ class _OtherClock(SystemClock):
     monotonic = staticmethod(time.perf_counter)
 
 
-class _TwoObjects(timebox.Timebox):
-    """The time box as it was before the entry doubled as the deadline."""
+class _Plain(timebox.Timebox):
+    """The time box without its two shortcuts: the budget and the watch through the policy's
+    and the watchdogs' methods, and a :class:`Deadline` of its own per call."""
+
+    separate_deadline = True
 
     async def arun(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         policy = self.policy
         start = policy._now()
-        budget, inherited = policy._budget(start)
+        budget, inherited = self._budget(start)
         task = asyncio.current_task()
         assert task is not None
         entry = timebox._Entry(start + budget, policy.clock, task, task.cancelling())
-        watch = policy._watchdogs.enter(entry, inherited)
-        token = _DEADLINE.set(Deadline(start + budget, policy.clock))
+        watch = self._enter(entry, inherited, task)
+        deadline = Deadline(start + budget, policy.clock) if self.separate_deadline else entry
+        token = _DEADLINE.set(deadline)
         try:
             result = await fn(*args, **kwargs)
         except asyncio.CancelledError as exc:
@@ -116,6 +124,21 @@ class _TwoObjects(timebox.Timebox):
         if entry.state == timebox._EXPIRED:
             task.uncancel()
         return result
+
+    def _budget(self, start: float) -> tuple[float, bool]:
+        return self.policy._budget(start)
+
+    def _enter(self, entry: Any, inherited: bool, task: asyncio.Task[Any]) -> Any:
+        return self.policy._watchdogs.enter(entry, inherited)
+
+
+class _EntryApart(_Plain):
+    """The common case inline (as the real time box), but a Deadline of its own per call."""
+
+    def _budget(self, start: float) -> tuple[float, bool]:
+        if _DEADLINE.get() is None:
+            return self.policy.seconds, False
+        return self.policy._budget(start)
 
 
 DOC = {
@@ -161,23 +184,22 @@ def _tally_cases() -> list[Case]:
 
 
 def _entry_cases() -> list[Case]:
-    shared = floodwall.Timeout(1.0)
-    apart = floodwall.Timeout(1.0)
-    apart.scope = _TwoObjects(apart)
+    def loop(box: type[timebox.Timebox] | None) -> Callable[[int], Awaitable[None]]:
+        policy = floodwall.Timeout(1.0)
+        if box is not None:
+            policy.scope = box(policy)
+        call = policy.call_async
 
-    async def on(n: int) -> None:
-        call = shared.call_async
-        for _ in repeat(None, n):
-            await call(af)
+        async def run(n: int) -> None:
+            for _ in repeat(None, n):
+                await call(af)
 
-    async def off(n: int) -> None:
-        call = apart.call_async
-        for _ in repeat(None, n):
-            await call(af)
+        return run
 
     return [
-        Case(ENTRY, ENTRY_OFF, aloop=off, ref="own deadline"),
-        Case(ENTRY, ENTRY_ON, aloop=on),
+        Case(ENTRY, ENTRY_NONE, aloop=loop(_Plain), ref="neither"),
+        Case(ENTRY, ENTRY_OFF, aloop=loop(_EntryApart), ref="own deadline"),
+        Case(ENTRY, ENTRY_ON, aloop=loop(None)),
     ]
 
 
@@ -207,4 +229,5 @@ def targets() -> list[Target]:
         Target(METER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, sync"),
         Target(AMETER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, async"),
         Target(ENTRY, ENTRY_ON, ENTRY_OFF, 0.9, "shortcut: timeout entry as deadline"),
+        Target(ENTRY, ENTRY_OFF, ENTRY_NONE, 0.9, "shortcut: timeout box, common case inline"),
     ]

@@ -7,16 +7,17 @@ process (the same interpreter, the tree's ``src`` first on ``sys.path``): this c
 older revision's, unpacked by ``git archive REV src`` into a temporary folder (never committed,
 removed at the end). The parent process asks the workers in turn: in every round each case of
 each tree takes one sample, in a fresh random order, while the other worker waits on its pipe,
-so the machine's drift hits both trees alike; both workers are pinned to one CPU (``--cpu``), so
-a round never compares two cores under different loads. A figure is the median over rounds (ns per call);
-the difference and the ratio are the medians of the per-round differences and ratios. The
-fastest round of each (``min``) is printed too: on a machine busy with other work it is the
-sample least disturbed, and the difference of the two minimums the steadiest figure.
+so the machine's drift hits both trees alike; both workers are pinned to one CPU (``--cpu``),
+so a round never compares two cores under different loads. A figure is the median over rounds
+(ns per call); the difference and the ratio are the medians of the per-round differences and
+ratios. The fastest round of each (``min``) is printed too: on a machine busy with other work it
+is the sample least disturbed, and the difference of the two minimums the steadiest figure.
 
 Cases (the protected function is ``return 1``): ``@CircuitBreaker`` (the row of
 ``docs/benchmarks.md`` that issue 16's "+100 ns" bar refers to), ``breaker.call(f)``, their
 async twins, ``Timeout(1.0).call_async`` and ``asyncio.timeout`` (the same code in both trees,
-a yardstick of the machine's state). The load average is printed before and after: quote it with the figures.
+a yardstick of the machine's state). The load average is printed before and after: quote it
+with the figures.
 """
 
 from __future__ import annotations
