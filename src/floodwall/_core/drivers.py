@@ -221,7 +221,7 @@ def metered_sync(run: Metered, fn: Callable[P, R], /, *args: P.args, **kwargs: P
     """A config resource's meter around the call and its outermost gate, if it has one.
 
     The meter is folded into this runner rather than run as a gate of its own: it shares the
-    gate's two clock readings, and a success costs two context reads and two counter bumps
+    gate's two clock readings, and a success costs two context reads and one counter bump
     (benchmark groups "meter folded into its runner, ..." and "config-built resource ...").
     """
     metering = run.metering
@@ -254,7 +254,6 @@ def metered_sync(run: Metered, fn: Callable[P, R], /, *args: P.args, **kwargs: P
         gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        next(metering.successes)
         next(metering.bins[_bisect(EDGES, end - first)])
     else:
         metering.degraded(marker, end - first)
@@ -295,7 +294,6 @@ async def metered_async(
         gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        next(metering.successes)
         next(metering.bins[_bisect(EDGES, end - first)])
     else:
         metering.degraded(marker, end - first)
