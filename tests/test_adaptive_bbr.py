@@ -67,10 +67,10 @@ def test_never_drops_a_lone_request() -> None:
     ("kwargs", "message"),
     [
         ({"cpu_threshold": 0}, "cpu_threshold must be in"),
-        ({"cooldown": -1}, "cooldown must be >= 0"),
+        ({"cooldown": -1}, "cooldown must be a finite number of seconds >= 0"),
         ({"buckets": 1}, "buckets must be an integer >= 2"),
         ({"window": 0}, "window must be"),
-        ({"rt_resolution": -1}, "rt_resolution must be >= 0"),
+        ({"rt_resolution": -1}, "rt_resolution must be a finite number of seconds >= 0"),
     ],
 )
 def test_bbr_options_are_validated(kwargs: dict[str, float], message: str) -> None:

@@ -209,5 +209,5 @@ def test_dagor_quiet_server_keeps_the_papers_window() -> None:
     assert adm.level.user == 17
     with pytest.raises(ConfigError, match="early_window must be <= window"):
         QueueingTimeAdmission(window=0.05)
-    with pytest.raises(ConfigError, match="surge must be in"):
+    with pytest.raises(ConfigError, match="surge must be a finite number >= 1"):
         QueueingTimeAdmission(surge=0.5)

@@ -424,7 +424,7 @@ def test_listener_may_read_the_breaker(clock: FakeClock) -> None:
     [
         ({"failure_rate": 1.5}, "failure_rate must be in (0, 1], got 1.5"),
         ({"minimum_calls": 0}, "minimum_calls must be an integer >= 1, got 0"),
-        ({"open_duration": -1}, "open_duration must be > 0 seconds, got -1"),
+        ({"open_duration": -1}, "open_duration must be a finite number of seconds > 0, got -1"),
         ({"slow_call_rate": 0.5}, "slow_call_rate=0.5 needs slow_call_duration"),
         ({"failure_rate": None}, "at least one of failure_rate, slow_call_rate, error_count"),
         ({"half_open_calls": 2.5}, "half_open_calls must be an integer >= 1, got 2.5"),

@@ -52,6 +52,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Kind
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _count
+from floodwall._core.validate import seconds
 from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
 
 __all__ = ["CircuitBreaker", "CircuitState"]
@@ -126,12 +127,6 @@ def _refuse(now: float, duration: float) -> bool:
     return False
 
 
-def _positive(name: str, value: float) -> float:
-    if not value > 0:
-        raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
-    return float(value)
-
-
 class CircuitBreaker(Gate):
     """A circuit breaker over a rolling window ([Circuit breaker][guide-circuit-breaker]).
 
@@ -181,7 +176,7 @@ class CircuitBreaker(Gate):
         self.slow_call_duration = (
             None
             if slow_call_duration is None
-            else _positive("slow_call_duration", slow_call_duration)
+            else seconds("slow_call_duration", slow_call_duration, positive=True)
         )
         self.error_count = None if error_count is None else _count("error_count", error_count)
         self.consecutive_failures = (
@@ -199,22 +194,22 @@ class CircuitBreaker(Gate):
                 "at least one of failure_rate, slow_call_rate, error_count, consecutive_failures"
                 " must be set, got none"
             )
-        self.window = _positive("window", window)
+        self.window = seconds("window", window, positive=True)
         self.buckets = _count("buckets", buckets)
         self.window_calls = None if window_calls is None else _count("window_calls", window_calls)
         self._derive()
-        self.open_duration = _positive("open_duration", open_duration)
+        self.open_duration = seconds("open_duration", open_duration, positive=True)
         if not open_duration_growth >= 1:
             raise ConfigError(f"open_duration_growth must be >= 1, got {open_duration_growth!r}")
         self.open_duration_growth = float(open_duration_growth)
-        self.max_open_duration = _positive("max_open_duration", max_open_duration)
+        self.max_open_duration = seconds("max_open_duration", max_open_duration, positive=True)
         if self.max_open_duration < self.open_duration:
             raise ConfigError(
                 f"max_open_duration must be >= open_duration ({open_duration!r}), "
                 f"got {max_open_duration!r}"
             )
         self.half_open_calls = _count("half_open_calls", half_open_calls)
-        self.probe_timeout = _positive("probe_timeout", probe_timeout)
+        self.probe_timeout = seconds("probe_timeout", probe_timeout, positive=True)
         self.record_exceptions = record if isinstance(record, tuple) else (record,)
         """The ``record=`` option: exception types counted as failures."""
         self.ignore = ignore if isinstance(ignore, tuple) else (ignore,)

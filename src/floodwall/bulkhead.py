@@ -55,6 +55,7 @@ from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
 from floodwall._core.steps import FlowSteps, Step, Wait
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _limit
+from floodwall._core.validate import seconds
 from floodwall._core.window import WindowSnapshot
 from floodwall.context import _DEADLINE
 
@@ -69,9 +70,7 @@ _INF = math.inf
 def _wait_seconds(name: str, value: float | None) -> float:
     if value is None:
         return _INF
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
-    return float(value)
+    return seconds(name, value, infinite=True)
 
 
 _BYPASSED = object()

@@ -50,6 +50,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
 from floodwall._core.steps import CALL, FlowSteps, Sleep, Step, Wait
 from floodwall._core.tally import Tally
+from floodwall._core.validate import seconds as _seconds
 
 __all__ = [
     "CHAOS_ENV",
@@ -138,7 +139,7 @@ class Latency:
             raise ConfigError(
                 f"kind must be fixed, uniform, exponential or lognormal, got {self.kind!r}"
             )
-        _seconds("latency", self.a, allow_zero=self.kind in ("fixed", "uniform"))
+        _seconds("latency", self.a, positive=self.kind not in ("fixed", "uniform"))
         if self.kind == "uniform" and not self.a <= self.b < _INF:
             raise ConfigError(f"high must be >= low ({self.a!r}) and finite, got {self.b!r}")
         if self.kind == "lognormal" and not 0 <= self.b < _INF:
@@ -263,16 +264,6 @@ class Schedule:
             f"{s:g}s..{'∞' if e == _INF else format(e, 'g') + 's'}" for s, e in self.windows
         )
         return f"[{spans}]" + (f" every {self.period:g}s" if self.period is not None else "")
-
-
-def _seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    number = math.nan
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    if not (number >= 0 if allow_zero else number > 0) or number == _INF:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return number
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -565,7 +556,7 @@ class ChaosHang(ChaosPolicy, Gate):
         **options: Any,
     ) -> None:
         super().__init__(name, **options)
-        self.duration = _seconds("duration", duration, allow_zero=False)
+        self.duration = _seconds("duration", duration, positive=True)
 
     def _hung(self) -> InjectedFault:
         return InjectedFault(self.name, f"hung for {self.duration:g}s without answering")

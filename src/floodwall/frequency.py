@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
@@ -149,10 +150,8 @@ class Frequency(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ConfigError(f"limit must be an integer >= 1, got {limit!r}")
-        if not 0.001 <= per < float("inf"):
-            raise ConfigError(f"per must be a finite number of seconds >= 0.001, got {per!r}")
+        validate.count("limit", limit)
+        validate.seconds("per", per, minimum=0.001)
         if not isinstance(expected_instances, int) or expected_instances < 1:
             raise ConfigError(
                 f"expected_instances must be an integer >= 1, got {expected_instances!r}"

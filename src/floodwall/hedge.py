@@ -38,7 +38,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
@@ -87,18 +87,15 @@ class Hedge(Scoped):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 < delay < 1e300:
-            raise ConfigError(f"delay must be a finite number > 0 seconds, got {delay!r}")
-        if not isinstance(max_hedges, int) or isinstance(max_hedges, bool) or max_hedges < 1:
-            raise ConfigError(f"max_hedges must be an integer >= 1, got {max_hedges!r}")
+        validate.seconds("delay", delay, positive=True)
+        validate.count("max_hedges", max_hedges)
         if percentile is not None and (
             isinstance(percentile, bool)
             or not isinstance(percentile, int | float)
             or not 0 < percentile < 1
         ):
             raise ConfigError(f"percentile must be in (0, 1), got {percentile!r}")
-        if not isinstance(min_samples, int) or isinstance(min_samples, bool) or min_samples < 1:
-            raise ConfigError(f"min_samples must be an integer >= 1, got {min_samples!r}")
+        validate.count("min_samples", min_samples)
         if budget is _DEFAULT_BUDGET:
             budget = RetryBudget(name=f"{name}.budget", clock=clock)
         elif budget is not None and not isinstance(budget, RetryBudget):

@@ -47,7 +47,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
@@ -552,9 +552,7 @@ class OneTimeTokens:
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0.001 <= ttl < float("inf"):
-            raise ConfigError(f"ttl must be a finite number of seconds >= 0.001, got {ttl!r}")
-        self.ttl = float(ttl)
+        self.ttl = validate.seconds("ttl", ttl, minimum=0.001)
         self.name = name
         self.store = resolve(store)
         self.guard = StoreGuard(

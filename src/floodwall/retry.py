@@ -59,6 +59,8 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.steps import CALL, FlowSteps, Sleep
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _int
+from floodwall._core.validate import exception_types as _types
+from floodwall._core.validate import seconds as _seconds
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
@@ -158,26 +160,6 @@ class RetryState:
         self.started = started
         self.attempt_started = started
         self.delays: Iterator[float] | None = None
-
-
-def _types(name: str, value: object) -> tuple[type[BaseException], ...]:
-    items = value if isinstance(value, tuple) else (value,)
-    for item in items:
-        if not (isinstance(item, type) and issubclass(item, BaseException)):
-            raise ConfigError(f"{name} must be exception types, got {value!r}")
-    return items
-
-
-def _seconds(name: str, value: object, *, positive: bool) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (value > 0 if positive else value >= 0)
-        or value == float("inf")
-    ):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be a finite number {bound} seconds, got {value!r}")
-    return float(value)
 
 
 class Retry(Attempts):

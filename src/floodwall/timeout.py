@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, TimeoutExceeded
@@ -69,14 +69,12 @@ class Timeout(Scoped):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0 < seconds < _INF:
-            raise ConfigError(f"seconds must be a finite number > 0, got {seconds!r}")
+        validate.seconds("seconds", seconds, positive=True)
         if mode not in ("auto", "signal", "thread", "cooperative"):
             raise ConfigError(
                 f"mode must be one of 'auto', 'signal', 'thread', 'cooperative', got {mode!r}"
             )
-        if not isinstance(thread_limit, int) or thread_limit < 1:
-            raise ConfigError(f"thread_limit must be an integer >= 1, got {thread_limit!r}")
+        validate.count("thread_limit", thread_limit)
         self.seconds = float(seconds)
         self.name = name
         self.mode: SyncMode = mode

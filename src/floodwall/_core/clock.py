@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
+from floodwall._core import validate
+
 __all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock"]
 
 
@@ -76,8 +78,7 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every async sleeper whose time has come."""
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+        validate.seconds("seconds", seconds, error=ValueError)
         with self._lock:
             self._now += seconds
             due: list[asyncio.Future[None]] = []

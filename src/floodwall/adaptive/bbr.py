@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
@@ -94,12 +94,8 @@ class BBR:
         if not 0 < cpu_threshold <= 1:
             raise ConfigError(f"cpu_threshold must be in (0, 1], got {cpu_threshold!r}")
         self.cpu_threshold = float(cpu_threshold)
-        if not cooldown >= 0:
-            raise ConfigError(f"cooldown must be >= 0 seconds, got {cooldown!r}")
-        self.cooldown = float(cooldown)
-        if not rt_resolution >= 0:
-            raise ConfigError(f"rt_resolution must be >= 0 seconds, got {rt_resolution!r}")
-        self.rt_resolution = float(rt_resolution)
+        self.cooldown = validate.seconds("cooldown", cooldown)
+        self.rt_resolution = validate.seconds("rt_resolution", rt_resolution)
         self.bucket_seconds = window / self.buckets
         self._per_second = 1.0 / self.bucket_seconds
         n = self.buckets

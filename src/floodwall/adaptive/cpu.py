@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 
@@ -210,8 +210,7 @@ class SmoothedCPU:
     ) -> None:
         if not 0 <= decay < 1:
             raise ConfigError(f"decay must be in [0, 1), got {decay!r}")
-        if not interval > 0:
-            raise ConfigError(f"interval must be > 0 seconds, got {interval!r}")
+        validate.seconds("interval", interval, positive=True)
         self.source = source
         self.decay = float(decay)
         self.interval = float(interval)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
@@ -157,10 +157,8 @@ class AdaptiveLimiter(Gate):
     ) -> None:
         if not isinstance(algorithm, Limit):
             raise ConfigError(f"algorithm must be a floodwall adaptive Limit, got {algorithm!r}")
-        if isinstance(backlog_size, bool) or not isinstance(backlog_size, int) or backlog_size < 0:
-            raise ConfigError(f"backlog_size must be an integer >= 0, got {backlog_size!r}")
-        if not 0 <= backlog_timeout < math.inf:
-            raise ConfigError(f"backlog_timeout must be >= 0 seconds, got {backlog_timeout!r}")
+        validate.count("backlog_size", backlog_size, 0)
+        validate.seconds("backlog_timeout", backlog_timeout)
         if backlog_order not in ("lifo", "fifo"):
             raise ConfigError(f"backlog_order must be 'lifo' or 'fifo', got {backlog_order!r}")
         self.algorithm = algorithm

@@ -32,6 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
@@ -909,9 +910,7 @@ class Registry:
     def _until(self, ttl: float | None) -> float | None:
         if ttl is None:
             return None
-        if not ttl > 0:
-            raise ConfigError(f"ttl must be > 0 seconds, got {ttl!r}")
-        return self.clock.monotonic() + ttl
+        return self.clock.monotonic() + validate.seconds("ttl", ttl, positive=True)
 
     def _set_override(self, override: Override) -> None:
         with self._lock:

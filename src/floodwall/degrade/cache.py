@@ -34,7 +34,6 @@ sync and async shells; only the store and the call differ between them.
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Sequence
@@ -42,11 +41,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
-from floodwall._core.errors import ConfigError, DegradedError
+from floodwall._core.errors import DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
@@ -228,12 +227,9 @@ class Cache(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0 <= ttl < math.inf:
-            raise ConfigError(f"ttl must be a finite number of seconds >= 0, got {ttl!r}")
-        if not ttl <= stale_ttl < math.inf:
-            raise ConfigError(f"stale_ttl must be finite and >= ttl ({ttl!r}), got {stale_ttl!r}")
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ConfigError(f"max_entries must be an integer >= 1, got {max_entries!r}")
+        validate.seconds("ttl", ttl)
+        validate.seconds("stale_ttl", stale_ttl, minimum=ttl)
+        validate.count("max_entries", max_entries)
         self.ttl = float(ttl)
         self.stale_ttl = float(stale_ttl)
         self.key = key or default_key

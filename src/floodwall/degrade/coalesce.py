@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -158,10 +158,8 @@ class Coalesce(Generic[K, V]):
     ) -> None:
         if not callable(flush):
             raise ConfigError(f"flush must be callable, got {flush!r}")
-        if isinstance(window, bool) or not 0 <= window < float("inf"):
-            raise ConfigError(f"window must be a finite number of seconds >= 0, got {window!r}")
-        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
-            raise ConfigError(f"max_keys must be an integer >= 1, got {max_keys!r}")
+        validate.seconds("window", window)
+        validate.count("max_keys", max_keys)
         if on_error not in ("requeue", "drop"):
             raise ConfigError(f"on_error must be 'requeue' or 'drop', got {on_error!r}")
         if policy is not None and not isinstance(policy, Policy):

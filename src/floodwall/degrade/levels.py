@@ -44,6 +44,7 @@ from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.validate import seconds as _seconds
 
 __all__ = [
     "SHED_ORDER",
@@ -71,16 +72,6 @@ class ShedState(enum.IntEnum):
     """Level 3 is shed."""
     SHED_2 = 2
     """Levels 3 and 2 are shed: only level-1 dependencies are called."""
-
-
-def _seconds(name: str, value: float, *, positive: bool = False) -> float:
-    ok = value > 0 if positive else value >= 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be a number of seconds {bound}, got {value!r}")
-    if math.isinf(value):
-        raise ConfigError(f"{name} must be finite, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

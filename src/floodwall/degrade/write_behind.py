@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -148,8 +148,7 @@ class MemoryQueue:
     durable = False
 
     def __init__(self, max_pending: int = defaults.WRITE_BEHIND_MAX_PENDING) -> None:
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-            raise ConfigError(f"max_pending must be an integer >= 1, got {max_pending!r}")
+        validate.count("max_pending", max_pending)
         self.max_pending = max_pending
         self._items: deque[Message] = deque()
         self._lock = threading.Lock()
@@ -352,8 +351,7 @@ class WriteBehind:
     ) -> None:
         if not callable(write):
             raise ConfigError(f"write must be callable, got {write!r}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ConfigError(f"batch must be an integer >= 1, got {batch!r}")
+        validate.count("batch", batch)
         if max_attempts is not None and (
             isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
         ):
@@ -561,8 +559,7 @@ class WriteBehind:
         (the write in progress when the time is up is not interrupted: bound it with a
         ``Timeout`` in ``policy``). Returns how many writes are left; a non-zero count is
         reported in a ``closed`` event and a warning, since on a memory queue they are lost."""
-        if isinstance(timeout, bool) or not 0 <= timeout < math.inf:
-            raise ConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        validate.seconds("timeout", timeout)
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(
                 f"write-behind {self.name!r} has an async write: drain it with deliver_async(), "

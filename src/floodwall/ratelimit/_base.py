@@ -53,6 +53,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.steps import FlowSteps, Sleep, Step
 from floodwall._core.tally import Tally
+from floodwall._core.validate import seconds as _seconds_check
 from floodwall.context import _DEADLINE
 
 __all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "parse_rate"]
@@ -181,11 +182,7 @@ about a fifth of the ``floodwall acquire() → Decision`` row of ``benchmarks/be
 
 
 def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    if not allow_inf and value == INF:
-        raise ConfigError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return _seconds_check(name, value, infinite=allow_inf)
 
 
 class RateLimiter(Gate, Generic[S]):

@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
@@ -143,8 +143,7 @@ class TimeSliceLimiter(Gate):
         self.rate = parse_rate(rate)
         self.limit = self.rate.count
         self.window = self.rate.period
-        if isinstance(slice_length, bool) or not 0.001 <= slice_length < float("inf"):
-            raise ConfigError(f"slice_length must be finite seconds >= 0.001, got {slice_length!r}")
+        validate.seconds("slice_length", slice_length, minimum=0.001)
         if not isinstance(expected_instances, int) or expected_instances < 1:
             raise ConfigError(
                 f"expected_instances must be an integer >= 1, got {expected_instances!r}"

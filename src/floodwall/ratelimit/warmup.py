@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
@@ -43,7 +43,6 @@ from floodwall.ratelimit._base import (
     RateLike,
     RateLimiter,
     _new,
-    _seconds,
     parse_rate,
 )
 
@@ -84,9 +83,7 @@ class WarmUp(RateLimiter[_Warm]):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.rate = parse_rate(rate)
-        self.warmup = _seconds("warmup", warmup, allow_inf=False)
-        if self.warmup <= 0:
-            raise ConfigError(f"warmup must be > 0 seconds, got {warmup!r}")
+        self.warmup = validate.seconds("warmup", warmup, positive=True)
         if isinstance(cold_factor, bool) or not 1 < cold_factor < INF:
             raise ConfigError(f"cold_factor must be a finite number > 1, got {cold_factor!r}")
         self.cold_factor = float(cold_factor)
