@@ -26,9 +26,12 @@ FORCED_OPEN 3, FORCED_CLOSED 4, DISABLED 5.
   DISABLED lets everything through but keeps counting and emits ``"would_trip"`` events, for
   rolling out thresholds in shadow mode. ``reset()`` returns to CLOSED.
 
-What counts: exceptions that are instances of ``record`` (default: any ``Exception``) and not
-of ``ignore`` are failures; ``TimeoutExceeded``/``TimeoutError`` count as timeouts, other
-floodwall rejections (a full bulkhead) as rejections; all three are errors. A result for which
+What counts (in the one outcome vocabulary, :class:`~floodwall.Outcomes`): an error selected
+by ``ignore`` is not counted; otherwise a timeout (any ``TimeoutError``, ``TimeoutExceeded``
+included) counts as a timeout and another floodwall rejection (a full bulkhead) as a rejection;
+any other error selected by ``record`` (default: any ``Exception``) is a failure, and the rest
+are ignored. ``record`` and ``ignore`` take exception types or an ``Outcomes`` (which also
+selects by kind: ``ignore=Outcomes(kinds={"rate_limited"})``). A result for which
 ``failure_result(result)`` is true (an HTTP 503 response) is a failure. Ignored exceptions
 (business errors, cancellation) are not counted and release a half-open probe slot.
 
@@ -44,12 +47,12 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
+from floodwall._core.errors import CircuitOpenError, ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Kind
+from floodwall._core.outcome import Kind, Outcomes, kind_of
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _count
 from floodwall._core.validate import seconds
@@ -100,7 +103,7 @@ _OPTIONS = (
     "failure_result",
 )
 """The keyword options :meth:`CircuitBreaker.reconfigure` takes."""
-_ATTRIBUTE = {"record": "record_exceptions"}
+_ATTRIBUTE = {"record": "record_outcomes"}
 """Options kept under another attribute name (``record`` is the admission hook's name)."""
 
 
@@ -159,8 +162,8 @@ class CircuitBreaker(Gate):
         max_open_duration: float = defaults.BREAKER_MAX_OPEN_DURATION,
         half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS,
         probe_timeout: float = defaults.BREAKER_PROBE_TIMEOUT,
-        record: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
+        record: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = Exception,
+        ignore: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         failure_result: Callable[[Any], bool] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
@@ -210,10 +213,14 @@ class CircuitBreaker(Gate):
             )
         self.half_open_calls = _count("half_open_calls", half_open_calls)
         self.probe_timeout = seconds("probe_timeout", probe_timeout, positive=True)
-        self.record_exceptions = record if isinstance(record, tuple) else (record,)
-        """The ``record=`` option: exception types counted as failures."""
-        self.ignore = ignore if isinstance(ignore, tuple) else (ignore,)
-        self.failure_result = failure_result
+        self.record_outcomes = Outcomes.of("record", record)
+        """The ``record=`` option: the errors counted as failures."""
+        self.ignore = Outcomes.of("ignore", ignore)
+        self.failure_result = (
+            None
+            if failure_result is None
+            else validate.function("failure_result", failure_result, what="a predicate")
+        )
         self.clock = clock
         self.listeners = Listeners(listeners)
 
@@ -464,14 +471,11 @@ class CircuitBreaker(Gate):
 
     def classify(self, exc: BaseException) -> Kind:
         """How an exception counts: ignored, timeout, rejection or failure."""
-        if isinstance(exc, self.ignore):
+        if self.ignore.error(exc):
             return Kind.IGNORED
-        if isinstance(exc, TimeoutError):
-            return Kind.TIMEOUT
-        if isinstance(exc, RejectedError):
-            return Kind.REJECTED
-        if isinstance(exc, self.record_exceptions):
-            return Kind.FAILURE
+        kind = kind_of(exc)
+        if kind is not _FAILURE or self.record_outcomes.error(exc):
+            return kind
         return Kind.IGNORED
 
     def retry_after(self, now: float) -> float | None:

@@ -31,7 +31,6 @@ floodwall rejection's ``retry_after``, a numeric ``retry_after`` attribute, or a
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import sys
 import time
@@ -46,6 +45,7 @@ from floodwall._core.errors import (
     RateLimitedError,
     RejectedError,
 )
+from floodwall._core.outcome import ErrorClass
 
 __all__ = [
     "DEFAULT_CLASSIFIER",
@@ -55,19 +55,6 @@ __all__ = [
     "parse_retry_after",
     "retry_after_of",
 ]
-
-
-class ErrorClass(enum.IntEnum):
-    """What a retry can do about a failure. The numbers are stable for metrics."""
-
-    TRANSIENT = 0
-    """Random and short-lived (a reset connection, a timeout): retried with backoff."""
-    OVERLOAD = 1
-    """The dependency asked for less traffic: not retried, or only after its ``retry_after``."""
-    BUSINESS = 2
-    """The same request gets the same answer: never retried."""
-    UNKNOWN = 3
-    """None of the above: retried only when listed in ``Retry(retry_on=...)``."""
 
 
 BUSINESS_STATUSES = frozenset(range(400, 500)) - {408, 425, 429}

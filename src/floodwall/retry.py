@@ -56,10 +56,10 @@ from floodwall._core.admission import Attempts
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.steps import CALL, FlowSteps, Sleep
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count as _int
-from floodwall._core.validate import exception_types as _types
 from floodwall._core.validate import seconds as _seconds
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
@@ -181,9 +181,9 @@ class Retry(Attempts):
         attempts: int = defaults.RETRY_ATTEMPTS,
         backoff: Backoff | None = None,
         deadline: float | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         retry_on_result: Callable[[Any], bool] | None = None,
-        business: type[BaseException] | tuple[type[BaseException], ...] = (),
+        business: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         classifier: Classifier = DEFAULT_CLASSIFIER,
         retry_overload: bool = False,
         max_retry_after: float = defaults.RETRY_MAX_RETRY_AFTER,
@@ -202,12 +202,14 @@ class Retry(Attempts):
             raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
         self.backoff: Backoff = backoff if backoff is not None else FullJitter()
         self.deadline = None if deadline is None else _seconds("deadline", deadline, positive=True)
-        self.retry_on = _types("retry_on", retry_on)
+        self.retry_on = Outcomes.of("retry_on", retry_on)
         if retry_on_result is not None and not callable(retry_on_result):
             raise ConfigError(f"retry_on_result must be callable, got {retry_on_result!r}")
         self.retry_on_result = retry_on_result
-        extra = _types("business", business)
-        self.classifier = classifier.with_types(business=extra) if extra else classifier
+        self.business = Outcomes.of("business", business)
+        if not isinstance(classifier, Classifier):
+            raise ConfigError(f"classifier must be a floodwall Classifier, got {classifier!r}")
+        self.classifier = classifier
         self.retry_overload = bool(retry_overload)
         self.max_retry_after = _seconds("max_retry_after", max_retry_after, positive=False)
         if budget is _DEFAULT_BUDGET:
@@ -300,8 +302,8 @@ class Retry(Attempts):
         None when a retry may help."""
         classifier = self.classifier
         if error is not None:
-            kind = classifier.classify(error)
-            if kind is _UNKNOWN and self.retry_on and isinstance(error, self.retry_on):
+            kind = _BUSINESS if self.business.error(error) else classifier.classify(error)
+            if kind is _UNKNOWN and self.retry_on.error(error):
                 kind = _TRANSIENT
         else:
             kind = classifier.classify_result(result)

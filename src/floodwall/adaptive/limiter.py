@@ -38,8 +38,9 @@ from typing import Any, Literal
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
+from floodwall._core.errors import ConfigError, OverloadedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
 from floodwall._core.steps import Step, Wait
 from floodwall.adaptive._base import Limit
@@ -47,6 +48,8 @@ from floodwall.adaptive._base import Limit
 __all__ = ["AdaptiveLimiter", "PartitionStats", "Token"]
 
 _OPEN, _SUCCESS, _DROPPED, _IGNORED = 0, 1, 2, 3
+_DROPS = Outcomes(kinds=frozenset({"timeout", "rejected"}))
+"""The default ``drop_on``: timeouts and rejections say the dependency is at capacity."""
 
 
 class Token:
@@ -98,7 +101,7 @@ class Token:
         for the limiter's ``drop_on`` errors (timeouts, rejections), else ignored."""
         if error is None:
             outcome = _SUCCESS
-        elif isinstance(error, self._limiter.drop_on):
+        elif self._limiter.drop_on.error(error):
             outcome = _DROPPED
         else:
             outcome = _IGNORED
@@ -138,6 +141,10 @@ class AdaptiveLimiter(Gate):
     the caller in the limiter's :class:`~floodwall._core.parking.Lot`; ``resume`` turns a wait
     that timed out into the refusal; ``record`` closes the token from the outcome
     (:meth:`Token.close`).
+
+    ``drop_on`` (exception types or an :class:`~floodwall.Outcomes`; default: the kinds
+    ``timeout`` and ``rejected``) selects the errors that are drop samples; other errors release
+    the token without a sample.
     """
 
     kind = "adaptive_limiter"
@@ -151,7 +158,7 @@ class AdaptiveLimiter(Gate):
         backlog_size: int = 0,
         backlog_timeout: float = defaults.LIFO_BACKLOG_TIMEOUT,
         backlog_order: Literal["lifo", "fifo"] = "lifo",
-        drop_on: tuple[type[BaseException], ...] = (TimeoutError, RejectedError),
+        drop_on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = _DROPS,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
@@ -166,7 +173,7 @@ class AdaptiveLimiter(Gate):
         self.backlog_size = backlog_size
         self.backlog_timeout = float(backlog_timeout)
         self.backlog_order = backlog_order
-        self.drop_on = drop_on
+        self.drop_on = Outcomes.of("drop_on", drop_on)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic

@@ -47,9 +47,10 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.degrade._common import Matcher, mark_degraded, reason_of
+from floodwall.degrade._common import mark_degraded, reason_of
 from floodwall.idempotency import JSON_CODEC, Codec
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
@@ -217,7 +218,7 @@ class Cache(Flow):
         stale_ttl: float = defaults.CACHE_STALE_TTL,
         max_entries: int = defaults.CACHE_MAX_ENTRIES,
         key: Callable[..., str] | None = None,
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         read_only: bool | Callable[[], bool] = False,
         store: Store | str | None = None,
@@ -233,7 +234,8 @@ class Cache(Flow):
         self.ttl = float(ttl)
         self.stale_ttl = float(stale_ttl)
         self.key = key or default_key
-        self.handles = Matcher.of(on, kinds)
+        self.handled = Outcomes.handled(on, kinds)
+        """The errors answered from the cache (``on=`` and ``kinds=``)."""
         self.codec = codec
         self.name = name
         self.clock = clock
@@ -309,7 +311,7 @@ class Cache(Flow):
         try:
             value = yield CALL
         except BaseException as exc:
-            if not self.handles(exc):
+            if not self.handled.error(exc):
                 raise
             return self._stale(key, best, reason_of(exc), exc)
         self.local.put(key, value, self.clock.monotonic())
