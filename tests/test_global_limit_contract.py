@@ -24,10 +24,10 @@ import pytest
 import floodwall as fw
 from conftest import StoreCase
 from floodwall.ratelimit import Rate
-from floodwall.ratelimit._global_ops import Batch, plan
-from floodwall.ratelimit.global_limit import GlobalLimiter
-from floodwall.ratelimit.leasing import LeasedLimiter
-from floodwall.ratelimit.timeslice import SLICE_SYNC
+from floodwall.shared._global_ops import Batch, plan
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.leasing import LeasedLimiter
+from floodwall.shared.timeslice import SLICE_SYNC
 from floodwall.stores import Arg, MemoryStore, Store
 from floodwall.stores.redis import RedisStore
 

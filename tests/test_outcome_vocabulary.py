@@ -16,7 +16,8 @@ import floodwall as fw
 from floodwall._core.outcome import ANY_ERROR, Kind, kind_of
 from floodwall.adaptive import FixedLimit
 from floodwall.classify import DEFAULT_CLASSIFIER, ErrorClass
-from floodwall.degrade import Cache, FallbackSource
+from floodwall.degrade import FallbackSource
+from floodwall.shared import Cache
 
 
 class Declined(Exception):

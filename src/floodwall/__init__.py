@@ -70,30 +70,31 @@ if TYPE_CHECKING:
     from floodwall.degrade import (
         AutoShedder,
         BacklogFullError,
-        Cache,
         Coalesce,
         FallbackSource,
         LevelGate,
         Levels,
         PriorityGate,
         SampledDrop,
-        WriteBehind,
         chunked,
     )
     from floodwall.fallback import Fallback
-    from floodwall.frequency import Frequency, FrequencyDecision
     from floodwall.hedge import Hedge
-    from floodwall.idempotency import (
+    from floodwall.pipeline import Pipeline
+    from floodwall.retry import GaveUp, Retry, gave_up
+    from floodwall.shared import (
+        Cache,
         DuplicateInFlightError,
+        Frequency,
+        FrequencyDecision,
         Idempotency,
         IdempotencyKeyMissingError,
         IdempotencyKeyReusedError,
         IdempotencyTokenError,
         IdempotencyUnavailableError,
         OneTimeTokens,
+        WriteBehind,
     )
-    from floodwall.pipeline import Pipeline
-    from floodwall.retry import GaveUp, Retry, gave_up
     from floodwall.stores.base import StoreUnavailableError
     from floodwall.timeout import Timeout
 
@@ -106,7 +107,7 @@ _EXPORTS: dict[str, str] = {
     "BudgetSnapshot": "floodwall.budget",
     "Bulkhead": "floodwall.bulkhead",
     "BulkheadFullError": "floodwall._core.errors",
-    "Cache": "floodwall.degrade",
+    "Cache": "floodwall.shared.cache",
     "CallContext": "floodwall.context",
     "ChaosException": "floodwall.chaos",
     "ChaosHang": "floodwall.chaos",
@@ -124,7 +125,7 @@ _EXPORTS: dict[str, str] = {
     "CountWindow": "floodwall._core.window",
     "Deadline": "floodwall.context",
     "DegradedError": "floodwall._core.errors",
-    "DuplicateInFlightError": "floodwall.idempotency",
+    "DuplicateInFlightError": "floodwall.shared.idempotency",
     "ErrorClass": "floodwall.classify",
     "Event": "floodwall._core.events",
     "EventListener": "floodwall._core.events",
@@ -133,22 +134,22 @@ _EXPORTS: dict[str, str] = {
     "Fallback": "floodwall.fallback",
     "FallbackSource": "floodwall.degrade",
     "FloodwallError": "floodwall._core.errors",
-    "Frequency": "floodwall.frequency",
-    "FrequencyDecision": "floodwall.frequency",
+    "Frequency": "floodwall.shared.frequency",
+    "FrequencyDecision": "floodwall.shared.frequency",
     "GaveUp": "floodwall.retry",
     "Hedge": "floodwall.hedge",
-    "Idempotency": "floodwall.idempotency",
-    "IdempotencyKeyMissingError": "floodwall.idempotency",
-    "IdempotencyKeyReusedError": "floodwall.idempotency",
-    "IdempotencyTokenError": "floodwall.idempotency",
-    "IdempotencyUnavailableError": "floodwall.idempotency",
+    "Idempotency": "floodwall.shared.idempotency",
+    "IdempotencyKeyMissingError": "floodwall.shared.idempotency",
+    "IdempotencyKeyReusedError": "floodwall.shared.idempotency",
+    "IdempotencyTokenError": "floodwall.shared.idempotency",
+    "IdempotencyUnavailableError": "floodwall.shared.idempotency",
     "InjectedFault": "floodwall.chaos",
     "Kind": "floodwall._core.outcome",
     "LevelGate": "floodwall.degrade",
     "Levels": "floodwall.degrade",
     "Listeners": "floodwall._core.events",
     "LoadShedder": "floodwall.adaptive",
-    "OneTimeTokens": "floodwall.idempotency",
+    "OneTimeTokens": "floodwall.shared.idempotency",
     "Outcomes": "floodwall._core.outcome",
     "OverloadedError": "floodwall._core.errors",
     "Pipeline": "floodwall.pipeline",
@@ -169,7 +170,7 @@ _EXPORTS: dict[str, str] = {
     "Timeout": "floodwall.timeout",
     "TimeoutExceeded": "floodwall._core.errors",
     "WindowSnapshot": "floodwall._core.window",
-    "WriteBehind": "floodwall.degrade",
+    "WriteBehind": "floodwall.shared.write_behind",
     "call_context": "floodwall.context",
     "chunked": "floodwall.degrade",
     "current_call": "floodwall.context",
@@ -285,6 +286,7 @@ _SUBPACKAGES = frozenset(
         "integrations",
         "observe",
         "ratelimit",
+        "shared",
         "sim",
         "stores",
         "testing",

@@ -73,10 +73,8 @@ from floodwall.config.schema import (
     ResourceConfig,
     RetryConfig,
 )
-from floodwall.degrade.cache import Cache
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
-from floodwall.idempotency import Idempotency
 from floodwall.pipeline import Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
@@ -87,8 +85,10 @@ from floodwall.ratelimit import (
     SlidingWindowCounter,
     TokenBucket,
 )
-from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.retry import Retry
+from floodwall.shared.cache import Cache
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, connect
 from floodwall.timeout import Timeout
 
