@@ -131,8 +131,8 @@ def test_documented_spellings_mean_the_outcomes_they_name() -> None:
     both = fw.Fallback(0, on=(KeyError,), kinds={"circuit_open"}).handled
     assert both == fw.Outcomes((KeyError,), frozenset({"circuit_open"}))
     assert fw.Fallback(0).handled is ANY_ERROR
-    assert fw.CircuitBreaker(ignore=Declined).ignore == fw.Outcomes((Declined,))
-    assert fw.CircuitBreaker().record_outcomes == ANY_ERROR
+    assert fw.CircuitBreaker(ignore=Declined).options.ignore == fw.Outcomes((Declined,))
+    assert fw.CircuitBreaker().options.record == ANY_ERROR
     assert fw.Retry(retry_on=(ValueError,), budget=None).retry_on == fw.Outcomes((ValueError,))
     drops = fw.AdaptiveLimiter(FixedLimit(1)).drop_on
     assert drops == fw.Outcomes(kinds=frozenset({"timeout", "rejected"}))

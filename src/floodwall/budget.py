@@ -26,11 +26,13 @@ from __future__ import annotations
 import threading
 from contextvars import Token
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RejectedError
+from floodwall._core.options import Checks
 from floodwall._core.outcome import Kind
 from floodwall._core.window import TimeWindow
 from floodwall.context import _BUDGETS
@@ -86,6 +88,15 @@ class BudgetSnapshot:
         return self.retries / self.requests if self.requests else 0.0
 
 
+CHECKS: Checks = {
+    "ratio": partial(validate.number, low=0.0, high=1.0, unit="retries per request"),
+    "min_per_second": partial(validate.number, low=0.0, unit="retries per second"),
+    "window": partial(validate.seconds, positive=True),
+    "buckets": validate.count,
+}
+"""The checks of :class:`RetryBudget`'s options (the configuration's ``budget:`` runs them too)."""
+
+
 class RetryBudget:
     """Grant retries only while they stay within ``ratio`` of the requests (see the module).
 
@@ -119,12 +130,10 @@ class RetryBudget:
         name: str = "retry_budget",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.ratio = validate.number("ratio", ratio, 0.0, 1.0, unit="retries per request")
-        self.min_per_second = validate.number(
-            "min_per_second", min_per_second, 0.0, unit="retries per second"
-        )
-        self.window = validate.seconds("window", window, positive=True)
-        self.buckets = validate.count("buckets", buckets)
+        self.ratio = CHECKS["ratio"]("ratio", ratio)
+        self.min_per_second = CHECKS["min_per_second"]("min_per_second", min_per_second)
+        self.window = CHECKS["window"]("window", window)
+        self.buckets = CHECKS["buckets"]("buckets", buckets)
         self.name = name
         self.clock = clock
         self._floor = self.min_per_second * self.window

@@ -49,18 +49,18 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import Token
 from dataclasses import dataclass
-from typing import Any, Final, Literal, ParamSpec, TypeVar
+from functools import partial
+from typing import Any, ClassVar, Final, Literal, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Attempts
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Outcomes
+from floodwall._core.options import Checks, check_all, optional
+from floodwall._core.outcome import NOTHING, Outcomes
 from floodwall._core.steps import CALL, FlowSteps, Sleep
 from floodwall._core.tally import Tally
-from floodwall._core.validate import count as _int
-from floodwall._core.validate import seconds as _seconds
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
@@ -73,7 +73,7 @@ from floodwall.context import (
     RetryMarker,
 )
 
-__all__ = ["Cause", "GaveUp", "Retry", "RetryState", "gave_up"]
+__all__ = ["Cause", "GaveUp", "Retry", "RetryOptions", "RetryState", "gave_up"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -162,6 +162,63 @@ class RetryState:
         self.delays: Iterator[float] | None = None
 
 
+def _backoff(name: str, value: object) -> Backoff:
+    if not isinstance(value, Backoff):
+        raise ConfigError(f"{name} must have a delays() method, got {value!r}")
+    return value
+
+
+def _classifier(name: str, value: object) -> Classifier:
+    if not isinstance(value, Classifier):
+        raise ConfigError(f"{name} must be a floodwall Classifier, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOptions:
+    """A :class:`Retry`'s options, validated once (defaults: :mod:`floodwall._core.defaults`).
+
+    ``retry_on`` and ``business`` take exception types or an :class:`~floodwall.Outcomes` and
+    are kept as ``Outcomes``; ``backoff=None`` is the default full-jitter exponential backoff.
+    The budget is not an option but a shared, stateful object given to :class:`Retry` itself.
+    """
+
+    attempts: int = defaults.RETRY_ATTEMPTS
+    backoff: Backoff | None = None
+    deadline: float | None = None
+    retry_on: Outcomes = NOTHING
+    retry_on_result: Callable[[Any], bool] | None = None
+    business: Outcomes = NOTHING
+    classifier: Classifier = DEFAULT_CLASSIFIER
+    retry_overload: bool = False
+    max_retry_after: float = defaults.RETRY_MAX_RETRY_AFTER
+    respect_marker: bool = True
+    idempotent: bool = True
+    level: int | None = None
+    max_level: int = defaults.RETRY_MAX_LEVEL
+
+    CHECKS: ClassVar[Checks] = {
+        "attempts": validate.count,
+        "backoff": optional(_backoff),
+        "deadline": optional(partial(validate.seconds, positive=True)),
+        "retry_on": Outcomes.of,
+        "retry_on_result": optional(partial(validate.function, what="callable")),
+        "business": Outcomes.of,
+        "classifier": _classifier,
+        "retry_overload": validate.flag,
+        "max_retry_after": validate.seconds,
+        "respect_marker": validate.flag,
+        "idempotent": validate.flag,
+        "level": optional(validate.count),
+        "max_level": partial(validate.count, minimum=0),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.backoff is None:
+            object.__setattr__(self, "backoff", FullJitter())
+
+
 class Retry(Attempts):
     """Retry failed calls that a retry can fix, within attempts, deadline and budget.
 
@@ -197,21 +254,31 @@ class Retry(Attempts):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.name = name
-        self.attempts = _int("attempts", attempts, 1)
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
-        self.backoff: Backoff = backoff if backoff is not None else FullJitter()
-        self.deadline = None if deadline is None else _seconds("deadline", deadline, positive=True)
-        self.retry_on = Outcomes.of("retry_on", retry_on)
-        if retry_on_result is not None and not callable(retry_on_result):
-            raise ConfigError(f"retry_on_result must be callable, got {retry_on_result!r}")
-        self.retry_on_result = retry_on_result
-        self.business = Outcomes.of("business", business)
-        if not isinstance(classifier, Classifier):
-            raise ConfigError(f"classifier must be a floodwall Classifier, got {classifier!r}")
-        self.classifier = classifier
-        self.retry_overload = bool(retry_overload)
-        self.max_retry_after = _seconds("max_retry_after", max_retry_after, positive=False)
+        self.options = options = RetryOptions(
+            attempts,
+            backoff,
+            deadline,
+            retry_on,  # type: ignore[arg-type]  # normalised to Outcomes by its check
+            retry_on_result,
+            business,  # type: ignore[arg-type]
+            classifier,
+            retry_overload,
+            max_retry_after,
+            respect_marker,
+            idempotent,
+            level,
+            max_level,
+        )
+        """The options (frozen), read once into the attributes of the same names below."""
+        self.attempts = options.attempts
+        self.backoff: Backoff = options.backoff  # type: ignore[assignment]  # never None
+        self.deadline = options.deadline
+        self.retry_on = options.retry_on
+        self.retry_on_result = options.retry_on_result
+        self.business = options.business
+        self.classifier = options.classifier
+        self.retry_overload = options.retry_overload
+        self.max_retry_after = options.max_retry_after
         if budget is _DEFAULT_BUDGET:
             budget = RetryBudget(name=f"{name}.budget", clock=clock)
         elif budget is not None and not isinstance(budget, RetryBudget):
@@ -219,10 +286,10 @@ class Retry(Attempts):
         self.budget: RetryBudget | None = budget
         if budget is not None:
             budget.attach()
-        self.respect_marker = bool(respect_marker)
-        self.idempotent = bool(idempotent)
-        self.level = None if level is None else _int("level", level, 1)
-        self.max_level = _int("max_level", max_level, 0)
+        self.respect_marker = options.respect_marker
+        self.idempotent = options.idempotent
+        self.level = options.level
+        self.max_level = options.max_level
         self.clock = clock
         self.rng = rng
         self.listeners = Listeners(listeners)

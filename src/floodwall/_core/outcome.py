@@ -32,7 +32,7 @@ from typing import Any
 from floodwall._core import validate
 from floodwall._core.errors import ConfigError, RejectedError
 
-__all__ = ["ANY_ERROR", "ERROR_KINDS", "ErrorClass", "Kind", "Outcomes", "kind_of"]
+__all__ = ["ANY_ERROR", "ERROR_KINDS", "NOTHING", "ErrorClass", "Kind", "Outcomes", "kind_of"]
 
 
 class Kind(enum.IntEnum):
@@ -168,3 +168,5 @@ def _kinds(name: str, value: object) -> frozenset[str]:
 
 ANY_ERROR = Outcomes(types=(Exception,))
 """Every error but cancellation and interpreter exits."""
+NOTHING = Outcomes()
+"""No outcome at all."""

@@ -13,8 +13,7 @@ the rule's 10), and a ``null`` in ``defaults`` stays off.
 
 Every error names the source, the path inside the document and the bad value::
 
-    floodwall.yaml: resources.payments.retry.attempts: Input should be greater than or equal
-    to 1 (got 0)
+    floodwall.yaml: resources.payments.retry.attempts: must be an integer >= 1, got 0
 """
 
 from __future__ import annotations
@@ -128,9 +127,13 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
     lines = []
     for item in error.errors(include_url=False):
         message = item["msg"].removeprefix("Value error, ")
+        loc = item["loc"]
+        named = f"{loc[-1]} must " if loc and isinstance(loc[-1], str) else ""
+        if named and message.startswith(named):  # an option's own check: the path names it
+            message = message[len(named) - len("must ") :]
         got = item.get("input")
         shown = "" if isinstance(got, dict) or "got " in message else f" (got {got!r})"
-        lines.append(f"{source}: {_path(item['loc'])}: {message}{shown}")
+        lines.append(f"{source}: {_path(loc)}: {message}{shown}")
     return ConfigError("\n".join(lines))
 
 

@@ -40,6 +40,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.meter import DEGRADED as _DEGRADED
 from floodwall._core.meter import EDGES as _EDGES
 from floodwall._core.meter import Degradation, Meter
+from floodwall._core.options import kwargs
 from floodwall._core.policy import Policy
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -288,17 +289,12 @@ def build(
         )
         policies.append(cache)
     if config.circuit_breaker is not None:
-        options = config.circuit_breaker.model_dump()
+        options = kwargs(config.circuit_breaker.options())
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
         policies.append(breaker)
     if config.bulkhead is not None:
         bulkhead = Bulkhead(
-            name,
-            max_concurrent=config.bulkhead.max_concurrent,
-            max_queue=config.bulkhead.max_queue,
-            max_wait=config.bulkhead.max_wait,
-            clock=clock,
-            listeners=listeners,
+            name, clock=clock, listeners=listeners, **kwargs(config.bulkhead.options())
         )
         policies.append(bulkhead)
     if config.rate_limit is not None:
@@ -339,12 +335,7 @@ def build(
         policies.append(retry)
     if config.timeout is not None:
         timeout = Timeout(
-            config.timeout.seconds,
-            name=name,
-            mode=config.timeout.mode,
-            thread_limit=config.timeout.thread_limit,
-            clock=clock,
-            listeners=listeners,
+            name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
         )
         policies.append(timeout)
     chaos = None
@@ -658,7 +649,7 @@ class Registry:
         """Swap ``built`` into ``resource``, keeping the live breaker's state (its window, open
         timer and counts), a live-tuned sampled drop and an unchanged cache's entries."""
         if built.breaker is not None and resource.breaker is not None:
-            resource.breaker.reconfigure(**built.breaker.options())
+            resource.breaker.reconfigure(built.breaker.options)
             built = built.replace(built.breaker, resource.breaker, "breaker")
         if built.sampled is not None and resource.sampled is not None and config.sampled_drop:
             # A live-tuned ratio (the config centre's knob) keeps the policy and its counters.
@@ -994,7 +985,7 @@ class Registry:
                 entry["bulkhead"] = {
                     "in_flight": resource.bulkhead.in_flight,
                     "queued": resource.bulkhead.queued,
-                    "max_concurrent": resource.bulkhead.max_concurrent,
+                    "max_concurrent": resource.bulkhead.options.max_concurrent,
                 }
             limiter = resource.limiter
             if isinstance(limiter, GlobalLimiter):

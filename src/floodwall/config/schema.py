@@ -21,6 +21,11 @@ Shape (keys may be added; these keep their names)::
 A policy section set to ``false`` (or ``null``) switches that policy off for the resource even
 when ``defaults`` has it. Every model forbids unknown keys, so a typo is an error, not a silently
 ignored setting.
+
+A section with a policy's options object (``circuit_breaker``, ``bulkhead``, ``timeout``, the
+options of ``retry``, ``budget``) checks each field with that object's own checks and builds the
+object itself (:meth:`CircuitBreakerConfig.options`, …): a bad value gets the same message from a
+file as from code, under the path of the field.
 """
 
 from __future__ import annotations
@@ -32,12 +37,19 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from floodwall._core import defaults
+from floodwall._core.options import Checks, check_field
+from floodwall.breaker import BreakerOptions
+from floodwall.budget import CHECKS as BUDGET_CHECKS
+from floodwall.bulkhead import BulkheadOptions
 from floodwall.config.units import Duration
+from floodwall.retry import RetryOptions
+from floodwall.timeout import TimeoutOptions
 
 __all__ = [
     "AdaptiveConfig",
@@ -61,31 +73,62 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class CircuitBreakerConfig(_Model):
-    """Options of :class:`floodwall.CircuitBreaker` (see docs/circuit-breaker.md)."""
+def _checked_by(checks: Checks, *, skip: tuple[str, ...] = ()) -> Any:
+    """A validator running an options object's own check on every field it has one for
+    (except ``skip``: a section of its own in the file, such as ``retry.backoff``)."""
 
-    failure_rate: float | None = Field(defaults.BREAKER_FAILURE_RATE, gt=0, le=1)
-    minimum_calls: int = Field(defaults.BREAKER_MINIMUM_CALLS, ge=1)
-    slow_call_rate: float | None = Field(None, gt=0, le=1)
+    def check(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name
+        assert name is not None
+        return value if name in skip else check_field(checks, name, value)
+
+    return field_validator("*")(check)
+
+
+class CircuitBreakerConfig(_Model):
+    """Options of :class:`floodwall.CircuitBreaker` (see docs/circuit-breaker.md); builds a
+    :class:`~floodwall.breaker.BreakerOptions` (``record``/``ignore``/``failure_result`` are
+    code-only: exception types and predicates have no file form)."""
+
+    failure_rate: float | None = defaults.BREAKER_FAILURE_RATE
+    minimum_calls: int = defaults.BREAKER_MINIMUM_CALLS
+    slow_call_rate: float | None = None
     slow_call_duration: Duration | None = None
-    error_count: int | None = Field(None, ge=1)
-    consecutive_failures: int | None = Field(None, ge=1)
+    error_count: int | None = None
+    consecutive_failures: int | None = None
     window: Duration = defaults.BREAKER_WINDOW
-    buckets: int = Field(defaults.BREAKER_BUCKETS, ge=1)
-    window_calls: int | None = Field(None, ge=1)
+    buckets: int = defaults.BREAKER_BUCKETS
+    window_calls: int | None = None
     open_duration: Duration = defaults.BREAKER_OPEN_DURATION
-    open_duration_growth: float = Field(defaults.BREAKER_OPEN_DURATION_GROWTH, ge=1)
+    open_duration_growth: float = defaults.BREAKER_OPEN_DURATION_GROWTH
     max_open_duration: Duration = defaults.BREAKER_MAX_OPEN_DURATION
-    half_open_calls: int = Field(defaults.BREAKER_HALF_OPEN_CALLS, ge=1)
+    half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS
     probe_timeout: Duration = defaults.BREAKER_PROBE_TIMEOUT
+
+    _fields = _checked_by(BreakerOptions.CHECKS)
+
+    @model_validator(mode="after")
+    def _whole(self) -> CircuitBreakerConfig:
+        self.options()  # the checks between fields (slow_call_rate needs slow_call_duration, …)
+        return self
+
+    def options(self) -> BreakerOptions:
+        """The breaker's options this section describes."""
+        return BreakerOptions(**self.model_dump())
 
 
 class TimeoutConfig(_Model):
     """Options of :class:`floodwall.Timeout`; a bare duration (``timeout: 2s``) also works."""
 
-    seconds: Duration = Field(gt=0)
+    seconds: Duration
     mode: Literal["auto", "signal", "thread", "cooperative"] = "auto"
-    thread_limit: int = Field(defaults.TIMEOUT_THREAD_LIMIT, ge=1)
+    thread_limit: int = defaults.TIMEOUT_THREAD_LIMIT
+
+    _fields = _checked_by(TimeoutOptions.CHECKS)
+
+    def options(self) -> TimeoutOptions:
+        """The timeout's options this section describes."""
+        return TimeoutOptions(**self.model_dump())
 
 
 class FallbackConfig(_Model):
@@ -112,17 +155,20 @@ class BackoffConfig(_Model):
 class BudgetConfig(_Model):
     """A retry budget: retries / requests over the window stay under ``ratio``."""
 
-    ratio: float = Field(defaults.RETRY_BUDGET_RATIO, ge=0, le=1)
-    min_per_second: float = Field(defaults.RETRY_BUDGET_MIN_PER_SECOND, ge=0)
+    ratio: float = defaults.RETRY_BUDGET_RATIO
+    min_per_second: float = defaults.RETRY_BUDGET_MIN_PER_SECOND
     window: Duration = defaults.RETRY_BUDGET_WINDOW
     shared: str | None = None
     """Name of a budget shared by every resource that gives the same name."""
 
+    _fields = _checked_by(BUDGET_CHECKS)
+
 
 class RetryConfig(_Model):
-    """Options of :class:`floodwall.Retry`."""
+    """Options of :class:`floodwall.Retry` (checked as :class:`~floodwall.retry.RetryOptions`
+    checks them; the resource's ``level`` is the retry's)."""
 
-    attempts: int = Field(defaults.RETRY_ATTEMPTS, ge=1)
+    attempts: int = defaults.RETRY_ATTEMPTS
     backoff: BackoffConfig = BackoffConfig()
     budget: BudgetConfig | None = BudgetConfig()
     deadline: Duration | None = None
@@ -130,13 +176,27 @@ class RetryConfig(_Model):
     retry_overload: bool = False
     max_retry_after: Duration = defaults.RETRY_MAX_RETRY_AFTER
 
+    _fields = _checked_by(RetryOptions.CHECKS, skip=("backoff",))
+
 
 class BulkheadConfig(_Model):
-    """Options of :class:`floodwall.Bulkhead`."""
+    """Options of :class:`floodwall.Bulkhead`; builds a
+    :class:`~floodwall.bulkhead.BulkheadOptions` (``bypass`` is code-only)."""
 
-    max_concurrent: int = Field(ge=1)
-    max_queue: int = Field(0, ge=0)
-    max_wait: Duration = 0.0
+    max_concurrent: int
+    max_queue: int = defaults.BULKHEAD_MAX_QUEUE
+    max_wait: Duration = defaults.BULKHEAD_MAX_WAIT
+
+    _fields = _checked_by(BulkheadOptions.CHECKS)
+
+    @model_validator(mode="after")
+    def _whole(self) -> BulkheadConfig:
+        self.options()  # max_wait > 0 needs max_queue >= 1
+        return self
+
+    def options(self) -> BulkheadOptions:
+        """The bulkhead's options this section describes."""
+        return BulkheadOptions(**self.model_dump())
 
 
 def _rate_spec(value: object) -> str | float:
