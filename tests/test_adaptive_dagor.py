@@ -141,8 +141,8 @@ def test_upstream_levels_shed_early() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"alpha": 0}, "alpha must be in"),
-        ({"beta": 1}, "beta must be in"),
+        ({"alpha": 0}, "alpha must be a number in"),
+        ({"beta": 1}, "beta must be a number in"),
         ({"threshold": 0}, "threshold must be"),
         ({"window_requests": 0}, "window_requests must be"),
     ],

@@ -146,8 +146,8 @@ def test_controller_invariants(readings: list[float]) -> None:
     [
         ({"restore_below": 1.0, "shed_above": 1.0}, "restore_below must be < shed_above"),
         ({"shed_after": -1}, "shed_after must be a finite number of seconds >= 0"),
-        ({"restore_growth": 0.5}, "restore_growth must be >= 1"),
-        ({"max_restore_after": 1.0}, "max_restore_after must be finite and >= restore_after"),
+        ({"restore_growth": 0.5}, "restore_growth must be a finite number >= 1"),
+        ({"max_restore_after": 1.0}, "max_restore_after must be >= restore_after"),
     ],
 )
 def test_options_are_validated(options: dict[str, Any], message: str) -> None:

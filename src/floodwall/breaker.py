@@ -145,8 +145,8 @@ class BreakerOptions:
         "error_count": optional(validate.count),
         "consecutive_failures": optional(validate.count),
         "window": partial(validate.seconds, positive=True),
-        "buckets": validate.count,
-        "window_calls": optional(validate.count),
+        "buckets": partial(validate.count, maximum=defaults.MAX_SLOTS),
+        "window_calls": optional(partial(validate.count, maximum=defaults.MAX_SLOTS)),
         "open_duration": partial(validate.seconds, positive=True),
         "open_duration_growth": partial(validate.number, low=1.0),
         "max_open_duration": partial(validate.seconds, positive=True),
@@ -241,7 +241,7 @@ class CircuitBreaker(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.options = BreakerOptions(
             failure_rate=failure_rate,
             minimum_calls=minimum_calls,
@@ -588,6 +588,7 @@ class CircuitBreaker(Gate):
     def trip(self, reason: str) -> None:
         """Open now as the thresholds would (CLOSED only; DISABLED says ``would_trip``): for a
         caller that knows one failure proves the dependency down, a store call that timed out."""
+        validate.text("reason", reason, error=ValueError)
         events: list[Event] = []
         with self._lock:
             self._on_threshold(self._now(), reason, events)
@@ -607,6 +608,7 @@ class CircuitBreaker(Gate):
         self._manual(_CLOSED, reason)
 
     def _manual(self, to: CircuitState, reason: str) -> None:
+        validate.text("reason", reason, error=ValueError)
         events: list[Event] = []
         with self._lock:
             self._transition(to, self._now(), reason, events)

@@ -134,7 +134,7 @@ class RetryBudget:
         self.min_per_second = CHECKS["min_per_second"]("min_per_second", min_per_second)
         self.window = CHECKS["window"]("window", window)
         self.buckets = CHECKS["buckets"]("buckets", buckets)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self._floor = self.min_per_second * self.window
         self._window = TimeWindow(buckets, self.window / buckets, latency=False)

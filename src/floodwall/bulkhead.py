@@ -140,7 +140,7 @@ class Bulkhead(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.options = BulkheadOptions(
             max_concurrent,
             max_queue,
@@ -391,11 +391,13 @@ class ThreadPoolBulkhead(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.max_workers = _limit("max_workers", max_workers, 1)
         self.max_queue = _limit("max_queue", max_queue, 0)
-        self.timeout = _wait_seconds("timeout", timeout)
+        self.timeout = (
+            _INF if timeout is None else seconds("timeout", timeout, positive=True, infinite=True)
+        )
         self.listeners = Listeners(listeners)
         self._executor = ThreadPoolExecutor(
             max_workers=self.max_workers, thread_name_prefix=f"floodwall-{name}"
@@ -479,6 +481,7 @@ class ThreadPoolBulkhead(Flow):
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop taking calls, cancel queued ones; with ``wait``, wait for running ones."""
+        validate.flag("wait", wait, error=ValueError)
         with self._lock:
             self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=True)
@@ -540,6 +543,10 @@ def pool_size(
     8
     """
     if window is not None:
+        if not isinstance(window, WindowSnapshot):
+            raise ConfigError(
+                f"window must be a WindowSnapshot (breaker.metrics()), got {window!r}"
+            )
         if p99_latency is None:
             p99_latency = window.percentile(0.99)
             if p99_latency is None:
@@ -550,9 +557,7 @@ def pool_size(
             peak_rps = window.calls / window.span
     if peak_rps is None or p99_latency is None:
         raise ConfigError("pool_size needs peak_rps and p99_latency, or a window to read them from")
-    if not 0 <= peak_rps < _INF or not 0 <= p99_latency < _INF:
-        raise ConfigError(
-            f"peak_rps and p99_latency must be finite and >= 0, got {peak_rps!r}, {p99_latency!r}"
-        )
+    validate.number("peak_rps", peak_rps, 0.0)
+    validate.seconds("p99_latency", p99_latency)
     _limit("buffer", buffer, 0)
     return max(1, math.ceil(peak_rps * p99_latency - 1e-9) + buffer)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FloodwallError
@@ -318,7 +319,7 @@ class ChaosPolicy(Policy):
         rng: random.Random | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.options = ChaosOptions(rate=rate, enabled=enabled, schedule=schedule)
         self.allowed = chaos_allowed() if allow is None else bool(allow)
         """Whether this process lets the policy inject (fixed when it is built)."""
@@ -402,7 +403,11 @@ class ChaosPolicy(Policy):
 
     def restart(self, origin: float | None = None) -> None:
         """Count the schedule from ``origin`` (default: now)."""
-        self.origin = self.clock.monotonic() if origin is None else float(origin)
+        self.origin = (
+            self.clock.monotonic()
+            if origin is None
+            else validate.number("origin", origin, error=ValueError)
+        )
 
     def _swap(self, options: ChaosOptions, kind: str) -> None:
         self.options = options
@@ -453,7 +458,9 @@ class ChaosLatency(ChaosPolicy, Gate):
         self, delay: float | Latency, *, name: str = "chaos.latency", **options: Any
     ) -> None:
         super().__init__(name, **options)
-        self.delay = delay if isinstance(delay, Latency) else Latency.fixed(delay)
+        self.delay = (
+            delay if isinstance(delay, Latency) else Latency.fixed(_seconds("delay", delay))
+        )
 
     def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._hit():

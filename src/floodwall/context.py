@@ -277,7 +277,7 @@ class retry_marker(_Scope[RetryMarker]):  # noqa: N801 - used like a function, i
     def __init__(self, attempt: int, origin: str) -> None:
         if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 2:
             raise ValueError(f"attempt must be an integer >= 2 (a retry), got {attempt!r}")
-        self.marker = RetryMarker(attempt, origin)
+        self.marker = RetryMarker(attempt, validate.text("origin", origin, error=ValueError))
 
     def _value(self) -> RetryMarker:
         return self.marker

@@ -111,7 +111,7 @@ class Fallback(Flow, Generic[T]):
         if failure_result is not None:
             validate.function("failure_result", failure_result, what="a predicate")
         self.failure_result = failure_result
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.degraded = 0

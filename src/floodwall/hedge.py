@@ -107,17 +107,18 @@ class Hedge(Scoped):
         self.budget: RetryBudget | None = budget
         if budget is not None:
             budget.attach()
+        if not isinstance(classifier, Classifier):
+            raise ConfigError(f"classifier must be a floodwall Classifier, got {classifier!r}")
         self.classifier = classifier
-        self.respect_marker = bool(respect_marker)
-        self.on_failure = bool(on_failure)
-        self.name = name
+        self.respect_marker = validate.flag("respect_marker", respect_marker)
+        self.on_failure = validate.flag("on_failure", on_failure)
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
-        try:
-            self._latency = TimeWindow(buckets, window / buckets)
-        except ValueError as exc:
-            raise ConfigError(f"window/buckets: {exc}") from None
+        validate.seconds("window", window, positive=True)
+        validate.count("buckets", buckets, 1, defaults.MAX_SLOTS)
+        self._latency = TimeWindow(buckets, window / buckets)
         self._lock = threading.Lock()
         self._cached = self.delay
         self._cached_until = -float("inf")

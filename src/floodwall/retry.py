@@ -129,6 +129,8 @@ class GaveUp:
 
 def gave_up(exc: BaseException) -> GaveUp | None:
     """The :class:`GaveUp` record a :class:`Retry` attached to ``exc``, if any."""
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exc must be an exception, got {exc!r}")
     record = getattr(exc, _RECORD, None)
     return record if isinstance(record, GaveUp) else None
 
@@ -253,7 +255,7 @@ class Retry(Attempts):
         rng: Rng | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.options = options = RetryOptions(
             attempts,
             backoff,
@@ -569,6 +571,7 @@ class Retry(Attempts):
     def disable(self, reason: str = "disabled by operator") -> None:
         """Stop retrying (one attempt per call) until :meth:`enable`; the switch that
         dependency-level degradation flips."""
+        validate.text("reason", reason, error=ValueError)
         self._enabled = False
         self._disabled_reason = reason
         if self.listeners:
@@ -576,6 +579,7 @@ class Retry(Attempts):
 
     def enable(self, reason: str = "enabled by operator") -> None:
         """Retry again after :meth:`disable`."""
+        validate.text("reason", reason, error=ValueError)
         self._enabled = True
         self._disabled_reason = ""
         if self.listeners:

@@ -96,7 +96,7 @@ class Timeout(Scoped):
         """The options (frozen); ``seconds``, ``mode`` and ``thread_limit`` are read once from
         them into the attributes of the same names, which the time box reads per call."""
         self.seconds = self.options.seconds
-        self.name = name
+        self.name = validate.text("name", name)
         self.mode: SyncMode = self.options.mode
         self.thread_limit = self.options.thread_limit
         self.clock = clock

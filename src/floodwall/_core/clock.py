@@ -66,7 +66,7 @@ class FakeClock:
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = float(start)
+        self._now = validate.number("start", start, error=ValueError)
         self._lock = threading.Lock()
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()

@@ -124,8 +124,7 @@ class Outcomes:
         extra = _kinds("kinds", kinds) if kinds is not None else frozenset()
         if isinstance(value, Outcomes):
             return value if not extra else cls(value.types, value.kinds | extra, value.result)
-        types = () if value is None else validate.exception_types(name, value)
-        return cls(types, extra)
+        return cls(validate.exception_types(name, value), extra)
 
     @classmethod
     def handled(cls, on: object, kinds: Collection[str] | None) -> Outcomes:
@@ -134,7 +133,7 @@ class Outcomes:
         ``Exception`` (never cancellation or ``KeyboardInterrupt``)."""
         if on is None and kinds is None:
             return ANY_ERROR
-        return cls.of("on", on, kinds=kinds)
+        return cls.of("on", () if on is None else on, kinds=kinds)
 
     def __bool__(self) -> bool:
         """Whether anything at all is selected."""
@@ -153,7 +152,7 @@ class Outcomes:
 
 def _kinds(name: str, value: object) -> frozenset[str]:
     """Kind names as a frozenset: a collection of non-empty strings (not one bare string)."""
-    if isinstance(value, str) or not isinstance(value, Collection):
+    if isinstance(value, str | bytes) or not isinstance(value, Collection):
         raise ConfigError(
             f"{name} must be a collection of kinds such as {{'timeout', 'circuit_open'}}, "
             f"got {value!r}"

@@ -24,11 +24,13 @@ from floodwall._core.errors import ConfigError
 
 __all__ = [
     "choice",
+    "codec",
     "count",
     "exception_types",
     "flag",
     "function",
     "instance",
+    "integer",
     "number",
     "seconds",
     "share",
@@ -37,6 +39,10 @@ __all__ = [
 
 T = TypeVar("T")
 _INF = math.inf
+PLAIN_INT: type = int
+"""``int``, typed as any type: ``x.__class__ is not PLAIN_INT`` sends every argument but a plain
+int (a bool, a float, NaN, a string) to the full check, one identity test on a hot path (with
+``x: int`` or ``x: float`` a type checker would conclude the test can never be true)."""
 _Error = type[Exception]
 
 
@@ -65,6 +71,13 @@ def count(
     ):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise _fail(error, name, f"an integer {bound}", value)
+    return value
+
+
+def integer(name: str, value: object, *, error: _Error = ConfigError) -> int:
+    """``value`` if it is an integer (not a bool), of any sign."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _fail(error, name, "an integer", value)
     return value
 
 
@@ -189,6 +202,13 @@ def instance(name: str, value: object, kind: type[T] | tuple[type[T], ...], what
     """``value`` if it is an instance of ``kind``; ``what`` names it (``"a Store"``)."""
     if not isinstance(value, kind):
         raise _fail(ConfigError, name, what, value)
+    return value
+
+
+def codec(name: str, value: object) -> Any:
+    """``value`` if it can store results: ``dumps(value) -> bytes`` and ``loads(bytes)``."""
+    if not (callable(getattr(value, "dumps", None)) and callable(getattr(value, "loads", None))):
+        raise _fail(ConfigError, name, "a codec with dumps() and loads()", value)
     return value
 
 

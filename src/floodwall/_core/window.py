@@ -21,7 +21,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from floodwall._core import validate
+from floodwall._core import defaults, validate
 from floodwall._core.outcome import Kind
 from floodwall._core.tally import Tally
 
@@ -210,7 +210,8 @@ class TimeWindow:
         slow_call_duration: float = math.inf,
         latency: bool = True,
     ) -> None:
-        validate.count("buckets", buckets, error=ValueError)
+        validate.count("buckets", buckets, 1, defaults.MAX_SLOTS, error=ValueError)
+        validate.flag("latency", latency, error=ValueError)
         validate.seconds("bucket_seconds", bucket_seconds, positive=True, error=ValueError)
         self._buckets = buckets
         self.bucket_seconds = float(bucket_seconds)
@@ -368,7 +369,8 @@ class CountWindow:
     def __init__(
         self, size: int = 100, *, slow_call_duration: float = math.inf, latency: bool = True
     ) -> None:
-        validate.count("size", size, error=ValueError)
+        validate.count("size", size, 1, defaults.MAX_SLOTS, error=ValueError)
+        validate.flag("latency", latency, error=ValueError)
         self._size = size
         self.slow_call_duration = _check_slow(slow_call_duration)
         self._latency = latency

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive._base import ExpAvgMeasurement, Limit, check_float, check_int
 
@@ -74,16 +74,14 @@ class Gradient2Limit(Limit):
                 f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
             )
         self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
-        if not rtt_tolerance >= 1.0:  # also refuses NaN
-            raise ConfigError(f"rtt_tolerance must be >= 1.0, got {rtt_tolerance!r}")
-        self.rtt_tolerance = float(rtt_tolerance)
+        self.rtt_tolerance = validate.number("rtt_tolerance", rtt_tolerance, 1.0)
         self._queue_size: Callable[[int], int] | None = None
         self._fixed_queue = -1
         """``queue_size`` when it is a constant, else -1 (then ``_queue_size`` is called)."""
-        if isinstance(queue_size, int):
-            self._fixed_queue = check_int("queue_size", queue_size, 0)
-        else:
+        if callable(queue_size):
             self._queue_size = queue_size
+        else:
+            self._fixed_queue = check_int("queue_size", queue_size, 0)
         self._min = float(self.min_limit)
         self._max = float(self.max_concurrency)
         self._long_rtt = ExpAvgMeasurement(

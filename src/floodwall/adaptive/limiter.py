@@ -116,7 +116,7 @@ class _Partition:
     __slots__ = ("busy", "name", "share", "weight")
 
     def __init__(self, name: str, weight: float) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.weight = weight
         self.share = 0
         self.busy = 0
@@ -169,7 +169,7 @@ class AdaptiveLimiter(Gate):
         if backlog_order not in ("lifo", "fifo"):
             raise ConfigError(f"backlog_order must be 'lifo' or 'fifo', got {backlog_order!r}")
         self.algorithm = algorithm
-        self.name = name
+        self.name = validate.text("name", name)
         self.backlog_size = backlog_size
         self.backlog_timeout = float(backlog_timeout)
         self.backlog_order = backlog_order
@@ -188,13 +188,14 @@ class AdaptiveLimiter(Gate):
 
     @staticmethod
     def _build_partitions(partitions: Mapping[str, float] | None) -> dict[str, _Partition]:
-        if not partitions:
+        if partitions is None:
             return {}
+        if not isinstance(partitions, Mapping):
+            raise ConfigError(f"partitions must be a mapping of name to share, got {partitions!r}")
         built: dict[str, _Partition] = {}
         for name, weight in partitions.items():
-            if not 0.0 <= weight <= 1.0:
-                raise ConfigError(f"partitions[{name!r}] must be in [0, 1], got {weight!r}")
-            built[name] = _Partition(name, float(weight))
+            share = validate.share(f"partitions[{name!r}]", weight)
+            built[validate.text("partition names", name)] = _Partition(name, share)
         total = sum(p.weight for p in built.values())
         if total > 1.0 + 1e-9:
             raise ConfigError(f"partition shares must add up to <= 1.0, got {total:g}")
@@ -238,10 +239,17 @@ class AdaptiveLimiter(Gate):
 
     def _resolve(self, partition: str | None) -> _Partition | None:
         if self._unknown is None:
+            given: object = partition  # a caller's argument: any object may arrive
+            if given is not None and not isinstance(given, str):
+                validate.text("partition", given, error=ValueError)
             return None
         if partition is None:
             return self._unknown
-        return self._partitions.get(partition, self._unknown)
+        found = self._partitions.get(partition)
+        if found is None:
+            validate.text("partition", partition, error=ValueError)
+            return self._unknown
+        return found
 
     def _admissible(self, part: _Partition | None) -> bool:
         """Under the lock: may one more token go to ``part``?"""
@@ -338,6 +346,8 @@ class AdaptiveLimiter(Gate):
     ) -> Token | None:
         """Like :meth:`acquire`, but wait in the backlog for up to ``max_wait`` (default
         ``backlog_timeout``) seconds on the limiter's clock."""
+        if max_wait is not None:
+            validate.seconds("max_wait", max_wait, infinite=True, error=ValueError)
         first = self._first_try(partition, max_wait)
         return _token(first.run()) if isinstance(first, Park) else first
 
@@ -345,6 +355,8 @@ class AdaptiveLimiter(Gate):
         self, partition: str | None = None, max_wait: float | None = None
     ) -> Token | None:
         """Like :meth:`acquire_blocking` for asyncio tasks."""
+        if max_wait is not None:
+            validate.seconds("max_wait", max_wait, infinite=True, error=ValueError)
         first = self._first_try(partition, max_wait)
         return _token(await first.arun()) if isinstance(first, Park) else first
 

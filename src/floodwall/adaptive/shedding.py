@@ -169,7 +169,7 @@ class LoadShedder(Gate):
             if self._bbr is not None
             else _DAGOR
         )
-        self.name = name
+        self.name = validate.text("name", name)
         self.max_queue_time = max_queue_time
         self.retry_after = retry_after
         self.clock = clock

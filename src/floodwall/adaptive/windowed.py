@@ -96,8 +96,8 @@ class WindowedLimit(Limit):
             )
         self.window_size = check_int("window_size", window_size)
         self.min_rtt_threshold = validate.seconds("min_rtt_threshold", min_rtt_threshold)
-        if percentile is not None and not 0 < percentile <= 1:
-            raise ConfigError(f"percentile must be in (0, 1], got {percentile!r}")
+        if percentile is not None:
+            validate.number("percentile", percentile, 0.0, 1.0, low_open=True)
         self.percentile = percentile
         self._window = _SampleWindow(percentile is not None)
         self._next_update = -math.inf

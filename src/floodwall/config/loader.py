@@ -19,6 +19,7 @@ Every error names the source, the path inside the document and the bad value::
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.config.schema import Document
 
@@ -139,6 +141,7 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
 
 def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
     """Validate a raw mapping (already loaded from YAML/TOML/JSON) into a :class:`Document`."""
+    validate.text("source", source)
     try:
         resolved = resolve(raw)
     except ConfigError as exc:
@@ -152,6 +155,8 @@ def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
 
 def load(path: str | Path) -> Document:
     """Read and validate a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"path must be a file path, got {path!r}")
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -162,6 +167,8 @@ def load(path: str | Path) -> Document:
 
 def loads(text: str, source: str = "<config>") -> dict[str, Any]:
     """Parse the text of a document by the source's extension (YAML when unknown)."""
+    validate.text("text", text, empty=True)
+    validate.text("source", source)
     try:
         if source.endswith(".toml"):
             data: Any = tomllib.loads(text)

@@ -42,6 +42,7 @@ from floodwall._core.meter import EDGES as _EDGES
 from floodwall._core.meter import Degradation, Meter
 from floodwall._core.options import kwargs
 from floodwall._core.policy import Policy
+from floodwall._core.validate import PLAIN_INT
 from floodwall.adaptive import (
     AdaptiveLimiter,
     AIMDLimit,
@@ -53,14 +54,6 @@ from floodwall.adaptive import (
 from floodwall.adaptive.windowed import WindowedLimit
 from floodwall.backoff import (
     Backoff,
-    DecorrelatedJitter,
-    EqualJitter,
-    Exponential,
-    Fixed,
-    FullJitter,
-    Linear,
-    NoBackoff,
-    Uniform,
 )
 from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
@@ -102,25 +95,9 @@ _log = logging.getLogger("floodwall.config")
 
 
 def build_backoff(config: BackoffConfig) -> Backoff:
-    """The backoff object a ``backoff:`` section describes."""
-    kind, base, cap, mult = config.kind, config.base, config.cap, config.multiplier
-    if kind == "none":
-        return NoBackoff()
-    if kind == "fixed":
-        return Fixed(base, cap=cap)
-    if kind == "linear":
-        return Linear(base, cap=cap)
-    if kind == "random":
-        low = config.low if config.low is not None else 0.0
-        high = config.high if config.high is not None else base
-        return Uniform(low, high, cap=cap)
-    if kind == "decorrelated":
-        return DecorrelatedJitter(base, cap=cap)
-    if config.jitter == "full":
-        return FullJitter(base, multiplier=mult, cap=cap)
-    if config.jitter == "equal":
-        return EqualJitter(base, multiplier=mult, cap=cap)
-    return Exponential(base, multiplier=mult, cap=cap)
+    """The backoff object a ``backoff:`` section describes (:meth:`BackoffConfig.backoff`)."""
+    validate.instance("config", config, BackoffConfig, "a BackoffConfig")
+    return config.backoff()
 
 
 def _new_budget(
@@ -390,7 +367,7 @@ class Resource(Pipeline):
     kind = "resource"
 
     def __init__(self, name: str, config: ResourceConfig, registry: Registry) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.config = config
         self.level = config.level
         self._registry = registry
@@ -562,7 +539,7 @@ class Registry:
     ) -> None:
         from floodwall.config.loader import parse
 
-        self.metrics = metrics
+        self.metrics = validate.flag("metrics", metrics)
         """Whether resources keep a :class:`~floodwall.observe.Meter` (cumulative outcomes and
         latency, what the Prometheus and OpenTelemetry adapters read)."""
         self.clock = clock
@@ -592,6 +569,8 @@ class Registry:
 
     def get(self, name: str) -> Resource:
         """The resource called ``name`` (a policy: call it, await it, decorate with it)."""
+        if name.__class__ is not str:
+            validate.text("name", name, error=TypeError)
         try:
             return self._resources[name]
         except KeyError:
@@ -697,6 +676,8 @@ class Registry:
         invalid one (it is what a file caught mid-write looks like); ``allow_empty=True``
         drops every resource on purpose.
         """
+        validate.text("source", source)
+        validate.flag("allow_empty", allow_empty)
         refused: ConfigError | None = None
         with self._lock:  # one reload at a time, and no operator change between stage and swap
             try:
@@ -841,6 +822,9 @@ class Registry:
         self._breaker_override(name, "force_closed", ttl, reason)
 
     def _breaker_override(self, name: str, action: str, ttl: float | None, reason: str) -> None:
+        validate.text("reason", reason, empty=True)
+        if ttl is not None:
+            validate.seconds("ttl", ttl, positive=True)
         breaker = self.get(name).breaker
         if breaker is None:
             raise ConfigError(f"resources.{name} has no circuit_breaker to {action}")
@@ -862,6 +846,9 @@ class Registry:
         The configured limit comes back when the override ends; a reload in the meantime keeps
         the override in force.
         """
+        validate.text("reason", reason, empty=True)
+        if burst is not None:
+            validate.count("burst", burst, 0)
         resource = self.get(name)
         current = resource.config.rate_limit
         if current is None:
@@ -884,8 +871,9 @@ class Registry:
 
     def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
         """Shed dependency level ``level`` (2 or 3): its calls answer from their fallback."""
-        if level not in (2, 3):
+        if isinstance(level, bool) or not isinstance(level, int) or level not in (2, 3):
             raise ConfigError(f"level must be 2 or 3 (level 1 is never shed), got {level!r}")
+        validate.text("reason", reason, empty=True)
         text = reason or f"level {level} shed by operator"
         with self._lock:
             self._shed_levels = self._shed_levels | {level}
@@ -893,6 +881,9 @@ class Registry:
 
     def clear(self, target: str, action: str | None = None) -> None:
         """End the overrides on ``target`` (a resource name or ``"level:N"``)."""
+        validate.text("target", target)
+        if action is not None:
+            validate.text("action", action)
         with self._lock:
             ended = [k for k in self._overrides if k[0] == target and action in (None, k[1])]
             for key in ended:
@@ -951,6 +942,8 @@ class Registry:
 
     def is_shed(self, level: int) -> bool:
         """Whether calls at ``level`` are being shed now (cheap: checked on every call)."""
+        if level.__class__ is not PLAIN_INT:  # resources pass ints; any other query is checked
+            validate.count("level", level, 1, 3, error=ValueError)
         if self.clock.monotonic() >= self._next_expiry:
             self.expire()
         return level in self._shed_levels

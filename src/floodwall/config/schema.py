@@ -30,7 +30,9 @@ file as from code, under the path of the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from functools import partial
+from types import NoneType
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -41,9 +43,21 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
-from floodwall._core import defaults
-from floodwall._core.options import Checks, check_field
+from floodwall._core import defaults, validate
+from floodwall._core.options import Checks, check_field, optional
+from floodwall.backoff import (
+    Backoff,
+    DecorrelatedJitter,
+    EqualJitter,
+    Exponential,
+    Fixed,
+    FullJitter,
+    Linear,
+    NoBackoff,
+    Uniform,
+)
 from floodwall.breaker import BreakerOptions
 from floodwall.budget import CHECKS as BUDGET_CHECKS
 from floodwall.bulkhead import BulkheadOptions
@@ -71,6 +85,33 @@ __all__ = [
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number is a number and a flag is true or false: pydantic's lax mode would read
+        ``true`` as 1 and ``"yes"`` as true. (A duration has its own parser: ``"5s"``.)"""
+        name = info.field_name
+        assert name is not None
+        kind = _scalar_kind(cls.model_fields[name])
+        if kind == "number" and isinstance(value, bool | str):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if kind == "flag" and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+
+def _scalar_kind(field: FieldInfo) -> str | None:
+    """``"number"`` for an int/float field, ``"flag"`` for a bool one (``None`` allowed in
+    both when optional), else ``None`` (anything with a parser of its own: durations, rates)."""
+    if any(type(m).__module__.startswith("pydantic.functional") for m in field.metadata):
+        return None  # a parser of its own (a duration, a rate)
+    members = {a for a in get_args(field.annotation) or (field.annotation,) if a is not NoneType}
+    if any(get_origin(a) is Annotated for a in members):
+        return None
+    if members and members <= {int, float}:
+        return "number"
+    return "flag" if members == {bool} else None
 
 
 def _checked_by(checks: Checks, *, skip: tuple[str, ...] = ()) -> Any:
@@ -146,10 +187,36 @@ class BackoffConfig(_Model):
     )
     base: Duration = defaults.RETRY_BACKOFF_BASE
     cap: Duration = defaults.RETRY_BACKOFF_CAP
-    multiplier: float = Field(2.0, ge=1)
+    multiplier: float = 2.0
     jitter: Literal["none", "full", "equal"] = "full"
     low: Duration | None = None
     high: Duration | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> BackoffConfig:
+        self.backoff()  # the strategy's own checks (a zero base, an infinite multiplier, …)
+        return self
+
+    def backoff(self) -> Backoff:
+        """The backoff strategy this section describes (its own frozen, validated options)."""
+        kind, base, cap, mult = self.kind, self.base, self.cap, self.multiplier
+        if kind == "none":
+            return NoBackoff()
+        if kind == "fixed":
+            return Fixed(base, cap=cap)
+        if kind == "linear":
+            return Linear(base, cap=cap)
+        if kind == "random":
+            low = self.low if self.low is not None else 0.0
+            high = self.high if self.high is not None else base
+            return Uniform(low, high, cap=cap)
+        if kind == "decorrelated":
+            return DecorrelatedJitter(base, cap=cap)
+        if self.jitter == "full":
+            return FullJitter(base, multiplier=mult, cap=cap)
+        if self.jitter == "equal":
+            return EqualJitter(base, multiplier=mult, cap=cap)
+        return Exponential(base, multiplier=mult, cap=cap)
 
 
 class BudgetConfig(_Model):
@@ -221,17 +288,24 @@ class RateLimitConfig(_Model):
     """A local or global rate limit."""
 
     rate: RateSpec
-    burst: int | None = Field(None, ge=0)
+    burst: int | None = None
     """Permits beyond the steady rate (default: one period's worth, ``count - 1``)."""
     algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
     key: str | None = None
     scope: Literal["local", "global"] = "local"
     store: str = "default"
     """``scope: global``: the ``stores`` entry holding the shared counts."""
-    expected_instances: int = Field(1, ge=1)
+    expected_instances: int = 1
     """``scope: global``: processes sharing the limit; each keeps ``rate ÷ expected_instances``
     while the store is down (``on_store_error: local``)."""
     on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
+
+    _fields = _checked_by(
+        {
+            "burst": optional(partial(validate.count, minimum=0)),
+            "expected_instances": validate.count,
+        }
+    )
 
     @model_validator(mode="after")
     def _global_form(self) -> RateLimitConfig:
@@ -256,8 +330,10 @@ class AdaptiveConfig(_Model):
     options: dict[str, float | int] = Field(default_factory=dict)
     windowed: bool = False
     partitions: dict[str, float] | None = None
-    backlog_size: int = Field(0, ge=0)
+    backlog_size: int = 0
     backlog_timeout: Duration = defaults.LIFO_BACKLOG_TIMEOUT
+
+    _fields = _checked_by({"backlog_size": partial(validate.count, minimum=0)})
 
 
 class IdempotencyConfig(_Model):
@@ -275,17 +351,21 @@ class CacheConfig(_Model):
 
     ttl: Duration = defaults.CACHE_TTL
     stale_ttl: Duration = defaults.CACHE_STALE_TTL
-    max_entries: int = Field(defaults.CACHE_MAX_ENTRIES, ge=1)
+    max_entries: int = defaults.CACHE_MAX_ENTRIES
     kinds: tuple[str, ...] | None = None
     read_only: bool = False
     store: str | None = None
     """Name of a ``stores`` entry for a shared level (``None``: in-process only)."""
 
+    _fields = _checked_by({"max_entries": validate.count})
+
 
 class SampledDropConfig(_Model):
     """Drop this share of the calls (low-priority writes); tunable live by reloading."""
 
-    ratio: float = Field(ge=0, le=1)
+    ratio: float
+
+    _fields = _checked_by({"ratio": validate.share})
 
 
 class ChaosConfig(_Model):
@@ -297,8 +377,10 @@ class ChaosConfig(_Model):
     exception: Literal[True] | None = None
     result: Any = None
     hang: Duration | None = None
-    rate: float = Field(1.0, ge=0, le=1)
+    rate: float = 1.0
     enabled: bool = True
+
+    _fields = _checked_by({"rate": validate.share})
     schedule: tuple[tuple[Duration, Duration | None], ...] | None = None
     period: Duration | None = None
 

@@ -133,7 +133,7 @@ class Chunked(Generic[T]):
         self.policy = policy
         self.max_failures = max_failures
         self.pause = float(pause)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._failures = 0

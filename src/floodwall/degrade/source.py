@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
@@ -67,7 +68,7 @@ class FallbackSource(Flow):
         self.pipeline = pipeline
         self.handled = Outcomes.handled(on, kinds)
         """The errors answered from the backup or the cache (``on=`` and ``kinds=``)."""
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.degraded = 0

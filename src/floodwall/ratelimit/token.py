@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.validate import count as _count
 from floodwall.ratelimit._base import (
@@ -79,12 +78,7 @@ class TokenBucket(RateLimiter[_Bucket]):
         self.window = self.capacity / self.rate.per_second
         if initial is None:
             initial = self.capacity
-        if isinstance(initial, bool) or not 0 <= initial <= self.capacity:
-            raise ConfigError(
-                f"initial must be a number of tokens in [0, capacity={self.capacity:g}], "
-                f"got {initial!r}"
-            )
-        self.initial = float(initial)
+        self.initial = validate.number("initial", initial, 0.0, self.capacity)
         self._per_second = self.rate.per_second
         super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
 

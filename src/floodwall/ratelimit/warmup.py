@@ -35,7 +35,6 @@ from collections.abc import Iterable
 
 from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall.ratelimit._base import (
     INF,
@@ -47,6 +46,11 @@ from floodwall.ratelimit._base import (
 )
 
 __all__ = ["WarmUp"]
+
+
+_MAX_COLD_FACTOR = 1e6
+"""A cold start a million times slower than the rate is no warm-up any more (and a larger factor
+makes the ramp's slope underflow to zero)."""
 
 
 class _Warm:
@@ -84,9 +88,9 @@ class WarmUp(RateLimiter[_Warm]):
     ) -> None:
         self.rate = parse_rate(rate)
         self.warmup = validate.seconds("warmup", warmup, positive=True)
-        if isinstance(cold_factor, bool) or not 1 < cold_factor < INF:
-            raise ConfigError(f"cold_factor must be a finite number > 1, got {cold_factor!r}")
-        self.cold_factor = float(cold_factor)
+        self.cold_factor = validate.number(
+            "cold_factor", cold_factor, 1.0, _MAX_COLD_FACTOR, low_open=True
+        )
         self.stable = self.rate.interval
         self.cold = self.stable * self.cold_factor
         self.threshold = 0.5 * self.warmup / self.stable

@@ -45,7 +45,7 @@ from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
-from floodwall._core.errors import DegradedError
+from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.outcome import Outcomes
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
@@ -137,8 +137,8 @@ class LruTtl(Generic[T]):
     Thread-safe (one short lock); every operation O(1) amortised."""
 
     def __init__(self, max_entries: int, keep: float) -> None:
-        self.max_entries = max_entries
-        self.keep = keep
+        self.max_entries = validate.count("max_entries", max_entries)
+        self.keep = validate.seconds("keep", keep, infinite=True)
         self._data: OrderedDict[str, tuple[T, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.evictions = 0
@@ -176,6 +176,15 @@ class LruTtl(Generic[T]):
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+
+
+def _read_only(
+    name: str, value: object, *, error: type[Exception] = ConfigError
+) -> bool | Callable[[], bool]:
+    """A read-only switch: ``True``/``False``, or a callable consulted on each read."""
+    if not (isinstance(value, bool) or callable(value)):
+        raise error(f"{name} must be true, false or a callable returning one, got {value!r}")
+    return value
 
 
 # -- the policy -------------------------------------------------------------------------------
@@ -229,18 +238,25 @@ class Cache(Flow):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         validate.seconds("ttl", ttl)
-        validate.seconds("stale_ttl", stale_ttl, minimum=ttl)
+        validate.seconds("stale_ttl", stale_ttl)
+        if stale_ttl < ttl:
+            raise ConfigError(f"stale_ttl must be >= ttl ({ttl!r}), got {stale_ttl!r}")
         validate.count("max_entries", max_entries)
         self.ttl = float(ttl)
         self.stale_ttl = float(stale_ttl)
+        if key is not None:
+            validate.function("key", key, what="a callable of the call's arguments")
         self.key = key or default_key
         self.handled = Outcomes.handled(on, kinds)
         """The errors answered from the cache (``on=`` and ``kinds=``)."""
-        self.codec = codec
-        self.name = name
+        self.codec = validate.codec("codec", codec)
+        _read_only("read_only", read_only)
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._read_only = read_only
+        if breaker is not None:
+            validate.instance("breaker", breaker, CircuitBreaker, "a CircuitBreaker or None")
         self.local: LruTtl[Any] = LruTtl(max_entries, self.stale_ttl)
         self.store = None if store is None else resolve(store)
         self.guard = (
@@ -269,7 +285,7 @@ class Cache(Flow):
 
     def set_read_only(self, on: bool | Callable[[], bool]) -> None:
         """Switch reading only from the cache on or off (or hand it a callable to consult)."""
-        self._read_only = on
+        self._read_only = _read_only("on", on, error=ValueError)
         self._emit("read_only", f"read only from cache: {on}", {})
 
     @property
@@ -381,6 +397,7 @@ class Cache(Flow):
     def lookup(self, key: str) -> Cached[Any] | None:
         """The first level's entry for ``key`` (fresh or stale), without calling anything;
         for a :class:`~floodwall.Fallback` factory: ``cache.lookup("gifts")``."""
+        validate.text("key", key, error=ValueError)
         now = self.clock.monotonic()
         entry = self.local.get(key, now)
         if entry is None:
@@ -390,16 +407,19 @@ class Cache(Flow):
 
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` in the first level (a warm-up, a pushed update)."""
+        validate.text("key", key, error=ValueError)
         self.local.put(key, value, self.clock.monotonic())
 
     def invalidate(self, key: str) -> None:
         """Drop ``key`` from both levels (the second level only while its store answers)."""
+        validate.text("key", key, error=ValueError)
         self.local.delete(key)
         if self.guard is not None:
             self.guard.apply(CACHE_DELETE, self._remote_key(key))
 
     async def invalidate_async(self, key: str) -> None:
         """:meth:`invalidate` for async callers."""
+        validate.text("key", key, error=ValueError)
         self.local.delete(key)
         if self.guard is not None:
             await self.guard.apply_async(CACHE_DELETE, self._remote_key(key))

@@ -37,6 +37,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps, Step
+from floodwall._core.validate import PLAIN_INT
 from floodwall.breaker import CircuitBreaker
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
@@ -152,16 +153,13 @@ class Frequency(Gate):
     ) -> None:
         validate.count("limit", limit)
         validate.seconds("per", per, minimum=0.001)
-        if not isinstance(expected_instances, int) or expected_instances < 1:
-            raise ConfigError(
-                f"expected_instances must be an integer >= 1, got {expected_instances!r}"
-            )
+        validate.count("expected_instances", expected_instances)
         if key is not None and not (callable(key) or (isinstance(key, str) and key)):
             raise ConfigError(f"key must be a non-empty string or a callable, got {key!r}")
         self.limit = limit
         self.per = float(per)
         self.key = key
-        self.name = name
+        self.name = validate.text("name", name)
         self.expected_instances = expected_instances
         self.local_limit = max(1, limit // expected_instances)
         self.clock = clock
@@ -186,8 +184,11 @@ class Frequency(Gate):
     # -- the decision core --------------------------------------------------------------------
 
     def _request(self, key: str | None, cost: int) -> tuple[Op[Any], str, list[int], list[int]]:
-        if not isinstance(cost, int) or not 1 <= cost <= self.limit:
-            raise ConfigError(f"cost must be an integer in [1, limit={self.limit}], got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or not 1 <= cost <= self.limit:
+            validate.count("cost", cost, 1, self.limit)
+        given: object = key  # a caller's argument: any object may arrive
+        if given is not None and not isinstance(given, str):
+            validate.text("key", given, error=ValueError)
         full = f"freq:{self.name}" if key is None else f"freq:{self.name}:{key}"
         if self.limit == 1:
             return ONCE, full, [self._ttl_ms], [self._ttl_ms]

@@ -170,10 +170,10 @@ class GlobalLimiter(_Acquiring, Gate):
         self.max_batch = _count("max_batch", max_batch, 1)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = validate.text("name", name)
         self.key = key
         self.max_wait = float(max_wait)
-        self.batch = bool(batch)
+        self.batch = validate.flag("batch", batch)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._owns_store = isinstance(store, str)

@@ -51,6 +51,7 @@ import itertools
 import logging
 import math
 import random
+import sys
 import threading
 import uuid
 import weakref
@@ -142,6 +143,14 @@ class WriteQueue(Protocol):
     async def depth_async(self) -> int: ...
 
 
+def _ids(ids: object) -> None:
+    """Message ids to acknowledge: a sequence of strings (one bare string is refused)."""
+    if isinstance(ids, str) or not isinstance(ids, Sequence):
+        raise TypeError(f"ids must be a sequence of message ids, got {ids!r}")
+    for item in ids:
+        validate.text("ids items", item, error=ValueError)
+
+
 class MemoryQueue:
     """A bounded in-process queue (``max_pending`` writes); lost when the process ends."""
 
@@ -155,6 +164,7 @@ class MemoryQueue:
         self._ids = itertools.count(1)
 
     def put(self, key: str, payload: Any) -> str | None:
+        validate.text("key", key, error=ValueError)
         with self._lock:
             if len(self._items) >= self.max_pending:
                 return None
@@ -163,10 +173,12 @@ class MemoryQueue:
             return message.id
 
     def take(self, count: int) -> list[Message]:
+        validate.count("count", count, 1, sys.maxsize, error=ValueError)
         with self._lock:
             return list(itertools.islice(self._items, count))
 
     def ack(self, ids: Sequence[str]) -> None:
+        _ids(ids)
         done = set(ids)
         with self._lock:
             while self._items and self._items[0].id in done:
@@ -216,6 +228,8 @@ class StreamQueue:
     ) -> None:
         from floodwall.stores.streams import RedisStream  # needs redis-py: import on use
 
+        validate.count("max_pending", max_pending)
+        validate.codec("codec", codec)
         self.stream = RedisStream(
             store,
             name,
@@ -285,9 +299,15 @@ class DeliveryCore:
     """
 
     def __init__(self, backoff: Backoff, rng: Rng, max_attempts: int | None) -> None:
+        if not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
+        if not callable(getattr(rng, "random", None)):
+            raise ConfigError(f"rng must have a random() method, got {rng!r}")
         self.backoff = backoff
         self.rng = rng
-        self.max_attempts = max_attempts
+        self.max_attempts = (
+            None if max_attempts is None else validate.count("max_attempts", max_attempts)
+        )
         self.blocked_until = -math.inf
         self.attempts: dict[str, int] = {}
         self._delays: Iterator[float] | None = None
@@ -352,18 +372,21 @@ class WriteBehind:
         if not callable(write):
             raise ConfigError(f"write must be callable, got {write!r}")
         validate.count("batch", batch)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise ConfigError(f"max_attempts must be an integer >= 1 or None, got {max_attempts!r}")
+        if max_attempts is not None:
+            validate.count("max_attempts", max_attempts)
         if on_full not in ("reject", "write_through"):
             raise ConfigError(f"on_full must be 'reject' or 'write_through', got {on_full!r}")
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a floodwall Policy or None, got {policy!r}")
-        if isinstance(idle_wait, bool) or not 0 < idle_wait < math.inf:
-            raise ConfigError(
-                f"idle_wait must be a finite number of seconds > 0, got {idle_wait!r}"
-            )
+        validate.seconds("idle_wait", idle_wait, positive=True)
+        if queue is not None and not all(
+            callable(getattr(queue, m, None)) for m in ("put", "take", "ack", "depth")
+        ):
+            raise ConfigError(f"queue must be a WriteQueue (put, take, ack, depth), got {queue!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
+        if dead_letter is not None:
+            validate.function("dead_letter", dead_letter, what="a callable (message, error)")
         self.write = write
         self.queue: WriteQueue = queue if queue is not None else MemoryQueue(max_pending)
         self.batch = batch
@@ -371,7 +394,7 @@ class WriteBehind:
         self.dead_letter = dead_letter
         self.on_full = on_full
         self.idle_wait = float(idle_wait)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         chosen = backoff or FullJitter(
@@ -482,6 +505,8 @@ class WriteBehind:
         """One delivery round: write what is queued (at most ``limit``), oldest first, until
         the queue is empty or a write fails. Returns how many writes were applied. Does
         nothing while a retry is not due, or while another thread delivers."""
+        if limit is not None:
+            validate.count("limit", limit, error=ValueError)
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(f"write-behind {self.name!r} has an async write; use the async API")
         return settle(self._deliver(limit))  # type: ignore[no-any-return]
@@ -610,6 +635,8 @@ class WriteBehind:
 
     async def deliver_async(self, limit: int | None = None) -> int:
         """:meth:`deliver` for async writes and queues."""
+        if limit is not None:
+            validate.count("limit", limit, error=ValueError)
         return await settle_async(self._deliver(limit))  # type: ignore[no-any-return]
 
     async def run_async(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores.base import (
     DELETE,
@@ -87,6 +88,7 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     option. PostgreSQL: ``pool_size``, ``auto_migrate`` and psycopg connect options. SQLite:
     ``auto_migrate``, ``wall_clock``. Nothing connects until the first operation.
     """
+    validate.text("url", url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(url, **options)
@@ -128,6 +130,8 @@ def migrate(url: str | Store, **options: Any) -> list[int]:
     deploy step when the application's database user may not create tables, and build the
     stores with ``auto_migrate=False``.
     """
+    if not isinstance(url, str | Store):
+        raise ConfigError(f"url must be a store URL or a Store, got {url!r}")
     if isinstance(url, str):
         if urlsplit(url).scheme.lower() not in {"postgresql", "postgres", "sqlite"}:
             return []

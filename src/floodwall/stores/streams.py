@@ -98,7 +98,7 @@ class RedisStream:
         if claim_after is not None:
             validate.seconds("claim_after", claim_after, positive=True)
         self.store = store
-        self.name = name
+        self.name = validate.text("name", name)
         self.consumer = consumer
         self.group = group
         self.max_length = max_length
