@@ -247,14 +247,23 @@ class RetryConfig(_Model):
 
 
 class BulkheadConfig(_Model):
-    """Options of :class:`floodwall.Bulkhead`; builds a
+    """Options of :class:`floodwall.Bulkhead` (``scope: local``, per process) or of
+    :class:`floodwall.HostBulkhead` (``scope: host``: one count for every process of the host,
+    kept in the ``host://`` store named by ``store``); the first three build a
     :class:`~floodwall.bulkhead.BulkheadOptions` (``bypass`` is code-only)."""
 
     max_concurrent: int
     max_queue: int = defaults.BULKHEAD_MAX_QUEUE
     max_wait: Duration = defaults.BULKHEAD_MAX_WAIT
+    scope: Literal["local", "host"] = "local"
+    store: str = "default"
+    """``scope: host``: the ``stores`` entry (a ``host://NAME`` URL) holding the slots."""
+    expected_instances: int = 1
+    """``scope: host``: processes sharing the slots; each keeps ``max_concurrent ÷
+    expected_instances`` while the store is unavailable (``on_store_error: local``)."""
+    on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
 
-    _fields = _checked_by(BulkheadOptions.CHECKS)
+    _fields = _checked_by({**BulkheadOptions.CHECKS, "expected_instances": validate.count})
 
     @model_validator(mode="after")
     def _whole(self) -> BulkheadConfig:
@@ -263,7 +272,7 @@ class BulkheadConfig(_Model):
 
     def options(self) -> BulkheadOptions:
         """The bulkhead's options this section describes."""
-        return BulkheadOptions(**self.model_dump())
+        return BulkheadOptions(self.max_concurrent, self.max_queue, self.max_wait)
 
 
 def _rate_spec(value: object) -> str | float:
@@ -292,9 +301,10 @@ class RateLimitConfig(_Model):
     """Permits beyond the steady rate (default: one period's worth, ``count - 1``)."""
     algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
     key: str | None = None
-    scope: Literal["local", "global"] = "local"
+    scope: Literal["local", "host", "global"] = "local"
     store: str = "default"
-    """``scope: global``: the ``stores`` entry holding the shared counts."""
+    """``scope: global`` or ``host``: the ``stores`` entry holding the shared counts (``host``
+    requires a ``host://NAME`` store: the processes of one host, no server)."""
     expected_instances: int = 1
     """``scope: global``: processes sharing the limit; each keeps ``rate ÷ expected_instances``
     while the store is down (``on_store_error: local``)."""
@@ -309,10 +319,10 @@ class RateLimitConfig(_Model):
 
     @model_validator(mode="after")
     def _global_form(self) -> RateLimitConfig:
-        if self.scope == "global" and self.algorithm not in GLOBAL_ALGORITHMS:
+        if self.scope != "local" and self.algorithm not in GLOBAL_ALGORITHMS:
             raise ValueError(
-                f"algorithm {self.algorithm!r} has no global form "
-                f"(scope: global takes {', '.join(GLOBAL_ALGORITHMS)})"
+                f"algorithm {self.algorithm!r} has no shared form "
+                f"(scope: {self.scope} takes {', '.join(GLOBAL_ALGORITHMS)})"
             )
         return self
 
@@ -439,3 +449,23 @@ class Document(_Model):
     stores: dict[str, str] = Field(default_factory=lambda: {"default": "memory://"})
     allow_chaos: bool = False
     """Let ``chaos`` sections inject (else only ``FLOODWALL_CHAOS=1`` in the environment does)."""
+
+    @model_validator(mode="after")
+    def _host_scopes(self) -> Document:
+        """``scope: host`` names a ``host://`` store (checked here: the path says where)."""
+        sections = {
+            "defaults": self.defaults,
+            **{f"resources.{k}": v for k, v in self.resources.items()},
+        }
+        for path, resource in sections.items():
+            for field in ("bulkhead", "rate_limit"):
+                section = getattr(resource, field)
+                if section is None or section.scope != "host":
+                    continue
+                url = self.stores.get(section.store)
+                if url is not None and not url.lower().startswith("host://"):
+                    raise ValueError(
+                        f"{path}.{field}: scope: host needs a host:// store, but stores."
+                        f"{section.store} is {url!r}"
+                    )
+        return self
