@@ -241,6 +241,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "floodwall.FallbackSource": lambda: {"backup": lambda: 0},
     "floodwall.Frequency": lambda: {"limit": 10, "per": 1.0},
     "floodwall.Hedge": lambda: {"delay": 0.1},
+    "floodwall.HostBulkhead": lambda: {"store": connect("host://fwwalk")},  # attaches on use
     "floodwall.LevelGate": lambda: {"switch": fw.Levels(clock=fw.FakeClock()), "level": 2},
     "floodwall.PriorityGate": lambda: {"max_concurrent": 10},
     "floodwall.Timeout": lambda: {"seconds": 1.0},
@@ -393,6 +394,7 @@ accept(
     "zero",
     "zero means none: no queue, no wait, no burst, no pause, no backlog, no retry",
     "floodwall.Bulkhead.max_queue",
+    "floodwall.HostBulkhead.max_queue",
     "floodwall.Bulkhead.max_wait",
     "floodwall.ThreadPoolBulkhead.max_queue",
     "floodwall.AdaptiveLimiter.backlog_size",
