@@ -38,6 +38,7 @@ from floodwall.shared import (
     TimeSliceLimiter,
 )
 from floodwall.stores import Store, connect
+from floodwall.stores.host import HostStore
 
 APPLICATIONS = ("floodwall.gateway", "floodwall.drill", "floodwall.sim", "floodwall.cli")
 SHAPES = (Gate, Flow, Attempts, Scoped)
@@ -100,6 +101,7 @@ _HOST_STORES: list[Store] = []
 def _host_bulkhead(clock: fw.FakeClock) -> Policy:
     """A host-wide bulkhead on a real ``host://`` store of its own (closed after the module)."""
     store = connect(f"host://request-path-{os.getpid()}-{len(_HOST_STORES)}")
+    assert isinstance(store, HostStore)
     _HOST_STORES.append(store)
     return fw.HostBulkhead("hb", store=store, max_concurrent=2, clock=clock)
 
