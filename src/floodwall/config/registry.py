@@ -76,7 +76,7 @@ from floodwall.degrade.cache import Cache
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
 from floodwall.idempotency import Idempotency
-from floodwall.pipeline import Pipeline, _stages, chain
+from floodwall.pipeline import ANSWERING, Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
@@ -422,11 +422,12 @@ class Resource(Pipeline):
         self.policies = policies
         self.pipeline = Pipeline(*policies, name=self.name)
         meter: tuple[Policy, ...] = () if self.meter is None else (_Metered(self),)
-        answering = tuple(p for p in policies if p.kind in self._ANSWERING)
+        answering = tuple(p for p in policies if p.kind in ANSWERING)
         refuse = (_refuse, self), (_refuse_async, self)
         # The meter is outermost in both plans: a shed call is counted (as shed, or as a
         # degraded answer), so an operator's shed shows in the metrics as it is.
-        shed_sync, shed_async = _stages((*meter, *answering))
+        self._answering = Pipeline(*meter, *answering, name=self.name)
+        shed_sync, shed_async = self._answering._stages, self._answering._async_stages
         self._plans = (
             _stages((*meter, *policies)),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
@@ -442,7 +443,11 @@ class Resource(Pipeline):
         else:
             self._stages, self._async_stages = self._plans[0]
 
-    _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+    def answering(self) -> Pipeline:
+        """The resource's meter and the policies that answer without the dependency (fallback,
+        cache, backup source): what runs while its level is shed, or when a request's deadline
+        passed before it was sent, so such a call is answered and counted all the same."""
+        return self._answering
 
     def _shed_error(self) -> DegradedError:
         return DegradedError(self.name, f"dependency level {self.level} is shed", None)
