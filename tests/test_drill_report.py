@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 from floodwall.drill.metrics import EventLog, FaultWindow, Request, Write, compute
-from floodwall.drill.report import ScenarioReport, html_report, render_text, table_rows, to_json
+from floodwall.drill.report import (
+    ScenarioReport,
+    html_report,
+    render_text,
+    table_rows,
+    to_json,
+    verdict,
+)
 from floodwall.drill.runner import RunResult
 
 
@@ -41,7 +49,10 @@ def test_the_comparison_table() -> None:
     assert header == ["figure", "payments\nunprotected", "payments\nprotected"]
     by_label = {row[0]: row[1:] for row in rows}
     assert by_label["doubled / lost writes"] == ["3 / 0", "0 / 0"]
-    assert by_label["detection"] == ["never", "never"]
+    assert by_label["detection (open / shed)"] == ["never", "never"]
+    assert by_label["first protective action"] == ["never", "never"]
+    assert by_label["comparison"] == ["valid", "valid"]
+    assert by_label["doubled / lost per ledger"] == ["pay 3 / 0", "pay 0 / 0"]
     assert by_label["healthy success, fault"] == ["100.0 %", "100.0 %"]
     assert by_label["healthy p99 before → fault"] == ["20 → 20 ms", "20 → 20 ms"]
     text = render_text(REPORTS)
@@ -76,3 +87,22 @@ def test_the_page_is_self_contained_and_escaped() -> None:
     data = json.loads(payload)
     assert [r["mode"] for r in data["scenarios"][0]["runs"]] == ["unprotected", "protected"]
     assert data["scenarios"][0]["runs"][0]["series"]["faults"] == [[1.0, 3.0, "pay", "hangs 4s"]]
+
+
+def test_item7_a_run_that_fell_behind_gives_no_verdict() -> None:
+    """Issue 19, item 7: a comparison with a run whose load generator fell behind prints that
+    it is void instead of a verdict, in the table, the verdict line and the HTML report."""
+    valid = verdict(REPORTS[0])
+    assert valid.startswith("verdict (payments): unprotected: healthy routes 100.0 %")
+    assert "doubled / lost writes 3 / 0" in valid
+    behind = run("protected", False)
+    late = [dataclasses.replace(r, late=0.4) for r in behind.log.requests]
+    log = dataclasses.replace(behind.log, requests=late)
+    behind = dataclasses.replace(behind, log=log, figures=compute(log))
+    report = ScenarioReport("payments", "", [run("unprotected", True), behind], 64)
+    said = verdict(report)
+    assert said.startswith("no verdict (payments): the comparison is void; protected: the load")
+    _, rows = table_rows([report])
+    assert {row[0]: row[1:] for row in rows}["comparison"] == ["valid", "VOID"]
+    page = html_report([report])
+    assert "<p class='void'>no verdict (payments)" in page

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from floodwall.drill.metrics import Figures, series
+from floodwall.drill.metrics import RECOVERY_HOLD, RECOVERY_WINDOW, Figures, series
 from floodwall.drill.runner import RunResult
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "render_text",
     "table_rows",
     "to_json",
+    "verdict",
     "write_html",
 ]
 
@@ -79,6 +80,21 @@ def _writes(f: Figures) -> str:
     return f"{f.doubled_writes} / {f.lost_writes}"
 
 
+def _ledgers(f: Figures) -> str:
+    """Doubled / lost per ledger: ``analytics 0 / 57 · inventory 0 / 0``."""
+    if not f.audit:
+        return "—"
+    return " · ".join(f"{name} {b['doubled']} / {b['lost']}" for name, b in f.audit.items())
+
+
+def _verdict(f: Figures) -> str:
+    return "VOID" if f.void else "valid"
+
+
+def _send_lag(f: Figures) -> str:
+    return "—" if f.send_lag_p99_ms is None else f"{f.send_lag_p99_ms:.0f} ms"
+
+
 def _count(value: int | None) -> str:
     return "—" if value is None else str(value)
 
@@ -106,18 +122,25 @@ def _lag(f: Figures) -> str:
 
 
 ROWS: tuple[tuple[str, Callable[[Figures, int | None], str]], ...] = (
+    ("comparison", lambda f, _: _verdict(f)),
     ("healthy success, fault", lambda f, _: _pct(f.healthy_success_rate)),
     ("healthy success, before", lambda f, _: _pct(f.healthy_success_rate_before)),
     ("healthy p99 before → fault", lambda f, _: _p99(f)),
-    ("detection", lambda f, _: _seconds(f.detection_time_s, "never")),
-    ("recovery", lambda f, _: _seconds(f.recovery_time_s, "not in run")),
+    ("first protective action", lambda f, _: _seconds(f.first_action_s, "never")),
+    ("detection (open / shed)", lambda f, _: _seconds(f.detection_time_s, "never")),
+    (
+        f"recovery (held {RECOVERY_WINDOW * RECOVERY_HOLD:g} s)",
+        lambda f, _: _seconds(f.recovery_time_s, "not in run"),
+    ),
     ("doubled / lost writes", lambda f, _: _writes(f)),
+    ("doubled / lost per ledger", lambda f, _: _ledgers(f)),
     ("charged, told failed", lambda f, _: _count(f.unconfirmed_writes)),
     ("calls/request, faulty dep.", lambda f, _: _amp(f.amplification)),
     ("success, all requests", lambda f, _: _pct(f.success_rate)),
     ("edge workers, peak", _peaks),
     ("process, peak", lambda f, _: _process(f)),
     ("event-loop lag, peak", lambda f, _: _lag(f)),
+    ("load sent late, p99", lambda f, _: _send_lag(f)),
 )
 """The comparison table: label and formatter per row."""
 
@@ -161,6 +184,24 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
     for row in rows:
         table.add_row(*row)
     Console(highlight=False).print(table)
+
+
+def verdict(report: ScenarioReport) -> str:
+    """One line on what the runs compare to, or why there is no verdict: a run whose load
+    generator or event loop fell behind voids the comparison (its figures measured the
+    machine), and the line says so instead."""
+    void = [f"{run.mode}: {run.figures.void}" for run in report.runs if run.figures.void]
+    if void:
+        return f"no verdict ({report.name}): the comparison is void; " + "; ".join(void)
+    parts = []
+    for run in report.runs:
+        f = run.figures
+        part = f"{run.mode}: healthy routes {_pct(f.healthy_success_rate)} during the fault"
+        part += f", detection {_seconds(f.detection_time_s, 'never')}"
+        if f.doubled_writes is not None:
+            part += f", doubled / lost writes {_writes(f)}"
+        parts.append(part)
+    return f"verdict ({report.name}): " + "; ".join(parts)
 
 
 # -- JSON --------------------------------------------------------------------------------------
@@ -238,9 +279,12 @@ def html_report(
     payload = payload.replace("</", "<\\/")  # never close the script element early
     sections = []
     for index, report in enumerate(reports):
+        said = verdict(report)
+        kind = "void" if said.startswith("no verdict") else "verdict"
         sections.append(
             f"<section><h2>{html.escape(report.name)}</h2>"
             f"<p>{html.escape(report.description)}</p>{_faults(report)}"
+            f"<p class='{kind}'>{html.escape(said)}</p>"
             f"{_figures_table(report)}<div class='charts' id='charts-{index}'></div>"
             f"<details><summary>protection per dependency</summary>{_protection(report)}"
             f"</details></section>"
@@ -289,6 +333,8 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{margin:0 0 4px}h2{margin:32px 0 4px;border-bottom:1px solid #ddd}
 .stamp{color:#777;margin:0}
+.void{background:#fdecea;border-left:4px solid #c62828;padding:6px 10px;font-weight:bold}
+.verdict{color:#333}
 table.figures{border-collapse:collapse;margin:12px 0}
 table.figures th,table.figures td{border:1px solid #ddd;padding:3px 10px;text-align:right}
 table.figures th[scope=row]{text-align:left;font-weight:normal;color:#444}
