@@ -54,7 +54,7 @@ def test_item1_a_fallback_answer_counts_the_dependency_error(clock: fw.FakeClock
     assert meter.read_both() == {("error", "fallback"): 1, ("success", "answer"): 1}
 
 
-def test_outcomes_rejection_answered_by_fallback_counts_the_rejection_kind(
+def test_item1_rejection_answered_by_fallback_counts_the_rejection_kind(
     clock: fw.FakeClock,
 ) -> None:
     doc = {
@@ -77,7 +77,7 @@ def test_outcomes_rejection_answered_by_fallback_counts_the_rejection_kind(
     assert meter.answers() == {"answer": 0, "fallback": 5, "error": 0}
 
 
-def test_outcomes_error_without_fallback_is_an_error_answer(clock: fw.FakeClock) -> None:
+def test_item1_error_without_fallback_is_an_error_answer(clock: fw.FakeClock) -> None:
     registry = Registry({"resources": {"plain": {}}}, clock=clock)
     plain = registry.get("plain")
     with pytest.raises(ConnectionError):
@@ -86,7 +86,7 @@ def test_outcomes_error_without_fallback_is_an_error_answer(clock: fw.FakeClock)
     assert plain.meter.answers() == {"answer": 0, "fallback": 0, "error": 1}
 
 
-def test_outcomes_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> None:
+def test_item1_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> None:
     registry = Registry({"resources": {"reviews": {"fallback": {"value": []}}}}, clock=clock)
     reviews = registry.get("reviews")
 
@@ -98,7 +98,7 @@ def test_outcomes_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> 
     assert reviews.meter.read_both() == {("error", "fallback"): 1, ("success", "answer"): 0}
 
 
-def test_outcomes_a_nested_resource_degradation_is_counted_once(clock: fw.FakeClock) -> None:
+def test_item1_a_nested_resource_degradation_is_counted_once(clock: fw.FakeClock) -> None:
     """The inner resource's fallback answered; the outer resource's dependency (the code that
     called the inner one) answered normally."""
     doc = {"resources": {"outer": {}, "inner": {"fallback": {"value": 0}}}}
@@ -117,7 +117,7 @@ def test_outcomes_a_nested_resource_degradation_is_counted_once(clock: fw.FakeCl
     assert outer.meter.answers() == {"answer": 1, "fallback": 0, "error": 0}
 
 
-def test_outcomes_a_degradation_before_the_call_is_not_this_calls(clock: fw.FakeClock) -> None:
+def test_item1_a_degradation_before_the_call_is_not_this_calls(clock: fw.FakeClock) -> None:
     fallback = fw.Fallback(value=0)
     assert fallback.call(fail) == 0  # no meter around it: the marker stays in the context
     registry = Registry({"resources": {"next": {}}}, clock=clock)
@@ -127,7 +127,7 @@ def test_outcomes_a_degradation_before_the_call_is_not_this_calls(clock: fw.Fake
     assert nxt.meter.answers() == {"answer": 1, "fallback": 0, "error": 0}
 
 
-def test_outcomes_meter_counts_stay_consistent() -> None:
+def test_item1_meter_counts_stay_consistent() -> None:
     meter = Meter()
     meter.success(0.01)
     assert meter.failure(fw.TimeoutExceeded("t", 1.0), 1.0) == "timeout"
@@ -431,7 +431,7 @@ def outage(
         assert all(value >= 0.99 for value in figures.values()), (title, figures)
 
 
-def test_a_shed_resource_still_counts_its_calls() -> None:
+def test_item1_a_shed_resource_still_counts_its_calls() -> None:
     """An operator's shed is an outage the metrics must show: shed calls pass the meter too,
     refused (no fallback) or answered by the fallback."""
     clock = fw.FakeClock()
