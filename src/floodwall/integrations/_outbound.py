@@ -450,9 +450,17 @@ class Call(CallContext):
 
     def _expired(self) -> bool:
         """Whether the request's deadline passed before it was sent: it is not sent, and only
-        what can answer without the dependency runs (:meth:`_unsent`)."""
+        what can answer without the dependency runs (:meth:`_stand_in`)."""
         left = remaining()
         return left is not None and left <= 0
+
+    def _stand_in(self) -> Policy:
+        """What answers a request that is not sent: the policy's fallback, cache or backup
+        source (with a resource's meter); raises the deadline's error when there is none."""
+        stand_in = answering(self.policy) if self.policy is not None else None
+        if stand_in is None:
+            raise self._late()
+        return stand_in
 
     def _late(self) -> TimeoutExceeded:
         return TimeoutExceeded(self.service, 0.0, "the deadline passed before the request was sent")
@@ -482,7 +490,9 @@ class Call(CallContext):
         else :class:`~floodwall.TimeoutExceeded` is raised. Breakers, bulkheads and retries do
         not see it (the dependency did nothing); a resource's meter counts it as a timeout."""
         if self._expired():
-            return self._unsent(attempt)
+            stand_in = self._stand_in()
+            with self._answering():
+                return stand_in.call(self._raise_late)
         with self._before():
             policy = self.policy
             try:
@@ -501,9 +511,7 @@ class Call(CallContext):
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
         if self._expired():
-            stand_in = answering(self.policy) if self.policy is not None else None
-            if stand_in is None:
-                raise self._late()
+            stand_in = self._stand_in()
             with self._answering():
                 return await stand_in.call_async(self._raise_late_async)
         with self._before():
@@ -520,13 +528,6 @@ class Call(CallContext):
                         self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
-
-    def _unsent(self, attempt: Callable[[], R]) -> Any:
-        stand_in = answering(self.policy) if self.policy is not None else None
-        if stand_in is None:
-            raise self._late()
-        with self._answering():
-            return stand_in.call(self._raise_late)
 
     @contextlib.contextmanager
     def _answering(self) -> Iterator[None]:
