@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
+from pathlib import Path
 
-from floodwall.drill.metrics import EventLog, FaultWindow, Request, Write, compute
+from floodwall.drill.metrics import (
+    DEFINITIONS,
+    RECOVERY_HOLD,
+    RECOVERY_WINDOW,
+    VOID_LOOP_LAG,
+    VOID_SEND_LAG,
+    EventLog,
+    FaultWindow,
+    Request,
+    Write,
+    compute,
+)
 from floodwall.drill.report import (
     ScenarioReport,
     html_report,
@@ -106,3 +119,26 @@ def test_item7_a_run_that_fell_behind_gives_no_verdict() -> None:
     assert {row[0]: row[1:] for row in rows}["comparison"] == ["valid", "VOID"]
     page = html_report([report])
     assert "<p class='void'>no verdict (payments)" in page
+
+
+def test_item7_one_definition_of_each_figure_everywhere() -> None:
+    """Issue 19, item 7: the command line's table and the HTML report print the figures'
+    definitions, and the chaos-drill guide and the operating guide state the same ones."""
+    text, page = render_text(REPORTS), html_report(REPORTS)
+    for name, definition in DEFINITIONS:
+        assert f"{name}: {definition}" in text
+        assert html.escape(definition) in page
+    root = Path(__file__).resolve().parent.parent / "docs"
+    drills = " ".join((root / "drills.md").read_text(encoding="utf-8").split())
+    operating = " ".join((root / "operating.md").read_text(encoding="utf-8").split())
+    assert (RECOVERY_HOLD, RECOVERY_WINDOW) == (2, 2.0)
+    assert "**2 back-to-back windows of 2 s**" in drills
+    assert "stay back for two 2 s windows" in operating
+    assert "took the faulty dependency out of the path" in drills
+    assert "took the dependency out of the path (its breaker opened, or load was shed)" in operating
+    assert "the first thing the protection did about the faulty dependency" in operating
+    assert (
+        "**10 % of the caller's timeout**" in drills
+        and "**25 % of the caller's timeout**" in drills
+    )
+    assert (VOID_SEND_LAG, VOID_LOOP_LAG) == (0.1, 0.25)

@@ -58,6 +58,7 @@ from typing import Any
 
 __all__ = [
     "CONTAINING",
+    "DEFINITIONS",
     "DETECTING",
     "RECOVERY_HOLD",
     "RECOVERY_STEP",
@@ -96,6 +97,35 @@ CONTAINING = frozenset({"level_shed", "shed"})
 """Event kinds that take a dependency out of the path like a breaker opening does (plus a
 shedder's refusal: a ``rejected`` event of a ``load_shedder``)."""
 _OPEN_STATES = frozenset({"OPEN", "FORCED_OPEN"})
+DEFINITIONS = (
+    (
+        "first protective action",
+        "fault start to the protection's first action about the faulty dependency, of any "
+        "kind (a fallback, a rejection, a timeout, a breaker opening)",
+    ),
+    (
+        "detection",
+        "fault start to the faulty dependency taken out of the path (its breaker opening, or "
+        "load shed)",
+    ),
+    (
+        "recovery",
+        "fault end to full answers back within 1 point of their rate before the fault, and "
+        "staying back for 2 windows of 2 s",
+    ),
+    (
+        "doubled / lost / charged, told failed",
+        "per ledger and per order: applied twice or more; told success, never applied; told "
+        "failure, applied",
+    ),
+    (
+        "void",
+        "the load left later than 10 % of the caller's timeout (p99), or the event loop fell "
+        "25 % of it behind: the run measured the machine, and its comparison gives no verdict",
+    ),
+)
+"""One line per figure, the same words as docs/drills.md: printed under the command line's
+table and in the HTML report, so every place that shows a figure says what it is."""
 VOID_SEND_LAG = 0.1
 """Share of the caller's timeout: a run whose load generator sent its arrivals later than this
 at the 99th percentile is void (the modes did not get the same load; 200 ms for a 2 s

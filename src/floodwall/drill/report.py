@@ -23,12 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from floodwall.drill.metrics import RECOVERY_HOLD, RECOVERY_WINDOW, Figures, series
+from floodwall.drill.metrics import DEFINITIONS, RECOVERY_HOLD, RECOVERY_WINDOW, Figures, series
 from floodwall.drill.runner import RunResult
 
 __all__ = [
     "CHART_KINDS",
     "ScenarioReport",
+    "definitions",
     "html_report",
     "print_table",
     "render_text",
@@ -154,8 +155,13 @@ def table_rows(reports: Sequence[ScenarioReport]) -> tuple[list[str], list[list[
     return header, rows
 
 
+def definitions() -> list[str]:
+    """The figures' definitions, one line each (shown under every table)."""
+    return [f"{name}: {text}" for name, text in DEFINITIONS]
+
+
 def render_text(reports: Sequence[ScenarioReport]) -> str:
-    """The comparison table as plain text (fixed-width columns)."""
+    """The comparison table as plain text (fixed-width columns), then the definitions."""
     header, rows = table_rows(reports)
     header = [cell.replace("\n", " · ") for cell in header]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -164,7 +170,7 @@ def render_text(reports: Sequence[ScenarioReport]) -> str:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *definitions()])
 
 
 def print_table(reports: Sequence[ScenarioReport], title: str = "drill results") -> None:
@@ -183,7 +189,10 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(*row)
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    console.print(table)
+    for line in definitions():
+        console.print(f"[dim]{line}[/]")
 
 
 def verdict(report: ScenarioReport) -> str:
@@ -246,7 +255,14 @@ def _figures_table(report: ScenarioReport) -> str:
             f"<td>{html.escape(show(run.figures, report.workers))}</td>" for run in report.runs
         )
         body.append(f"<tr><th scope='row'>{html.escape(label)}</th>{cells}</tr>")
-    return f"<table class='figures'><tr><th></th>{head}</tr>{''.join(body)}</table>"
+    terms = "".join(
+        f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>" for name, text in DEFINITIONS
+    )
+    return (
+        f"<table class='figures'><tr><th></th>{head}</tr>{''.join(body)}</table>"
+        f"<details class='definitions'><summary>what the figures mean</summary>"
+        f"<dl>{terms}</dl></details>"
+    )
 
 
 def _protection(report: ScenarioReport) -> str:
