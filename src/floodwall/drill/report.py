@@ -192,7 +192,7 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
     console = Console(highlight=False)
     console.print(table)
     for line in definitions():
-        console.print(f"[dim]{line}[/]")
+        console.print(f"[dim]{line}[/]", soft_wrap=True)
 
 
 def verdict(report: ScenarioReport) -> str:
