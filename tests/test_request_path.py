@@ -274,6 +274,7 @@ def test_every_policy_class_has_a_script() -> None:
         "RateLimiter": "abstract; its algorithms are scripted",
         "BBRLimiter": "reads the host's CPU; scripted in tests/test_adaptive_bbr.py",
         "_Metered": "a resource's meter, run inside Resource",
+        "_Observed": "a resource's meter with per-call observers, run inside Resource",
         "_LevelView": "a priority gate's per-level view, run inside PriorityGate",
     }
     scripted = {name.split(" ")[0] for name in FACTORIES}
