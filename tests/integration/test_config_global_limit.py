@@ -81,7 +81,7 @@ def test_an_algorithm_with_no_global_form_is_refused_by_name(
 ) -> None:
     with pytest.raises(
         Exception,
-        match=rf"resources\.x\.rate_limit.*algorithm '{algorithm}' has no shared form \(scope: global",
+        match=rf"resources\.x\.rate_limit.*algorithm '{algorithm}' has no shared form",
     ):
         Registry(_document(redis_url, "x", algorithm=algorithm))
 
