@@ -1138,6 +1138,8 @@ class Registry:
         """Show ``observer`` every call through every resource, from the next call on (and
         every resource a reload adds): what a tracer or a per-call histogram needs. Costs each
         call the observer's work; the registry's plain meter costs nothing extra."""
+        if not all(callable(getattr(observer, m, None)) for m in ("begin", "end")):
+            raise TypeError(f"observer must be a CallObserver (begin, end), got {observer!r}")
         if not self.metrics:
             raise ConfigError("add_observer needs a registry with metrics=True (the meter gate)")
         with self._lock:
