@@ -7,6 +7,7 @@ into the policy's configured behaviour, never into an error for the caller.
 
 ===========================  =================================================================
 :class:`GlobalLimiter`       one rate limit across processes, one round trip per decision
+:class:`HostBulkhead`        one bulkhead for every process of a host (``host://`` store)
 :class:`LeasedLimiter`       permits taken from the store in small leases and spent locally
 :class:`TimeSliceLimiter`    counts locally, syncs per slice, drops with an elected drop rate
 :class:`Frequency`           "once per N seconds" and "at most M per N seconds" per key
@@ -24,6 +25,7 @@ also re-exported by ``floodwall`` itself; see ``docs/distributed.md``.
 from floodwall.shared.cache import Cache, Cached, LruTtl
 from floodwall.shared.frequency import Frequency, FrequencyDecision
 from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import (
     DuplicateInFlightError,
     Idempotency,
@@ -55,6 +57,7 @@ __all__ = [
     "Frequency",
     "FrequencyDecision",
     "GlobalLimiter",
+    "HostBulkhead",
     "Idempotency",
     "IdempotencyKeyMissingError",
     "IdempotencyKeyReusedError",
