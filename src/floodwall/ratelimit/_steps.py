@@ -15,14 +15,14 @@ step is given ``now`` in some unit and the number of ticks per unit, ``us_per_no
   the leased limiter) passes the store's time as whole µs with ``us_per_now = 1``: integer
   arithmetic, exact;
 * the **Lua scripts** ``floodwall/stores/lua/ratelimit_<fixed|sliding|token|gcra>.lua`` mirror
-  these classes line for line (their ``fdiv`` is Python's ``//``).
+  these classes, formula for formula (their ``fdiv`` is Python's ``//``).
 
-Only ``+``, ``-``, ``*``, ``//`` and comparisons touch times and counts, so on integer-valued
-numbers below 2^53 a float computes what an integer does, bit for bit: a local limiter and a
-store decide identically at whole-µs times, with the same figures (``reset_after`` and
-``retry_after`` round *up* to whole µs). ``tests/integration/test_rate_steps.py`` feeds one
-trace to the local limiter, the op on a memory store and the script on a real Redis, and
-compares.
+Only ``+``, ``-``, ``*``, ``//`` and comparisons touch times and counts (a last ``/`` turns a
+duration into the unit of ``now``), so on integer-valued numbers below 2^53 a float computes
+what an integer does, bit for bit: a local limiter and a store decide identically at whole-µs
+times, with the same figures (``reset_after`` and ``retry_after`` round *up* to whole µs).
+``tests/integration/test_rate_steps.py`` feeds one trace to the local limiter, the op on a
+memory store and the script on a real Redis, and compares.
 
 Each step has the same methods: ``fresh(now)`` (a key never seen), ``check`` (could ``cost``
 be admitted now; brings the state forward, consumes nothing), ``commit``, ``decide`` (both at
