@@ -111,10 +111,6 @@ def _ttl(now: float, ttl_us: float) -> float:
     return now + (int(ttl_us) // 1000 + 1) / 1000
 
 
-def _pairs(args: Sequence[Any], first: int) -> list[tuple[int, int]]:
-    return [(int(args[i]), int(args[i + 1])) for i in range(first, len(args), 2)]
-
-
 def _ints(record: Record | None) -> list[int] | None:
     return None if record is None else [int(x) for x in record.value.split()]
 
@@ -172,7 +168,8 @@ class _RateOp(Op[Batch], Generic[P, S]):
         before = self.mark(st, record)
         out: list[Verdict] = []
         granted = 0
-        for least, most in _pairs(args, n):
+        for i in range(n, len(args), 2):
+            least, most = int(args[i]), int(args[i + 1])
             if least == most:  # a plain request: the step's decision, as a local limiter's
                 take = least if rule.decide(st, t, least) else -1
             else:

@@ -125,6 +125,8 @@ class Frequency(Gate):
         period = encode(max(1, round(self.per * 1_000_000)))  # the window, in whole µs
         self._params: list[Arg] = [encode(limit), period]
         self._local_params: list[Arg] = [encode(self.local_limit), period]
+        self._one: list[Arg] = [*self._params, b"1", b"1"]  # one call: the usual request
+        self._local_one: list[Arg] = [*self._local_params, b"1", b"1"]
         self._now = clock.monotonic
 
     @classmethod
@@ -139,6 +141,8 @@ class Frequency(Gate):
         if not isinstance(cost, int) or not 1 <= cost <= self.limit:
             raise ConfigError(f"cost must be an integer in [1, limit={self.limit}], got {cost!r}")
         full = f"freq:{self.name}" if key is None else f"freq:{self.name}:{key}"
+        if cost == 1:
+            return full, self._one, self._local_one
         local = encode(min(cost, self.local_limit))
         return (
             full,
