@@ -102,10 +102,19 @@ def throwaway_redis() -> Iterator[tuple[str, redis.Redis]]:
             client.close()
 
 
-def until(predicate: Callable[[], bool], timeout: float, what: str, logs: Workers) -> None:
-    """Wait for ``predicate``; fail with the workers' logs when it does not come true."""
+def until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    logs: Workers,
+    state: Callable[[], object] = lambda: None,
+) -> None:
+    """Wait for ``predicate``; fail with ``state()`` and the workers' logs when it does not
+    come true."""
     if not wait_until(predicate, timeout, interval=0.05):
-        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{logs.tail()}")
+        raise AssertionError(
+            f"timed out after {timeout:g}s waiting for {what}: {state()}\n{logs.tail()}"
+        )
 
 
 def times(db: redis.Redis, key: str) -> list[float]:

@@ -161,3 +161,9 @@ def _again(sender: Any = None, reason: Any = None, **_: Any) -> None:
     retry_after = getattr(error, "retry_after", None)
     when = getattr(reason, "when", None)
     db.rpush(f"again:{sender.name.rpartition('.')[2]}", f"{when!r} {retry_after!r}")
+
+
+@app.task
+def ping(i: int) -> int:
+    _ran("ping")
+    return i
