@@ -253,6 +253,9 @@ TIMESLICE_LEASE_SLICES = 3
 TASK_MAX_DEFER = 3600.0
 """Seconds a task may be deferred in all (open breaker, rate limit, claim held elsewhere) before
 it fails with the refusal: an hour outlives most outages without keeping a message forever."""
+TASK_DEFER = 5.0
+"""Seconds a task waits after a refusal that names no ``retry_after`` (a breaker forced open by
+an operator): the breaker's default open duration."""
 TASK_DEFER_JITTER = 0.5
 """A deferral waits ``retry_after × (1 + U(0, 0.5))``: tasks refused together come back spread
 over half the wait, not in one burst at the breaker's half-open moment."""

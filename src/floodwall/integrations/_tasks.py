@@ -15,9 +15,11 @@ What happens to one delivery, in order:
    function does not run again; one whose claim another worker holds is deferred until the
    claim would lapse.
 2. **admission** (``policy``: a breaker, a global rate limit, a bulkhead, a
-   :class:`~floodwall.Pipeline` of them): a refusal (:class:`~floodwall.RejectedError` with a
-   ``retry_after``: an open breaker, a limit, a full bulkhead) **defers** the task: it is not
-   started, and comes back after ``retry_after`` (spread by up to ``defer_jitter`` of it, so
+   :class:`~floodwall.Pipeline` of them): a refusal (an open breaker, a rate limit, a full
+   bulkhead, a shed level, a claim held elsewhere: :data:`DEFERRED_KINDS`, raised by the policy
+   or by the task's own calls) **defers** the task: it is not started (or its run ends), and
+   comes back after ``retry_after`` (``defer`` when the refusal names none), spread by up to
+   ``defer_jitter`` of it, so
    deferred tasks do not return in one burst) — never immediately, never in a tight loop. A
    task deferred for longer than ``max_defer`` seconds in all fails with the refusal.
 3. **the function**, under the retry marker the message carries (below).
@@ -49,6 +51,7 @@ Dramatiq's ``before_enqueue``, arq's ``enqueue_job`` helper).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -68,6 +71,7 @@ from floodwall.retry import Retry, RetryState
 __all__ = [
     "ATTEMPT",
     "DEFERRED",
+    "DEFERRED_KINDS",
     "RETRY",
     "Again",
     "Delivery",
@@ -75,6 +79,18 @@ __all__ = [
     "TaskGuard",
     "outgoing_headers",
 ]
+
+DEFERRED_KINDS: Final = frozenset(
+    {
+        "circuit_open",
+        "rate_limited",
+        "bulkhead_full",
+        "overloaded",
+        "degraded",
+        "duplicate_in_flight",
+    }
+)
+"""Refusals that defer a task (it did not run, and will later); any other error is a failure."""
 
 ATTEMPT: Final = "floodwall-attempt"
 RETRY: Final = "floodwall-retry"
@@ -99,7 +115,7 @@ def _number(value: object) -> float | None:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return number if number >= 0 else None  # NaN and negatives: absent
+    return number if math.isfinite(number) and number >= 0 else None  # NaN, inf, < 0: absent
 
 
 def outgoing_headers() -> dict[str, str]:
@@ -178,7 +194,8 @@ class TaskGuard:
     ``retry``: the :class:`~floodwall.Retry` whose decision core retries failures (``None``:
     failures are not retried); ``idempotency``: runs each key once (``key(*args, **kwargs)``,
     default the message id). ``max_defer``: seconds a task may be deferred in all (default
-    3600); ``defer_jitter``: a deferral waits ``retry_after × (1 + U(0, defer_jitter))``
+    3600); ``defer``: the wait after a refusal that names none (a breaker forced open: 5 s);
+    ``defer_jitter``: a deferral waits ``retry_after × (1 + U(0, defer_jitter))``
     (default 0.5); ``min_delay``: the shortest deferral (default 0.05 s).
     Thread-safe; one guard may serve many tasks.
     """
@@ -191,6 +208,7 @@ class TaskGuard:
         idempotency: Idempotency | None = None,
         key: Callable[..., str | None] | None = None,
         max_defer: float = defaults.TASK_MAX_DEFER,
+        defer: float = defaults.TASK_DEFER,
         defer_jitter: float = defaults.TASK_DEFER_JITTER,
         min_delay: float = defaults.TASK_MIN_DELAY,
         name: str = "tasks",
@@ -207,6 +225,7 @@ class TaskGuard:
         if key is not None and not callable(key):
             raise ConfigError(f"key must be callable, got {key!r}")
         self.max_defer = _check_seconds("max_defer", max_defer, positive=True)
+        self.defer = _check_seconds("defer", defer, positive=True)
         self.defer_jitter = _check_seconds("defer_jitter", defer_jitter, positive=False)
         self.min_delay = _check_seconds("min_delay", min_delay, positive=False)
         self.policy = policy
@@ -257,8 +276,9 @@ class TaskGuard:
 
     def _after(self, delivery: Delivery, error: Exception) -> Again:
         """A run ended with ``error``: defer a refusal, retry a failure, or raise it."""
-        if isinstance(error, RejectedError) and error.retry_after is not None:
-            return self._defer(delivery, error, error.retry_after)
+        if isinstance(error, RejectedError) and error.kind in DEFERRED_KINDS:
+            retry_after = error.retry_after
+            return self._defer(delivery, error, self.defer if retry_after is None else retry_after)
         retry = self.retry
         if retry is None:
             self._failed.add()
