@@ -1,4 +1,4 @@
-"""WSGI middleware (Flask, Django, any WSGI app): the inbound guard in front of the app.
+"""WSGI middleware (Flask, any WSGI app): the inbound guard in front of the app.
 
 ::
 
@@ -8,7 +8,7 @@
     app = Flask(__name__)
     app.wsgi_app = FloodwallMiddleware(app.wsgi_app, limits=[RateLimit("100/s", key="ip")])
 
-Django: ``application = FloodwallMiddleware(get_wsgi_application(), ...)`` in ``wsgi.py``.
+Django has an app of its own, :mod:`floodwall.django` (the same guard as Django middleware).
 
 The same guard as the ASGI middleware (:mod:`floodwall.integrations._inbound`); handlers read the
 :class:`~floodwall.integrations._inbound.Admission` as ``environ["floodwall"]`` (Flask:
