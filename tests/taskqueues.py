@@ -92,6 +92,23 @@ class Workers:
 
 
 @contextlib.contextmanager
+def host_store_name() -> Iterator[str]:
+    """A ``host://`` store name of the test's own; its IPC objects are removed afterwards
+    (workers stopped with SIGTERM or SIGKILL may leave them)."""
+    from floodwall.stores import host
+
+    name = f"fw-tasks-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        yield name
+    finally:
+        host.remove(name, force=True)
+
+
+def limit_figures(stamps: Sequence[float]) -> str:
+    return f"{rate(stamps):5.1f}/s over the run, busiest second {busiest_second(stamps)}"
+
+
+@contextlib.contextmanager
 def throwaway_redis() -> Iterator[tuple[str, redis.Redis]]:
     """A Redis of the test's own (no state shared with other tests) and a client on it."""
     with RedisServer() as server:

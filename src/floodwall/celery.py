@@ -5,9 +5,10 @@
     from celery import Celery
     import floodwall as fw
     from floodwall.celery import GuardedTask, TaskGuard
+    from floodwall.shared import GlobalLimiter
 
     guard = TaskGuard(
-        fw.Pipeline(fw.ratelimit.GlobalLimiter("gcra", "10/s", store=REDIS, max_wait=1.0),
+        fw.Pipeline(GlobalLimiter("gcra", "10/s", store=REDIS, max_wait=1.0),
                     fw.CircuitBreaker("payments")),
         retry=fw.Retry("charge", attempts=4),
         idempotency=fw.Idempotency(REDIS),

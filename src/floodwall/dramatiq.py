@@ -33,6 +33,7 @@ Actors are sync functions (Dramatiq runs them in worker threads).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -83,7 +84,7 @@ def _guarded(guard: TaskGuard, fn: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(outcome, Done):
             return outcome.value
         options[OPTION] = {**(options.get(OPTION) or {}), **outcome.headers}
-        delay = max(1, round(outcome.delay * 1000))
+        delay = max(1, math.ceil(outcome.delay * 1000))  # milliseconds, never early
         raise dramatiq.Retry(str(outcome.error), delay=delay) from outcome.error
 
     return run

@@ -20,10 +20,12 @@ from arq.worker import func as arq_func
 
 import floodwall as fw
 from floodwall.arq import TaskGuard, func
-from floodwall.ratelimit import GCRA, GlobalLimiter
+from floodwall.ratelimit import GCRA
+from floodwall.shared import GlobalLimiter
 
 REDIS = os.environ["FW_REDIS"]
 JOB_TIMEOUT = float(os.environ.get("FW_JOB_TIMEOUT", "60"))
+HOST = os.environ.get("FW_HOST", "fw-tasks")
 DEPENDENCY_DOWN = "dependency:down"
 HOLD = "hold"
 
@@ -112,6 +114,15 @@ class WorkerSettings:
             recording("limited_floodwall"),
             name="limited_floodwall",
             guard=TaskGuard(GlobalLimiter("gcra", "10/s", burst=0, store=REDIS, max_wait=2.0)),
+        ),
+        func(
+            recording("limited_host"),
+            name="limited_host",
+            guard=TaskGuard(
+                GlobalLimiter(
+                    "gcra", "10/s", burst=0, store=f"host://{HOST}", name="host", max_wait=2.0
+                )
+            ),
         ),
         func(
             recording("limited_local"),

@@ -19,10 +19,12 @@ from celery.signals import task_failure, task_retry, task_success
 
 import floodwall as fw
 from floodwall.celery import GuardedTask, TaskGuard
-from floodwall.ratelimit import GlobalLimiter
+from floodwall.shared import GlobalLimiter
 
 REDIS = os.environ["FW_REDIS"]
 VISIBILITY = float(os.environ.get("FW_VISIBILITY", "3600"))
+HOST = os.environ.get("FW_HOST", "fw-tasks")
+"""The ``host://`` store's name: the test's own, removed when its workers are gone."""
 DEPENDENCY_DOWN = "dependency:down"
 """While this key exists the dependency fails (the test sets it with an expiry: the outage)."""
 HOLD = "hold"
@@ -63,6 +65,17 @@ limit_guard = TaskGuard(
 @app.task(base=GuardedTask, guard=limit_guard)
 def limited_floodwall(i: int) -> int:
     _ran("limited_floodwall")
+    return i
+
+
+host_guard = TaskGuard(
+    GlobalLimiter("gcra", "10/s", burst=0, store=f"host://{HOST}", name="tasks-10ps", max_wait=2.0)
+)
+
+
+@app.task(base=GuardedTask, guard=host_guard)
+def limited_host(i: int) -> int:
+    _ran("limited_host")
     return i
 
 

@@ -18,10 +18,12 @@ from dramatiq.middleware import Middleware, Retries
 
 import floodwall as fw
 from floodwall.dramatiq import FloodwallMiddleware, TaskGuard, actor
-from floodwall.ratelimit import GCRA, GlobalLimiter
+from floodwall.ratelimit import GCRA
+from floodwall.shared import GlobalLimiter
 
 REDIS = os.environ["FW_REDIS"]
 HEARTBEAT = int(os.environ.get("FW_HEARTBEAT", "60000"))
+HOST = os.environ.get("FW_HOST", "fw-tasks")
 DEPENDENCY_DOWN = "dependency:down"
 HOLD = "hold"
 
@@ -74,6 +76,15 @@ def _dependency(task: str) -> None:
 @actor(guard=TaskGuard(GlobalLimiter("gcra", "10/s", burst=0, store=REDIS, max_wait=2.0)))
 def limited_floodwall(i: int) -> None:
     _ran("limited_floodwall")
+
+
+@actor(
+    guard=TaskGuard(
+        GlobalLimiter("gcra", "10/s", burst=0, store=f"host://{HOST}", name="host", max_wait=2.0)
+    )
+)
+def limited_host(i: int) -> None:
+    _ran("limited_host")
 
 
 @actor(guard=TaskGuard(GCRA("10/s", burst=0, max_wait=2.0)))

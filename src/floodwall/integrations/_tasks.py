@@ -64,9 +64,9 @@ from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.policy import Policy
 from floodwall._core.tally import Tally, values
 from floodwall.context import _IDEMPOTENCY_KEY, _RETRY, RetryMarker, current_retry
-from floodwall.idempotency import Idempotency
 from floodwall.pipeline import Pipeline
 from floodwall.retry import Retry, RetryState
+from floodwall.shared.idempotency import Idempotency
 
 __all__ = [
     "ATTEMPT",
