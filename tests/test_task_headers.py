@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import floodwall as fw
 from floodwall.integrations._tasks import RETRY, Delivery
 
@@ -57,3 +59,26 @@ def test_dramatiq_publishes_the_ambient_marker_in_the_message_options() -> None:
     assert marked.options[OPTION] == {RETRY: "3;parent"}
     assert OPTION not in plain.options
     broker.close()
+
+
+def test_celery_an_eager_task_refused_by_its_breaker_raises_instead_of_looping() -> None:
+    from celery import Celery
+
+    from floodwall.celery import GuardedTask, TaskGuard
+
+    app = Celery("eager", broker="memory://")
+    app.conf.task_always_eager = True
+    breaker = fw.CircuitBreaker("payments")
+    ran: list[str] = []
+
+    @app.task(base=GuardedTask, guard=TaskGuard(breaker))  # type: ignore[untyped-decorator]
+    def charge(order: str) -> str:
+        ran.append(order)
+        return order
+
+    assert charge.delay("o-1").get() == "o-1"
+    breaker.force_open()
+
+    with pytest.raises(fw.CircuitOpenError):  # deferred on a worker; eager: raised
+        charge.delay("o-2").get()
+    assert ran == ["o-1"]

@@ -289,3 +289,20 @@ def test_tasks_jitter_spreads_deferrals(clock: fw.FakeClock) -> None:
     guard = TaskGuard(breaker, clock=clock, defer=4.0, rng=random.Random(3))
     delays = {guard.run(Delivery("t", f"m{i}"), lambda: None).delay for i in range(20)}  # type: ignore[union-attr]
     assert len(delays) == 20 and min(delays) >= 4.0 and max(delays) <= 6.0
+
+
+def test_tasks_an_idempotency_store_outage_defers_rather_than_runs_or_fails(
+    clock: fw.FakeClock,
+) -> None:
+    from conftest import SwitchableStore
+
+    store = SwitchableStore(clock)
+    guard = TaskGuard(idempotency=fw.Idempotency(store, clock=clock), clock=clock, defer_jitter=0.0)
+    store.down = True
+    ran: list[int] = []
+    outcome = guard.run(Delivery("t", "m1"), lambda: ran.append(1))
+    assert ran == []
+    assert isinstance(outcome, Again) and outcome.kind == "defer" and outcome.delay == 5.0
+    store.down = False
+    assert guard.run(Delivery("t", "m1"), lambda: ran.append(1)) == Done(None)
+    assert ran == [1]

@@ -60,7 +60,9 @@ __all__ = ["ATTEMPT", "DEFERRED", "RETRY", "GuardedTask", "TaskGuard"]
 class GuardedTask(Task):  # type: ignore[misc] # celery ships no type information
     """A Celery task base class whose deliveries run through ``guard`` (a :class:`TaskGuard`,
     given as ``@app.task(base=GuardedTask, guard=...)``); without a guard it is a plain task.
-    Called directly (``task(...)``, not through a worker) it runs the function unguarded."""
+    Called directly (``task(...)``, not through a worker) it runs the function unguarded; run
+    eagerly (``task_always_eager``, ``apply()``) it is guarded, but a deferral or retry raises
+    its error instead (Celery would run an eager retry at once, ignoring the countdown)."""
 
     guard: ClassVar[TaskGuard | None] = None
     max_retries = None  # floodwall counts attempts; a deferral must not use one up
@@ -75,6 +77,8 @@ class GuardedTask(Task):  # type: ignore[misc] # celery ships no type informatio
         outcome = guard.run(delivery, super().__call__, args, kwargs)
         if isinstance(outcome, Done):
             return outcome.value
+        if request.is_eager:  # an eager retry runs at once, countdown ignored: no loop here
+            raise outcome.error
         return self._again(outcome)
 
     def _again(self, again: Again) -> Any:

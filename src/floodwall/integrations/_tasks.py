@@ -88,9 +88,11 @@ DEFERRED_KINDS: Final = frozenset(
         "overloaded",
         "degraded",
         "duplicate_in_flight",
+        "idempotency_unavailable",
     }
 )
-"""Refusals that defer a task (it did not run, and will later); any other error is a failure."""
+"""Refusals that defer a task (it did not run, and will later: an idempotency store that is
+down included, rather than run a write it cannot deduplicate); any other error is a failure."""
 
 ATTEMPT: Final = "floodwall-attempt"
 RETRY: Final = "floodwall-retry"
