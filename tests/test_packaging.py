@@ -145,9 +145,7 @@ SAMPLES: dict[tuple[str, str], Sample] = {
     ("docs/celery.md", "pip install 'floodwall[celery]'"): Sample(every, needs=("redis",)),
     ("docs/dramatiq.md", "pip install 'floodwall[dramatiq]'"): Sample(every),
     ("docs/arq.md", "pip install 'floodwall[arq]'"): Sample(every, needs=("redis",)),
-    ("docs/django.md", "pip install 'floodwall[django]'"): Sample(
-        lambda snippet: "floodwall.django.views" not in snippet.code  # metrics: [prometheus]
-    ),
+    ("docs/django.md", "pip install 'floodwall[django,prometheus]'"): Sample(every),
 }  # fmt: skip
 """Every documented install line, by page, and the sample that proves it enough."""
 
