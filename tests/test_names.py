@@ -53,7 +53,12 @@ def test_no_two_public_functions_share_a_name() -> None:
     seen: dict[str, tuple[str, object]] = {}
     clashes = []
     for name in _public_modules():
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:  # an integration whose framework is not installed here
+            if exc.name is None or exc.name.startswith("floodwall"):
+                raise
+            continue
         for export in getattr(module, "__all__", ()):
             value = getattr(module, export)
             if isinstance(value, type) or not callable(value):

@@ -17,7 +17,7 @@ from floodwall._core.errors import ConfigError
 from floodwall.config import Registry, load, parse
 from floodwall.integrations._inbound import GuardOptions, InboundGuard, RateLimit
 
-__all__ = ["Built", "FloodwallConfig", "build", "built"]
+__all__ = ["Built", "FloodwallConfig", "build_from_settings", "built"]
 
 _GUARD_OPTIONS = frozenset(GuardOptions.__annotations__) - {"registry"}
 
@@ -72,7 +72,7 @@ def _guard_options(value: Any) -> dict[str, Any]:
     return options
 
 
-def build() -> Built:
+def build_from_settings() -> Built:
     """Build the registry and the guard from the settings now (raises :class:`ConfigError`)."""
     document, source = _document(getattr(settings, "FLOODWALL", {}))
     registry = Registry(document)
@@ -96,7 +96,7 @@ def built() -> Built:
         with _lock:
             if _built is None:
                 try:
-                    _built = build()
+                    _built = build_from_settings()
                 except ConfigError as exc:
                     raise ImproperlyConfigured(f"floodwall: {exc}") from exc
     return _built
@@ -115,7 +115,7 @@ def _reset() -> None:
 def check_config(**_: Any) -> list[checks.CheckMessage]:
     """Django system check ``floodwall.E001``: the settings build."""
     try:
-        build().registry.close()
+        build_from_settings().registry.close()
     except ConfigError as exc:
         return [checks.Error(str(exc), hint="see manage.py floodwall_check", id="floodwall.E001")]
     return []

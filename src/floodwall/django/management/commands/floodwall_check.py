@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from floodwall._core.errors import ConfigError
-from floodwall.django.apps import build
+from floodwall.django.apps import build_from_settings
 
 
 class Command(BaseCommand):  # type: ignore[misc] # django ships no type information
@@ -19,7 +19,7 @@ class Command(BaseCommand):  # type: ignore[misc] # django ships no type informa
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            current = build()
+            current = build_from_settings()
         except ConfigError as exc:
             raise CommandError(f"invalid: {exc}") from None
         try:
