@@ -10,7 +10,9 @@ same trace goes to all three:
 * the op on ``memory://`` (its Python step), on the same clock;
 * the production script on a real Redis started by the harness, its one clock line
   (``redis.call('TIME')``) swapped for a read of the trace's time from a key beside the state,
-  so the script decides at the same instants (nothing else in it changes);
+  so the script decides at the same instants (nothing else in it changes); the expiry it sets
+  is removed after each call, since Redis would apply it on its own real clock (a record kept
+  past its expiry is back to fresh: it decides as no record does);
 
 and every answer must be identical: the op's and the script's replies (the store's time and each
 verdict), and the local :class:`Decision` (``allowed``, ``remaining``, ``reset_after``,
@@ -82,6 +84,7 @@ def scripts(redis_url: str) -> Iterator[Callable[[Plan], Script]]:
             pipe = client.pipeline(transaction=False)
             pipe.hset(f"{key}#now", mapping={"s": seconds, "us": micros})
             pipe.evalsha(shas[name], 1, key, *args)
+            pipe.persist(key)  # Redis expires on its real clock; the trace's runs ahead
             reply = pipe.execute()[1]
             return p.op.parse(reply)
 
