@@ -294,7 +294,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "floodwall.gateway.parse_gateway": lambda: {"raw": {}},
     "floodwall.gateway.parse_gateway_text": lambda: {"text": "routes: []"},
     "floodwall.gateway.dashboard.asset": lambda: {"name": "index.html"},
-    "floodwall.gateway.dashboard.percentile": lambda: {"bins": {1: 1}, "q": 0.5},
+    "floodwall.gateway.dashboard.histogram_percentile": lambda: {"bins": {1: 1}, "q": 0.5},
     "floodwall.integrations.priority": lambda: {"business": 1},
     "floodwall.ratelimit.FixedWindow": lambda: {"rate": "10/s"},
     "floodwall.ratelimit.GCRA": lambda: {"rate": "10/s"},
@@ -499,6 +499,7 @@ accept(
     "floodwall.pool_size.peak_rps",
     "floodwall.pool_size.p99_latency",
     "floodwall.pool_size.buffer",
+    "floodwall.gateway.dashboard.histogram_percentile.q",
     "floodwall.sim.Hang.duration",
     "floodwall.sim.LogNormal.sigma",
     "floodwall.sim.Phase.duration",
@@ -756,6 +757,8 @@ def methods(constructor: Target) -> list[Target]:
             continue
         if name in _MODEL_METHODS or name in _PROTOCOL_METHODS:
             continue
+        if getattr(member, "__qualname__", "").split(".")[0].endswith("Step"):
+            continue  # a rate algorithm's pure step, fed by the limiter's shell (HOOKS' reason)
         static = inspect.getattr_static(cls, name)
         if isinstance(static, property | staticmethod | classmethod):
             continue

@@ -41,13 +41,16 @@ from floodwall.stores import Store, connect
 from floodwall.stores.host import HostStore
 
 APPLICATIONS = ("floodwall.gateway", "floodwall.drill", "floodwall.sim", "floodwall.cli")
+NEEDS_A_PROJECT = ("floodwall.django",)
+"""Modules that import only inside a configured framework project (Django's settings); they
+define no policy of their own: the middleware runs the inbound guard's (tests/test_django.py)."""
 SHAPES = (Gate, Flow, Attempts, Scoped)
 
 
 def _policy_classes() -> list[type[Policy]]:
     found: dict[str, type[Policy]] = {}
     for info in pkgutil.walk_packages(fw.__path__, "floodwall."):
-        if info.name.startswith(APPLICATIONS) or info.name.endswith("__main__"):
+        if info.name.startswith(APPLICATIONS + NEEDS_A_PROJECT) or info.name.endswith("__main__"):
             continue
         try:
             module = importlib.import_module(info.name)

@@ -1,4 +1,4 @@
-"""WSGI middleware (Flask, Django, any WSGI app): the inbound guard in front of the app.
+"""WSGI middleware (Flask, any WSGI app): the inbound guard in front of the app.
 
 ::
 
@@ -8,7 +8,7 @@
     app = Flask(__name__)
     app.wsgi_app = FloodwallMiddleware(app.wsgi_app, limits=[RateLimit("100/s", key="ip")])
 
-Django: ``application = FloodwallMiddleware(get_wsgi_application(), ...)`` in ``wsgi.py``.
+Django has an app of its own, :mod:`floodwall.django` (the same guard as Django middleware).
 
 A :class:`~floodwall.RejectedError` the app raises (an open breaker, a full bulkhead, a timeout
 deep in a handler) is answered as the guard answers its own refusals (503 with

@@ -32,7 +32,7 @@ from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.config.schema import Document
 
-__all__ = ["LEVEL_RULES", "load", "parse", "resolve"]
+__all__ = ["LEVEL_RULES", "inherit", "load", "parse"]
 
 LEVEL_RULES: dict[int, dict[str, dict[str, Any]]] = {
     1: {
@@ -94,8 +94,8 @@ def _with_level(section: dict[str, Any], own: Mapping[str, Any], level: int) -> 
     return out
 
 
-def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply inheritance and level rules to a raw document (before validation)."""
+def inherit(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply inheritance (``defaults``) and level rules to a raw document (before validation)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"the document must be a mapping, got {type(raw).__name__}")
     inherited = raw.get("defaults") or {}
@@ -143,7 +143,7 @@ def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
     """Validate a raw mapping (already loaded from YAML/TOML/JSON) into a :class:`Document`."""
     validate.text("source", source)
     try:
-        resolved = resolve(raw)
+        resolved = inherit(raw)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:

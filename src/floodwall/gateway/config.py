@@ -45,7 +45,7 @@ from yarl import URL
 
 from floodwall._core import validate
 from floodwall._core.errors import ConfigError
-from floodwall.config.loader import _path, loads, resolve
+from floodwall.config.loader import _path, inherit, loads
 from floodwall.config.schema import Document, RateLimitConfig
 from floodwall.config.units import Duration
 from floodwall.gateway._tls import ClientTls, build_client_tls
@@ -627,7 +627,7 @@ def parse_gateway(raw: dict[str, Any], source: str = "<gateway>") -> GatewayDocu
     applied to ``resources`` first); :class:`~floodwall.ConfigError` names the path on error."""
     validate.text("source", source)
     try:
-        resolved = resolve(raw)
+        resolved = inherit(raw)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:

@@ -23,7 +23,7 @@ from typing import Any
 from floodwall._core import validate
 from floodwall._core.window import latency_bin_bounds
 
-__all__ = ["asset", "frame", "merge_status", "percentile", "shares"]
+__all__ = ["asset", "frame", "histogram_percentile", "merge_status", "shares"]
 
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
@@ -40,7 +40,7 @@ def asset(name: str) -> tuple[bytes, str]:
     return resources.files(__name__).joinpath(name).read_bytes(), content_type
 
 
-def percentile(bins: dict[int, int], q: float) -> float | None:
+def histogram_percentile(bins: dict[int, int], q: float) -> float | None:
     """The ``q`` quantile (0..1) of a histogram of log-linear bins, in seconds (the bin's
     midpoint, ±12 %); ``None`` when the histogram is empty."""
     if not isinstance(bins, Mapping):
@@ -218,7 +218,7 @@ def _route_frame(
         classes.get("aborted", 0) - old_classes.get("aborted", 0)
     )
     bins = _delta_bins(stats["bins"], old["bins"])
-    p50, p99 = percentile(bins, 0.5), percentile(bins, 0.99)
+    p50, p99 = histogram_percentile(bins, 0.5), histogram_percentile(bins, 0.99)
     outcomes, old_outcomes = stats["outcomes"], old["outcomes"]
     out: dict[str, Any] = {
         "name": name,
