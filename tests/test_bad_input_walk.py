@@ -196,7 +196,6 @@ NOT_WALKED: dict[str, str] = {
             "floodwall.adaptive.square_root",
             "floodwall.adaptive.reject_probability",
             "floodwall.adaptive.user_priority",
-            "floodwall.sim.percentile",
         ],
         "arithmetic an algorithm runs on its own figures on every sample (documented formulas);"
         " checking them there would cost every request",
@@ -444,7 +443,6 @@ accept(
     "floodwall.sim.Uniform.low",
     "floodwall.sim.Hang.probability",
     "floodwall.sim.Phase.rate",
-    "floodwall.gateway.dashboard.percentile.q",
     "floodwall.WriteBehind.close.timeout",
 )
 accept("zero", "a cost of zero takes nothing: it asks without spending", "*.cost")
