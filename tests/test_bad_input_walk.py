@@ -266,7 +266,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "floodwall.config.parse_duration": lambda: {"value": "1s"},
     "floodwall.config.parse_rate": lambda: {"value": "10/s", "name": "value"},
     "floodwall.pool_size": lambda: {"peak_rps": 10.0, "p99_latency": 0.1},
-    "floodwall.config.resolve": lambda: {"raw": {}},
+    "floodwall.config.inherit": lambda: {"raw": {}},
     "floodwall.degrade.Chunked": lambda: {"items": [1, 2, 3]},
     "floodwall.degrade.CoalesceCore": lambda: {
         "window": 0.1,
