@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import sys
 import types
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import floodwall as fw
 from floodwall import (
@@ -163,20 +166,88 @@ def test_call_exactly_at_slow_call_duration_is_not_slow(clock: FakeClock) -> Non
     assert b.metrics().slow_calls == 1
 
 
-def test_open_period_end_is_one_definition_after_a_reopen(clock: FakeClock) -> None:
-    """Item 4. resilience4j ``shouldTransitionToHalfOpenAfterWaitInterval`` (``R4J_SM``): after a
-    reopen at a non-round time, a call at exactly the end of the open period is admitted both
-    by ``admit`` (the policy path) and by ``acquire`` (the core)."""
-    b = r4j(clock, open_duration=10.0, max_open_duration=10.0, half_open_calls=1)
+POLLY_CB = "Polly src/Polly.Core/CircuitBreaker/Controller/CircuitStateController.cs"
+POLLY_CB_TESTS = (
+    "Polly test/Polly.Core.Tests/CircuitBreaker/Controller/CircuitStateControllerTests.cs"
+)
+
+
+def _reopened_at(reopen: float, open_duration: float) -> tuple[CircuitBreaker, FakeClock]:
+    """A breaker tripped ``open_duration`` + 1 s before ``reopen`` whose half-open probe fails
+    at ``reopen`` (to the float the clock lands on: read ``clock.monotonic()``)."""
+    clock = FakeClock(reopen - open_duration - 1.0)
+    b = CircuitBreaker(
+        "x", open_duration=open_duration, max_open_duration=open_duration, clock=clock
+    )
     b.trip("test")
-    clock.advance(10.0)
-    clock.advance(0.01)
-    permit = b.acquire(clock.monotonic())
-    b.on_outcome(permit, clock.monotonic(), Kind.FAILURE, 0.0)  # reopen at +10.01
+    clock.advance(open_duration + 1.0)
+    with pytest.raises(Boom):
+        b.call(_raise_boom)  # the probe fails: OPEN again from now
     assert state(b) is S.OPEN
-    clock.advance(10.0)
-    assert b.retry_after(clock.monotonic()) == 0.0
-    assert b.admit(clock.monotonic(), (), {}) >= 0
+    return b, clock
+
+
+def _raise_boom() -> None:
+    raise Boom
+
+
+def test_flow_closed_half_open_open_half_open_reopen_at_10_01() -> None:
+    """Item 4, the issue's case. Polly ``Flow_Closed_HalfOpen_Open_HalfOpen_Closed``
+    (``POLLY_CB_TESTS``) with the end of the open period as ``PermitHalfOpenCircuitTest_NeedsLock``
+    defines it (``now >= _blockedUntil``, ``POLLY_CB``): reopened by a failed probe at t = 10.01,
+    a call at exactly +10 s (the clock moved by 10.0: 20.009999999999998 in floats) is the
+    half-open probe, through ``call()`` and through ``acquire()`` alike; one float step earlier
+    both refuse. resilience4j's ``OpenState.tryAcquirePermission`` uses ``isAfter`` (strictly
+    later, on a millisecond clock) and would still refuse at the boundary: floodwall follows
+    Polly (docs/circuit-breaker.md says so)."""
+    through_call, call_clock = _reopened_at(10.01, 10.0)
+    through_acquire, acquire_clock = _reopened_at(10.01, 10.0)
+    for twin in (call_clock, acquire_clock):
+        assert twin.monotonic() == 10.01
+        twin.advance(10.0)
+        assert twin.monotonic() == 10.01 + 10.0
+    assert through_call.retry_after(call_clock.monotonic()) == 0.0
+    assert through_call.call(lambda: "probe") == "probe"  # admitted half-open, then closed
+    assert state(through_call) is S.CLOSED
+    permit = through_acquire.acquire(acquire_clock.monotonic())
+    assert permit >= 0
+    assert state(through_acquire) is S.HALF_OPEN
+    through_acquire.on_outcome(permit, acquire_clock.monotonic(), Kind.SUCCESS, 0.0)
+    assert state(through_acquire) is S.CLOSED
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reopen=st.floats(min_value=0.001, max_value=1e7, allow_nan=False),
+    open_duration=st.floats(min_value=0.001, max_value=3600.0, allow_nan=False),
+)
+def test_open_period_end_is_one_definition(reopen: float, open_duration: float) -> None:
+    """Item 4 for any reopen time and open duration: at ``reopen + open_duration`` (the clock
+    advanced once by the open duration) ``call()`` and ``acquire()`` both admit the probe, and
+    at the float just before it both refuse: the open period's end is one stored value that
+    every path compares with (Polly's ``_blockedUntil``)."""
+    for how in ("call", "acquire"):
+        early, early_clock = _reopened_at(reopen, open_duration)
+        before = math.nextafter(early_clock.monotonic() + open_duration, -math.inf)
+        early_clock.advance(before - early_clock.monotonic())
+        if early_clock.monotonic() == before:  # the advance itself can round: only exact
+            assert not _admitted(early, how)
+        b, clock = _reopened_at(reopen, open_duration)
+        end_at = clock.monotonic() + open_duration
+        clock.advance(open_duration)
+        assert clock.monotonic() == end_at
+        assert _admitted(b, how)
+
+
+def _admitted(b: CircuitBreaker, how: str) -> bool:
+    """Whether a call now is let through, asked through ``call()`` or ``acquire()``."""
+    if how == "acquire":
+        return b.acquire(b.clock.monotonic()) >= 0
+    try:
+        b.call(lambda: None)
+    except CircuitOpenError:
+        return False
+    return True
 
 
 def test_success_completing_minimum_calls_opens(clock: FakeClock) -> None:
