@@ -15,10 +15,18 @@ short RTT, so the limit recovers quickly after a long overload:
 ``rtt_tolerance`` (1.5) is how much slower than its long average a sample may be before it counts
 as queueing: a steady 30 % rise in latency is not overload. Drops are ignored: the RTT already
 carries the signal. Java's builder defaults (``initial_limit=20``, ``max_concurrency=200``,
-``smoothing=0.2``, ``queue_size=4`` constant or a function of the limit, ``long_window=600``)
-except two, for small services: ``min_limit=1`` (Java: 20, a 40 ms queue on a one-core service
-at 2 ms a request) and, when no ``initial_limit`` is given, ``cold_limit=100`` in flight before
-the first sample (Java refuses a burst past 20 at start-up).
+``long_window=600``) except four, for small services (issue 18):
+
+* ``min_limit=1`` (Java: 20, a 40 ms queue on a one-core service at 2 ms a request);
+* ``queue_size=square_root`` (Java: 4): under overload the limit tends to ``2 × queue_size``
+  (the gradient's 0.5 floor), 8 in flight with 4, 4 with the square root;
+* ``smoothing=0.5`` (Java: 0.2): behind a 1 s window, 0.2 needs ten seconds to walk down a
+  limit the latency already shows is too high, 0.5 four;
+* when no ``initial_limit`` is given, ``cold_limit=100`` in flight before the first sample (Java
+  refuses a burst past 20 at start-up).
+
+``Gradient2Limit(min_limit=20, queue_size=4, smoothing=0.2)`` is Java's algorithm exactly (the
+golden traces in the tests pass these).
 """
 
 from __future__ import annotations
@@ -27,7 +35,13 @@ from collections.abc import Callable
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
-from floodwall.adaptive._base import ExpAvgMeasurement, Limit, check_float, check_int
+from floodwall.adaptive._base import (
+    ExpAvgMeasurement,
+    Limit,
+    check_float,
+    check_int,
+    square_root,
+)
 
 __all__ = ["Gradient2Limit"]
 
@@ -41,6 +55,7 @@ class Gradient2Limit(Limit):
         "_long_rtt",
         "_max",
         "_min",
+        "_queue_at",
         "_queue_size",
         "estimated_limit",
         "last_rtt",
@@ -57,7 +72,7 @@ class Gradient2Limit(Limit):
         min_limit: int = defaults.GRADIENT2_MIN_LIMIT,
         max_concurrency: int = defaults.GRADIENT2_MAX_CONCURRENCY,
         smoothing: float = defaults.GRADIENT2_SMOOTHING,
-        queue_size: int | Callable[[int], int] = defaults.GRADIENT2_QUEUE_SIZE,
+        queue_size: int | Callable[[int], int] = square_root,
         long_window: int = defaults.GRADIENT2_LONG_WINDOW,
         rtt_tolerance: float = defaults.GRADIENT2_RTT_TOLERANCE,
         cold_limit: int | None = None,
@@ -77,13 +92,16 @@ class Gradient2Limit(Limit):
         if not rtt_tolerance >= 1.0:  # also refuses NaN
             raise ConfigError(f"rtt_tolerance must be >= 1.0, got {rtt_tolerance!r}")
         self.rtt_tolerance = float(rtt_tolerance)
+        # The queue size in use is ``_fixed_queue``: the constant, or the function's value for
+        # the whole estimated limit ``_queue_at``, recomputed only when that changes (calling
+        # the function every sample cost 70 % more per on_sample; the limit moves rarely).
         self._queue_size: Callable[[int], int] | None = None
-        self._fixed_queue = -1
-        """``queue_size`` when it is a constant, else -1 (then ``_queue_size`` is called)."""
+        self._queue_at = int(initial_limit)
         if isinstance(queue_size, int):
             self._fixed_queue = check_int("queue_size", queue_size, 0)
         else:
             self._queue_size = queue_size
+            self._fixed_queue = queue_size(self._queue_at)
         self._min = float(self.min_limit)
         self._max = float(self.max_concurrency)
         self._long_rtt = ExpAvgMeasurement(
@@ -109,8 +127,7 @@ class Gradient2Limit(Limit):
         # runs once per request behind a LoadShedder, and calls cost more than the arithmetic
         # (same arithmetic in the same order: same results).
         estimated = self.estimated_limit
-        fixed = self._fixed_queue
-        queue = fixed if fixed >= 0 else self._queue_size(int(estimated))  # type: ignore[misc]
+        queue = self._fixed_queue
         self.last_rtt = short = rtt
         avg = self._long_rtt
         if avg._count < avg.warmup:
@@ -137,7 +154,11 @@ class Gradient2Limit(Limit):
             elif new > self._max:
                 new = self._max
             self.estimated_limit = new
-            limit = max(1, int(new))
+            whole = int(new)
+            limit = max(1, whole)
+            if self._queue_size is not None and whole != self._queue_at:
+                self._queue_at = whole
+                self._fixed_queue = self._queue_size(whole)
         if limit != self._limit:  # Limit.on_sample's own ending
             self._limit = limit
             for listener in self._listeners:
