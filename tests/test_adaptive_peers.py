@@ -10,6 +10,7 @@ is written out in each test), and its long RTT follows ``ExpAvgMeasurementTest.t
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ import pytest
 from floodwall import ConfigError, FakeClock, OverloadedError
 from floodwall.adaptive import (
     AdaptiveLimiter,
+    FixedLimit,
     Gradient2Limit,
+    Limit,
     LoadShedder,
     QueueingTimeAdmission,
     Ticket,
@@ -287,3 +290,200 @@ def test_dagor_quiet_server_keeps_the_papers_window() -> None:
         QueueingTimeAdmission(window=0.05)
     with pytest.raises(ConfigError, match="surge must be in"):
         QueueingTimeAdmission(surge=0.5)
+
+
+# -- concurrency-limits' limiter tests (SimpleLimiter, partitions, LIFO backlog) ---------------
+
+CL_LIMITER = "concurrency-limits-core/src/test/java/com/netflix/concurrency/limits/limiter/"
+
+
+def test_simple_limiter_uses_capacity_until_total_limit(clock: FakeClock) -> None:
+    """``CL_LIMITER`` SimpleLimiterTest.useLimiterCapacityUntilTotalLimit: a fixed limit of 10
+    hands out 10 tokens and refuses the eleventh."""
+    limiter = AdaptiveLimiter(FixedLimit(10), clock=clock)
+    assert all(limiter.acquire() is not None for _ in range(10))
+    assert limiter.acquire() is None
+    assert limiter.inflight == 10
+
+
+def test_simple_limiter_release_limit(clock: FakeClock) -> None:
+    """``CL_LIMITER`` SimpleLimiterTest.testReleaseLimit: a released token makes room for one."""
+    limiter = AdaptiveLimiter(FixedLimit(10), clock=clock)
+    first = limiter.acquire()
+    assert first is not None
+    assert all(limiter.acquire() is not None for _ in range(9))
+    assert limiter.acquire() is None
+    first.success()
+    assert limiter.inflight == 9
+    assert limiter.acquire() is not None
+    assert limiter.inflight == 10
+
+
+def _partitioned(clock: FakeClock, limit: Limit | None = None) -> AdaptiveLimiter:
+    """The test's limiter: batch 30 %, live 70 % of a fixed limit of 10."""
+    algorithm = FixedLimit(10) if limit is None else limit
+    return AdaptiveLimiter(algorithm, partitions={"batch": 0.3, "live": 0.7}, clock=clock)
+
+
+def _shares(limiter: AdaptiveLimiter) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.share, p.inflight) for p in limiter.partition_stats()}
+
+
+def test_partitioned_limit_allocated_to_bins(clock: FakeClock) -> None:
+    """``CL_LIMITER`` AbstractPartitionedLimiterTest.limitAllocatedToBins: 30 % and 70 % of 10
+    are 3 and 7."""
+    shares = _shares(_partitioned(clock))
+    assert (shares["batch"][0], shares["live"][0]) == (3, 7)
+
+
+def test_partitioned_reject_once_all_limits_reached(clock: FakeClock) -> None:
+    """``CL_LIMITER`` AbstractPartitionedLimiterTest.rejectOnceAllLimitsReached: 3 batch and 7
+    live fill the limit; both partitions are then refused."""
+    limiter = _partitioned(clock)
+    for count in range(1, 4):
+        assert limiter.acquire("batch") is not None
+        assert (_shares(limiter)["batch"][1], limiter.inflight) == (count, count)
+    for count in range(1, 8):
+        assert limiter.acquire("live") is not None
+        assert (_shares(limiter)["live"][1], limiter.inflight) == (count, count + 3)
+    assert limiter.acquire("batch") is None
+    assert limiter.acquire("live") is None
+
+
+def test_partitioned_excess_capacity_is_not_lent_past_the_limit(clock: FakeClock) -> None:
+    """``CL_LIMITER`` AbstractPartitionedLimiterTest.useExcessCapacityUntilTotalLimit and
+    exceedTotalLimitForUnusedBin. Documented difference (docs/overload.md): concurrency-limits
+    lets an idle partition's capacity go to a busy one (batch takes all 10) and still admits
+    the idle one's share later (live then takes 7: 17 in flight for a limit of 10). floodwall
+    never exceeds the limit, so it lends only what nobody is entitled to: batch gets its 3
+    while live is idle, live still gets all of its 7, and the total stays at 10."""
+    limiter = _partitioned(clock)
+    taken = sum(limiter.acquire("batch") is not None for _ in range(10))
+    assert taken == 3
+    assert sum(limiter.acquire("live") is not None for _ in range(10)) == 7
+    assert limiter.inflight == 10
+
+
+def test_partitioned_release_limit(clock: FakeClock) -> None:
+    """``CL_LIMITER`` AbstractPartitionedLimiterTest.releaseLimit: with the partition full, a
+    released token lets the partition in once more (within floodwall's share, see above)."""
+    limiter = _partitioned(clock)
+    first = limiter.acquire("batch")
+    assert first is not None
+    assert limiter.acquire("batch") is not None and limiter.acquire("batch") is not None
+    assert limiter.acquire("batch") is None
+    first.success()
+    assert _shares(limiter)["batch"][1] == 2
+    assert limiter.acquire("batch") is not None
+    assert (_shares(limiter)["batch"][1], limiter.inflight) == (3, 3)
+
+
+class _Settable(Limit):
+    """concurrency-limits' SettableLimit: the limit a test sets, taken at the next sample."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.target = limit
+
+    def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
+        return self.target
+
+
+def test_partitioned_set_limit_reserves_busy(clock: FakeClock) -> None:
+    """``CL_LIMITER`` AbstractPartitionedLimiterTest.setLimitReservesBusy: raising the limit
+    from 10 to 20 doubles batch's share (3 to 6) and leaves its tokens in flight. floodwall's
+    limiter learns a new limit from its algorithm's samples (the pure core returns it), so the
+    change lands at the next release rather than at the set."""
+    limit = _Settable(10)
+    limiter = _partitioned(clock, limit)
+    held = limiter.acquire("batch")
+    sampled = limiter.acquire("live")
+    assert held is not None and sampled is not None
+    limit.target = 20
+    sampled.success()
+    assert _shares(limiter)["batch"] == (6, 1)
+    assert limiter.inflight == 1
+
+
+def _lifo(clock: FakeClock) -> AdaptiveLimiter:
+    """LifoBlockingLimiterTest's limiter: a limit of 4, 10 waiters, 1 s backlog timeout."""
+    return AdaptiveLimiter(FixedLimit(4), backlog_size=10, backlog_timeout=1.0, clock=clock)
+
+
+async def _until_parked(limiter: AdaptiveLimiter, waiters: int) -> None:
+    """Let the loop run until ``waiters`` callers wait in the backlog, on the fake clock."""
+    clock = limiter.clock
+    assert isinstance(clock, FakeClock)
+    for _ in range(100):
+        if limiter.backlog >= waiters and clock.pending_sleepers >= waiters:
+            return
+        await asyncio.sleep(0)
+    pytest.fail(f"expected {waiters} waiters, found {limiter.backlog}")
+
+
+async def test_lifo_block_when_full_and_timeout(clock: FakeClock) -> None:
+    """``CL_LIMITER`` LifoBlockingLimiterTest.blockWhenFullAndTimeout: with the 4 tokens out,
+    the next caller waits the backlog timeout (1 s) and gets none."""
+    limiter = _lifo(clock)
+    assert all(limiter.acquire() is not None for _ in range(4))
+    waiter = asyncio.ensure_future(limiter.acquire_async())
+    await _until_parked(limiter, 1)
+    clock.advance(0.999)
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    clock.advance(0.001)
+    assert await waiter is None
+
+
+async def test_lifo_unblock_when_full_before_timeout(clock: FakeClock) -> None:
+    """``CL_LIMITER`` LifoBlockingLimiterTest.unblockWhenFullBeforeTimeout: a token released
+    after 250 ms goes to the waiter, before its timeout."""
+    limiter = _lifo(clock)
+    tokens = [limiter.acquire() for _ in range(4)]
+    waiter = asyncio.ensure_future(limiter.acquire_async())
+    await _until_parked(limiter, 1)
+    clock.advance(0.25)
+    assert tokens[0] is not None
+    tokens[0].success()
+    token = await waiter
+    assert token is not None
+    assert clock.monotonic() - token.start == 0.0  # handed over at the release, 250 ms in
+
+
+async def test_lifo_reject_when_backlog_size_reached(clock: FakeClock) -> None:
+    """``CL_LIMITER`` LifoBlockingLimiterTest.rejectWhenBacklogSizeReached: 4 in flight and 10
+    waiting: the fifteenth caller is refused at once, without waiting."""
+    limiter = _lifo(clock)
+    assert all(limiter.acquire() is not None for _ in range(4))
+    waiters = [asyncio.ensure_future(limiter.acquire_async()) for _ in range(10)]
+    await _until_parked(limiter, 10)
+    sleeps = len(clock.sleeps)
+    assert await limiter.acquire_async() is None
+    assert len(clock.sleeps) == sleeps  # refused at once, no wait
+    clock.advance(1.0)
+    assert await asyncio.gather(*waiters) == [None] * 10
+
+
+async def test_lifo_serves_the_newest_waiter_first(clock: FakeClock) -> None:
+    """``CL_LIMITER`` LifoBlockingLimiterTest.verifyFifoOrder (whose assertion is LIFO): five
+    waiters queued in order 0..4 get the released tokens in order 4, 3, 2, 1, 0."""
+    limiter = _lifo(clock)
+    first_batch = [limiter.acquire() for _ in range(4)]
+    served: list[int] = []
+
+    async def waiter(number: int) -> None:
+        token = await limiter.acquire_async()
+        assert token is not None
+        served.append(number)
+        token.success()
+
+    tasks = []
+    for number in range(5):
+        tasks.append(asyncio.ensure_future(waiter(number)))
+        await _until_parked(limiter, number + 1)
+    for token in first_batch:
+        assert token is not None
+        token.success()
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert served == [4, 3, 2, 1, 0]
