@@ -46,7 +46,7 @@ def test_aimd_rules() -> None:
 
 def test_gradient2_ignores_drops_and_app_limited_samples() -> None:
     limit = Gradient2Limit(
-        initial_limit=50, min_limit=1, max_concurrency=100, queue_size=4, smoothing=0.2
+        initial_limit=50, min_limit=1, max_concurrency=100, queue_size=4, decrease_smoothing=0.2
     )
     assert limit.on_sample(0, 10 * MS, 50, True) == 50  # drop ignored: RTT steady, +queue
     before = limit.estimated_limit

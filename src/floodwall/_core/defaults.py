@@ -88,11 +88,14 @@ core, 2 ms a request) 20 in flight is a 40 ms queue; 1 lets the latency decide."
 GRADIENT2_COLD_LIMIT = 100
 """In flight admitted before the first sample (floodwall's; Java starts at ``initial_limit``)."""
 GRADIENT2_MAX_CONCURRENCY = 200
-GRADIENT2_SMOOTHING = 0.5
-"""Java's builder says 0.2. Behind the recommended 1 s sampling window that moves the limit a
-tenth of the way per second under overload (``e → 0.9 e + 0.2 q`` at the 0.5 gradient floor):
-ten seconds of a queue the limit already knows is too long. 0.5 halves the time constant to
-four windows; the window's own averaging (hundreds of samples a second) is what filters noise."""
+GRADIENT2_SMOOTHING = 0.2
+"""How far a growing limit moves towards its target per sample (Java's builder)."""
+GRADIENT2_DECREASE_SMOOTHING = 0.5
+"""How far a shrinking limit moves per sample (Java: ``smoothing`` both ways). Behind the
+recommended 1 s window, 0.2 walks a limit down a tenth of the way per second at the gradient's
+0.5 floor (``e → 0.9 e + 0.2 q``): ten seconds of a queue the latency already shows; 0.5 halves
+the time constant. Growth stays careful (TCP's rule): a limit growing as fast as it shrinks
+outruns a baseline learned under load."""
 # Gradient2's queue_size defaults to a function, floodwall.adaptive.square_root (Java's Gradient
 # v1 default, and the seeds' "queue_size is usually the square root of the limit"; Java's
 # Gradient2 says a constant 4). Under overload the limit tends to 2 x queue_size (the gradient's
