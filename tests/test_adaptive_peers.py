@@ -199,8 +199,8 @@ def test_gradient2_started_into_overload_keeps_the_latency_for_90_seconds() -> N
     average RTT of its first ten windows, so a service started straight into 3x overload learns
     a queued RTT as normal, and the limit slowly grows past what the client's 100 ms allows.
     With the cold allowance kept out of the baseline and growth at Java's pace it holds >= 90 %
-    of capacity for the first 90 s (it drifts into timeouts after about 110 s, Java's builder
-    after about 120 s; growing as fast as it shrinks, it lasted 12 s)."""
+    of capacity for the first 90 s (it drifts into timeouts after 114 s, Java's builder after
+    153 s; growing as fast as it shrinks, it lasted 12 s)."""
     result = run_scenario(
         small_service_steps(
             {"type": "limiter", "algorithm": "gradient2", "windowed": True},
@@ -248,7 +248,12 @@ def test_dagor_meets_a_3x_step_within_3_seconds() -> None:
 
 
 def _steps(guard: dict[str, Any] | None) -> dict[str, Summary]:
-    return dict(run_scenario(small_service_steps(guard, steps=(0.25, 0.5, 1, 2, 3))).summaries())
+    return dict(run_scenario(small_service_steps(guard)).summaries())
+
+
+def _unloaded() -> Summary:
+    ((_, light),) = run_scenario(small_service_steps(None, steps=(0.25,))).summaries()
+    return light
 
 
 @pytest.mark.parametrize(
@@ -256,16 +261,16 @@ def _steps(guard: dict[str, Any] | None) -> dict[str, Summary]:
     [{"type": "limiter", "algorithm": "gradient2", "windowed": True}, {"type": "dagor"}],
     ids=["gradient2", "dagor"],
 )
-def test_small_service_at_3x_keeps_goodput_and_latency(guard: dict[str, object]) -> None:
-    """Issue 18's targets for the benchmark's service (one worker, 2 ms a request, Poisson load
-    stepped 0.25x, 0.5x, 1x, 2x, 3x, 8 s each, a 100 ms client deadline, nothing skipped after
-    a step): Gradient2 (windowed) and DAGOR on defaults keep >= 90 % of capacity at 3x with an
-    admitted p99 <= 3 x the p99 at 0.25x. benchmarks/overload_steps.py runs the same on a real
-    aiohttp server."""
+def test_small_service_at_3x_keeps_goodput_and_latency(guard: dict[str, Any]) -> None:
+    """Issue 18's targets, as benchmarks/overload_steps.py measures them on a real aiohttp
+    server: one worker at 2 ms a request, the unloaded p99 from Poisson load at 0.25x, then a
+    fresh guarded server stepped through 0.5x, 1x, 2x, 3x, 8 s each, a 100 ms client deadline,
+    nothing skipped after a step. Gradient2 (windowed) and DAGOR on defaults keep >= 90 % of
+    capacity at 3x with an admitted p99 <= 3 x the unloaded p99 (14 and 12 ms against 16)."""
     phases = _steps(guard)
-    unloaded, overloaded = phases["0.25x"], phases["3x"]
+    overloaded = phases["3x"]
     assert overloaded.goodput >= 0.9 * SMALL_SERVICE_CAPACITY
-    assert overloaded.p99 <= 3 * unloaded.p99
+    assert overloaded.p99 <= 3 * _unloaded().p99
     assert phases["2x"].goodput >= 0.9 * SMALL_SERVICE_CAPACITY
 
 
@@ -277,6 +282,8 @@ def test_share_based_admission_cannot_meet_the_latency_target() -> None:
     ten of these requests, has not even found its level 8 s into the 3x step."""
     paper = _steps(PAPER_DAGOR)
     assert paper["3x"].goodput < 0.1 * SMALL_SERVICE_CAPACITY
+    unruled = _steps({"type": "dagor", "options": {"max_wait_ratio": None}})
+    assert unruled["3x"].p99 > 3 * _unloaded().p99  # the surge rule alone: 81 %, p99 99 ms
     ((_, fed), (_, light)) = run_scenario(
         small_service_steps(None, steps=(0.9, 0.25), step=30.0, timeout=1.0)
     ).summaries()

@@ -126,9 +126,11 @@ _PERMIT = DagorPermit()
 class QueueingTimeAdmission:
     """DAGOR's overload detection and priority admission for one server (see the module doc).
 
-    The pure core is :meth:`admit` (at arrival, counts the request and decides) and
-    :meth:`on_start` (when processing starts, with the queueing time); both take ``now``.
-    :meth:`acquire` combines them on ``clock`` for the load-shedding guard. Thread-safe.
+    The pure core is :meth:`admit` (at arrival, counts the request and decides),
+    :meth:`on_start` (when processing starts, with the queueing time), and, for the wait rule,
+    :meth:`on_finish` (when it ends, with the service time) and :meth:`on_abandon` (an admitted
+    request that will never start); all take ``now``. :meth:`acquire` combines the first two on
+    ``clock`` for the load-shedding guard. Thread-safe.
     """
 
     kind = "dagor"
