@@ -1,10 +1,11 @@
 """Scenarios ported from the peers' own test suites, run against floodwall on a fake clock.
 
-Each test names the peer file and test it follows (resilience4j's
-``CircuitBreakerStateMachineTest.java``, pybreaker's ``tests/pybreaker_test.py``, tenacity's
-``tests/test_tenacity.py``, Polly's and Sentinel's documented behaviour) and either agrees with
-the peer or says in its docstring why floodwall differs. The inputs are the peers'; the code and
-the assertions are floodwall's own.
+Each test names the peer file and test it follows (resilience4j's circuit breaker, bulkhead,
+rate limiter, retry and interval-function tests; Polly v8's Core tests; Sentinel's degrade and
+flow-control tests; pybreaker's ``tests/pybreaker_test.py``; tenacity's ``tests/test_tenacity.py``;
+concurrency-limits' limiter tests are in ``test_adaptive_peers.py``) and either agrees with the
+peer or says in its docstring why floodwall differs, a difference also tabled on the topic's
+docs page. The inputs are the peers'; the code and the assertions are floodwall's own.
 """
 
 from __future__ import annotations
@@ -696,9 +697,11 @@ def test_should_reset_metrics(clock: FakeClock) -> None:
     assert (b.metrics().calls, b.metrics().errors) == (0, 0)
 
 
-def test_should_disable_circuit_breaker(clock: FakeClock) -> None:
-    """``R4J_SM`` shouldDisableCircuitBreaker: every call passes. Documented difference:
-    floodwall's DISABLED keeps counting (shadow mode) where resilience4j's counts nothing."""
+def test_should_record_metrics_in_metrics_only_state(clock: FakeClock) -> None:
+    """``R4J_SM`` shouldRecordMetricsInMetricsOnlyState: every call passes and is counted, and
+    the state never changes. Documented difference (docs/circuit-breaker.md), in names only:
+    resilience4j's METRICS_ONLY is floodwall's DISABLED (shadow mode, with ``would_trip``
+    events)."""
     b = r4j(clock)
     b.disable()
     for _ in range(5):
@@ -717,9 +720,10 @@ def test_should_force_open_circuit_breaker(clock: FakeClock) -> None:
     assert state(b) is S.FORCED_OPEN and b.rejected == 2
 
 
-def test_should_force_close_circuit_breaker(clock: FakeClock) -> None:
-    """``R4J_SM`` shouldForceCloseCircuitBreaker: everything passes, state stays. Documented
-    difference: FORCED_CLOSED counts nothing in floodwall (resilience4j keeps metrics)."""
+def test_should_disable_circuit_breaker(clock: FakeClock) -> None:
+    """``R4J_SM`` shouldDisableCircuitBreaker: every call passes, nothing is counted, the state
+    stays. Documented difference (docs/circuit-breaker.md), in names only: resilience4j's
+    DISABLED is floodwall's FORCED_CLOSED (floodwall's DISABLED counts: the test above)."""
     b = r4j(clock)
     b.force_closed()
     ok(b, clock, 1.0)
@@ -1179,8 +1183,8 @@ SENTINEL_DEGRADE = "sentinel-core/src/test/java/com/alibaba/csp/sentinel/slots/b
 
 
 def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_COUNT), given
-    the minimum request amount; floodwall's ``error_count``. Documented difference: Sentinel
+    """``SENTINEL_DEGRADE`` circuitbreaker/ExceptionCircuitBreakerTest
+    (DEGRADE_GRADE_EXCEPTION_COUNT), given the minimum request amount; floodwall's ``error_count``. Documented difference: Sentinel
     opens when the count is exceeded (``curCount > threshold``), floodwall when it is reached
     (``>=``, as resilience4j and Polly compare): Sentinel's ``count=3`` is ``error_count=4``."""
     b = CircuitBreaker(
@@ -1196,7 +1200,8 @@ def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
 
 
 def test_sentinel_exception_ratio_rule(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_RATIO).
+    """``SENTINEL_DEGRADE`` circuitbreaker/ExceptionCircuitBreakerTest
+    (DEGRADE_GRADE_EXCEPTION_RATIO).
     Documented difference: a ratio exactly at the threshold opens floodwall (``>=``, with
     resilience4j and Polly) where Sentinel needs it exceeded."""
     b = CircuitBreaker("s", failure_rate=0.5, minimum_calls=4, window_calls=4, clock=clock)
@@ -1208,8 +1213,8 @@ def test_sentinel_exception_ratio_rule(clock: FakeClock) -> None:
 
 
 def test_sentinel_slow_ratio_is_strict(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ResponseTimeCircuitBreakerTest: a request is slow when its RT is
-    greater than ``count`` (max allowed RT); exactly at it is not."""
+    """``SENTINEL_DEGRADE`` circuitbreaker/ResponseTimeCircuitBreakerTest: a request is slow
+    when its RT is greater than ``count`` (max allowed RT); exactly at it is not."""
     b = CircuitBreaker(
         "s",
         failure_rate=None,
@@ -1717,13 +1722,14 @@ def test_polly_timeout_infinite_is_no_timeout() -> None:
 
 
 def test_polly_manual_control_isolate_then_close(clock: FakeClock) -> None:
-    """``POLLY`` CircuitBreaker/CircuitBreakerManualControlTests.cs IsolateAsync / CloseAsync:
-    an isolated circuit refuses every call whatever its health, and closing it lets calls
-    through with a fresh window (floodwall: ``force_open`` and ``reset``)."""
+    """``POLLY`` CircuitBreaker/Controller/CircuitStateControllerTests.cs IsolateAsync_Ok: an
+    isolated circuit refuses every call whatever its health, with no retry-after, and closing
+    it lets calls through (floodwall: ``force_open`` and ``reset``)."""
     b = CircuitBreaker("x", clock=clock)
     b.force_open()
-    with pytest.raises(CircuitOpenError):
+    with pytest.raises(CircuitOpenError) as refused:
         b.call(lambda: None)
+    assert refused.value.retry_after is None
     assert state(b) is S.FORCED_OPEN
     clock.advance(3600.0)
     assert state(b) is S.FORCED_OPEN  # never times out into half-open
