@@ -1184,9 +1184,10 @@ SENTINEL_DEGRADE = "sentinel-core/src/test/java/com/alibaba/csp/sentinel/slots/b
 
 def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
     """``SENTINEL_DEGRADE`` circuitbreaker/ExceptionCircuitBreakerTest
-    (DEGRADE_GRADE_EXCEPTION_COUNT), given the minimum request amount; floodwall's ``error_count``. Documented difference: Sentinel
-    opens when the count is exceeded (``curCount > threshold``), floodwall when it is reached
-    (``>=``, as resilience4j and Polly compare): Sentinel's ``count=3`` is ``error_count=4``."""
+    (DEGRADE_GRADE_EXCEPTION_COUNT), given the minimum request amount; floodwall's
+    ``error_count``. Documented difference: Sentinel opens when the count is exceeded
+    (``curCount > threshold``), floodwall when it is reached (``>=``, as resilience4j and Polly
+    compare): Sentinel's ``count=3`` is ``error_count=4``."""
     b = CircuitBreaker(
         "s", failure_rate=None, error_count=3, minimum_calls=5, window=1.0, buckets=1, clock=clock
     )
