@@ -25,7 +25,8 @@ admitted answers (200s within 100 ms). The load runs in a process of its own. Gu
   for the worker) and end, and a random user priority per request.
 
 Every guard is a :class:`~floodwall.adaptive.LoadShedder` asked at the handler's entry; a refusal
-is a 503. ``--pin`` runs the server and its worker on CPU 0 and the load on CPU 1 (``taskset``).
+is a 503. ``--pin`` runs the server and its worker on CPU 0 and the load on CPU 1 (``taskset``);
+``OVERLOAD_STEPS_TRACE=1`` makes each server print its guard's state every second on stderr.
 The targets of issue 18 at 3×: Gradient2 and DAGOR on defaults each ≥ 90 % of capacity with
 admitted p99 ≤ 3 × the unloaded p99.
 """
@@ -174,10 +175,35 @@ def serve(port: int, *, cost: float, guard: str, lifetime: float) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
         print("READY", flush=True)
+        if os.environ.get("OVERLOAD_STEPS_TRACE"):  # the guard's state each second, on stderr
+            asyncio.get_running_loop().create_task(_trace(shedder, dagor))
         await asyncio.sleep(lifetime)
         await runner.cleanup()
 
     asyncio.run(main())
+
+
+async def _trace(shedder: Any, dagor: Any) -> None:
+    start = time.monotonic()
+    while True:
+        await asyncio.sleep(1.0)
+        state = f"t={time.monotonic() - start:5.1f}"
+        if shedder is not None:
+            stats = shedder.stats()
+            state += f" admitted={stats.admitted} shed={stats.shed} inflight={stats.inflight}"
+            limiter = shedder.limiter
+            algorithm = getattr(getattr(limiter, "algorithm", None), "delegate", None)
+            if algorithm is not None:
+                state += (
+                    f" limit={limiter.limit} long={algorithm.long_rtt * 1000:.1f}ms"
+                    f" last={algorithm.last_rtt * 1000:.1f}ms"
+                )
+        if dagor is not None:
+            state += (
+                f" level={tuple(dagor.level)} queueing={dagor.last_queueing_time * 1000:.1f}ms"
+                f" wait_refused={dagor.wait_refused}"
+            )
+        print(state, file=sys.stderr, flush=True)
 
 
 def _pinned(command: list[str], cpu: int | None) -> list[str]:
