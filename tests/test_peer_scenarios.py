@@ -1453,12 +1453,14 @@ def test_rate_limiter_acquire_and_refresh(clock: FakeClock) -> None:
 
 def test_rate_limiter_rejected_by_timeout_non_blocking(clock: FakeClock) -> None:
     """``R4J_RL`` rejectedByTimeoutNonBlocking: with no timeout the second call is refused at
-    once; one nanosecond before the next cycle the wait left is that nanosecond."""
+    once; one time unit before the next cycle the wait left is that unit. resilience4j counts
+    nanoseconds; floodwall's rate steps count whole microseconds and round a wait up to the
+    next one (docs/rate-limiting.md), so the unit here is 1 µs."""
     limiter = TokenBucket(f"1/{CYCLE}s", clock=clock)
     assert limiter.acquire()
     assert not limiter.acquire()
-    clock.advance(CYCLE - 1e-9)
-    assert limiter.peek().retry_after == pytest.approx(1e-9, abs=1e-12)
+    clock.advance(CYCLE - 1e-6)
+    assert limiter.peek().retry_after == pytest.approx(1e-6, abs=1e-12)
 
 
 async def _callers_at_once(limiter: Any, clock: FakeClock, n: int, until: float) -> list[bool]:
@@ -1503,11 +1505,13 @@ async def test_rate_limiter_reserve_permissions_upfront(clock: FakeClock) -> Non
     callers at once: three go now, three wait, three are refused (their turn is past the
     timeout). Documented difference (docs/rate-limiting.md): resilience4j refreshes whole
     cycles, so its three waiters all wait for the next cycle (~10 ms); floodwall's token bucket
-    refills smoothly, so they wait 3.3, 6.7 and 10 ms."""
+    refills smoothly, so they wait 3.3, 6.7 and 10 ms (each rounded up to the microsecond, the
+    rate steps' unit)."""
     limiter = TokenBucket("3/10ms", clock=clock, max_wait=0.012)
     admitted = await _callers_at_once(limiter, clock, 9, 0.02)
     assert admitted == [True] * 6 + [False] * 3
-    assert clock.sleeps == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])  # the first three: none
+    # the first three: no wait
+    assert clock.sleeps == pytest.approx([0.003334, 0.006667, 0.01], abs=1e-9)
 
 
 def test_rate_limiter_weight_greater_than_limit_per_period(clock: FakeClock) -> None:
