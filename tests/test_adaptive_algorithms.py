@@ -45,7 +45,9 @@ def test_aimd_rules() -> None:
 
 
 def test_gradient2_ignores_drops_and_app_limited_samples() -> None:
-    limit = Gradient2Limit(initial_limit=50, min_limit=1, max_concurrency=100)
+    limit = Gradient2Limit(
+        initial_limit=50, min_limit=1, max_concurrency=100, queue_size=4, decrease_smoothing=0.2
+    )
     assert limit.on_sample(0, 10 * MS, 50, True) == 50  # drop ignored: RTT steady, +queue
     before = limit.estimated_limit
     assert limit.on_sample(0, 10 * MS, 10, False) == int(before)  # inflight < limit / 2

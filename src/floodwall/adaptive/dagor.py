@@ -24,6 +24,18 @@ SoCC 2018; the seeds' 3.5.2):
   requests); until a calm window, windows close after ``early_window`` (0.1 s) once they have
   50 arrivals; the first calm window goes straight back to the measured rate less ``alpha``.
   Around the threshold (no surge) the paper's 1 s windows and 5 % / 1 % steps are unchanged.
+* **The wait rule** (floodwall's addition, issue 18: a level admits a *share* of a Poisson
+  stream, itself a Poisson stream, and a one-worker service fed 90 % of its capacity that way
+  has a p99 near 10× its unloaded latency whatever the level does). When the server reports
+  starts and ends (:meth:`~QueueingTimeAdmission.on_start`,
+  :meth:`~QueueingTimeAdmission.on_finish`), an arrival is also refused when the requests
+  admitted ahead of it and not yet started would take longer than ``max_wait_ratio`` (4) mean
+  service times to start (``pending × interval between starts``): no admitted request waits much
+  longer than four of its own service times, and the queue refills at once from the excess, so
+  the worker never idles. A window in which this rule refused more than ``overflow_share`` (20 %)
+  of the arrivals counts as overloaded, and as a surge: the level, which sheds whole users, takes
+  the sustained excess, and the rule only the Poisson bursts. Without reported starts and ends
+  the rule stays off; ``max_wait_ratio=None`` turns it off (the paper's DAGOR).
 * **Collaboration.** The level rides back to callers (:attr:`QueueingTimeAdmission.level`);
   a caller holding :class:`UpstreamLevels` sheds below-level sub-requests before sending them.
 
@@ -119,9 +131,11 @@ _PERMIT = DagorPermit()
 class QueueingTimeAdmission:
     """DAGOR's overload detection and priority admission for one server (see the module doc).
 
-    The pure core is :meth:`admit` (at arrival, counts the request and decides) and
-    :meth:`on_start` (when processing starts, with the queueing time); both take ``now``.
-    :meth:`acquire` combines them on ``clock`` for the load-shedding guard. Thread-safe.
+    The pure core is :meth:`admit` (at arrival, counts the request and decides),
+    :meth:`on_start` (when processing starts, with the queueing time), and, for the wait rule,
+    :meth:`on_finish` (when it ends, with the service time) and :meth:`on_abandon` (an admitted
+    request that will never start); all take ``now``. :meth:`acquire` combines the first two on
+    ``clock`` for the load-shedding guard. Thread-safe.
     """
 
     kind = "dagor"
@@ -140,6 +154,8 @@ class QueueingTimeAdmission:
         user_levels: int = defaults.DAGOR_USER_LEVELS,
         alpha: float = defaults.DAGOR_ALPHA,
         beta: float = defaults.DAGOR_BETA,
+        max_wait_ratio: float | None = defaults.DAGOR_MAX_WAIT_RATIO,
+        overflow_share: float = defaults.DAGOR_OVERFLOW_SHARE,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
@@ -157,6 +173,7 @@ class QueueingTimeAdmission:
         self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
         self.alpha = validate.number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
         self.beta = validate.number("beta", beta, 0.0, 1.0, low_open=True, high_open=True)
+        self._init_wait_rule(max_wait_ratio, overflow_share)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._lock = threading.Lock()
@@ -180,6 +197,30 @@ class QueueingTimeAdmission:
         self._surge_above = self.surge * self.threshold
         self._surge = False
         """In a surge (a window's queueing past ``surge`` x threshold) and not yet calm again."""
+
+    def _init_wait_rule(self, max_wait_ratio: float | None, overflow_share: float) -> None:
+        self.max_wait_ratio = (
+            None
+            if max_wait_ratio is None
+            else validate.number("max_wait_ratio", max_wait_ratio, 0.0, low_open=True)
+        )
+        self.overflow_share = check_float(
+            "overflow_share", overflow_share, 0.0, 1.0, open_high=True
+        )
+        self._pending = 0
+        """Admitted at arrival and not yet started (nor abandoned)."""
+        self._admitted_before = 0
+        """Admitted in the previous window (``_pending`` never exceeds two windows' worth)."""
+        self._window_admitted = 0
+        self._interval = 0.0
+        """Average seconds between starts while requests wait (1 / service rate); 0 unknown."""
+        self._service = 0.0
+        """Average service time (start to end), seconds; 0 unknown."""
+        self._last_start = -math.inf
+        self._overflowed = 0
+        """Arrivals this window refused by the wait rule."""
+        self.wait_refused = 0
+        """Arrivals refused by the wait rule since construction (also counted in ``rejected``)."""
 
     # -- levels -----------------------------------------------------------------------------
 
@@ -210,19 +251,55 @@ class QueueingTimeAdmission:
             self._histogram[index] += 1
             self._arrivals += 1
             if index <= self._level:
+                if self._would_wait_too_long():
+                    self._overflowed += 1
+                    self.wait_refused += 1
+                    self.rejected += 1
+                    return False
+                self._pending += 1
+                self._window_admitted += 1
                 self.admitted += 1
                 return True
             self.rejected += 1
             return False
 
+    def _would_wait_too_long(self) -> bool:
+        """Under the lock: the wait rule (off until starts and ends have been measured)."""
+        ratio = self.max_wait_ratio
+        if ratio is None or self._interval <= 0.0 or self._service <= 0.0:
+            return False
+        return self._pending * self._interval > ratio * self._service
+
     def on_start(self, now: float, queueing_time: float) -> None:
         """An admitted request started processing at ``now`` after waiting ``queueing_time``."""
         with self._lock:
             self._roll(now)
+            if self._pending:
+                self._pending -= 1
+            last = self._last_start
+            if last < now and now - queueing_time <= last:
+                # it was waiting when the previous one started: the gap is one service interval
+                gap = now - last
+                self._interval = gap if self._interval <= 0 else _smooth(self._interval, gap)
+            self._last_start = now
             self._queued_total += max(0.0, queueing_time)
             self._queued_count += 1
             if self._queued_count >= self.window_requests:
                 self._close(now)
+
+    def on_finish(self, now: float, service_time: float) -> None:
+        """A started request ended at ``now`` after ``service_time`` seconds of service."""
+        if service_time > 0:
+            with self._lock:
+                old = self._service
+                self._service = service_time if old <= 0 else _smooth(old, service_time)
+
+    def on_abandon(self, now: float) -> None:
+        """An admitted request will never start (it was dropped, or its client left, while it
+        waited): it no longer counts as waiting."""
+        with self._lock:
+            if self._pending:
+                self._pending -= 1
 
     def _roll(self, now: float) -> None:
         start = self._window_start
@@ -233,7 +310,11 @@ class QueueingTimeAdmission:
         if elapsed >= self.window or (
             elapsed >= self.early_window
             and self._arrivals >= self.early_requests
-            and (self._surge or self._queued_total > self._surge_above * self._queued_count)
+            and (
+                self._surge
+                or self._queued_total > self._surge_above * self._queued_count
+                or self._overflowed > self.overflow_share * self._arrivals
+            )
         ):
             # early only in a surge (this window's average already past surge x threshold, or
             # a surge not yet recovered from): a steady level keeps the paper's 1 s windows and
@@ -246,11 +327,13 @@ class QueueingTimeAdmission:
         average = self._queued_total / count if count else 0.0
         elapsed = now - self._window_start if self._window_start is not None else 0.0
         self.last_queueing_time = average
-        self.overloaded = average > self.threshold
+        overflowed = self._overflowed > self.overflow_share * self._arrivals
+        self.overloaded = average > self.threshold or overflowed
         old = self._level
         if self.overloaded:
             entering = False
-            if average > self._surge_above and count >= self.early_requests and not self._surge:
+            surging = average > self._surge_above or overflowed
+            if surging and count >= self.early_requests and not self._surge:
                 # A surge: requests started per second while saturated are the service rate,
                 # which the admitted load must fall below for the queue to drain (a window of
                 # a few stragglers says nothing about the rate, so it needs early_requests).
@@ -264,6 +347,13 @@ class QueueingTimeAdmission:
         self._queued_total = 0.0
         self._queued_count = 0
         self._arrivals = 0
+        # a request admitted and never reported (started nor abandoned) is forgotten when the
+        # window after the next one closes: a queue holding more than two windows' arrivals
+        # would have shown in the average long before
+        self._pending = min(self._pending, self._window_admitted + self._admitted_before)
+        self._admitted_before = self._window_admitted
+        self._window_admitted = 0
+        self._overflowed = 0
         self._window_start = now
         if old != self._level and self.listeners:
             self.listeners.emit(
@@ -298,7 +388,7 @@ class QueueingTimeAdmission:
             # backlog (Little's law: the requests queued beyond the threshold). Later windows
             # of the surge take the paper's steps again: requests with fan-out would be cut
             # half-way by repeated deep cuts.
-            backlog = (average - self.threshold) * started / elapsed
+            backlog = max(0.0, average - self.threshold) * started / elapsed
             target = min(target, started * (1 - self.alpha) - backlog)
         return min(level - 1, self._level_for(target)) if level > 0 else 0
 
@@ -344,6 +434,11 @@ class QueueingTimeAdmission:
 
     def __repr__(self) -> str:
         return f"QueueingTimeAdmission(level={tuple(self.level)}, overloaded={self.overloaded})"
+
+
+def _smooth(average: float, sample: float) -> float:
+    """An exponential average moved a tenth of the way to ``sample``."""
+    return average * 0.9 + sample * 0.1
 
 
 class UpstreamLevels:

@@ -294,6 +294,12 @@ class DagorGuard(Guard):
         self.admission.on_start(now, now - job.arrival)
         return True
 
+    def on_finish(self, job: Job, now: float, delivered: bool) -> None:
+        if math.isnan(job.start):
+            self.admission.on_abandon(now)  # dropped unworked (its deadline passed)
+        else:
+            self.admission.on_finish(now, now - job.start)
+
     def limit(self) -> float | None:
         return self.admission.admitted_share
 
