@@ -65,9 +65,10 @@ _FORWARDING: Final = frozenset(
 _WIRE: Final = frozenset({"x-request-deadline", "x-retry-attempt", "x-request-priority"})
 REQUEST_DROPPED: Final = HOP_BY_HOP | _FORWARDING | _WIRE | {"host", "content-length", "expect"}
 """Request fields never copied upstream as received (the proxy writes its own)."""
-RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level"}
+RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level", "server", "date"}
 """Response fields never copied to the client as received (the upstream's admission level is
-for the gateway's own early shedding, not for its clients)."""
+for the gateway's own early shedding, not for its clients; ``Server`` is the gateway's own
+choice, the upstream's software its own business; ``Date`` is written by the gateway)."""
 
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

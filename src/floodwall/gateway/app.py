@@ -1,7 +1,7 @@
 """The gateway process: its proxy (:class:`Gateway`), live reloads, and graceful shutdown.
 
 A :class:`Gateway` is one worker: the routes, upstream pools and registry of one
-configuration, the aiohttp server in front of them, and the operations the admin API calls
+configuration, the HTTP server in front of them, and the operations the admin API calls
 (status, overrides, reload, metrics). :mod:`floodwall.gateway.supervisor` runs one in-process
 (``workers: 1``) or spreads N of them over processes sharing the port (``SO_REUSEPORT``).
 
@@ -33,7 +33,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall.config.registry import Registry
 from floodwall.gateway._edge import EdgeRules
 from floodwall.gateway._headers import trust_check
-from floodwall.gateway._server import EdgeServer, listen_socket, quiet
+from floodwall.gateway._server import HttpServer, listen_socket
 from floodwall.gateway.config import GatewayDocument, parse_gateway_text
 from floodwall.gateway.policies import Route, build_route
 from floodwall.gateway.proxy import Proxy, Table
@@ -84,7 +84,7 @@ class Gateway:
         self._routes: dict[str, Route] = {}
         self.proxy: Proxy | None = None
         self._server: asyncio.Server | None = None
-        self._web: EdgeServer | None = None
+        self._web: HttpServer | None = None
         self.port = 0
         self.reloads_applied = 0
         self.reloads_rejected = 0
@@ -160,18 +160,14 @@ class Gateway:
         self._pools, self._routes = pools, routes
         self.proxy = Proxy(table, clock=self.clock)
         limits = doc.limits
-        self._web = EdgeServer(
+        self._web = HttpServer(
             self.proxy.handle,
-            head_timeout=limits.header_timeout,
             rules=EdgeRules(doc.edge),
+            head_timeout=limits.header_timeout,
             keepalive_timeout=limits.keepalive_timeout,
-            max_line_size=limits.max_line,
-            max_field_size=limits.max_line,
+            max_line=limits.max_line,
+            max_field=limits.max_line,
             max_headers=limits.max_headers,
-            lingering_time=1.0,
-            access_log=None,
-            logger=quiet,
-            handler_cancellation=True,
         )
         if sock is None:
             host, port = doc.listen

@@ -1,4 +1,4 @@
-"""The reverse proxy: one aiohttp request in, one protected upstream exchange, one answer out.
+"""The reverse proxy: one request in, one protected upstream exchange, one answer out.
 
 :meth:`Proxy.handle` is the request handler of the gateway's HTTP server. Its steps, each
 answering on its own when it refuses:
@@ -42,15 +42,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
-
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
 from floodwall.context import Deadline, remaining, retry_marker
 from floodwall.gateway._client import (
     UpstreamConnectError,
+    UpstreamError,
     UpstreamProtocolError,
     UpstreamResponse,
 )
@@ -63,6 +60,7 @@ from floodwall.gateway._headers import (
     new_request_id,
     valid_request_id,
 )
+from floodwall.gateway._server import Request, Response
 from floodwall.gateway.config import ClientLimits, ProxyConfig
 from floodwall.gateway.fallbacks import (
     DEGRADED_HEADER,
@@ -90,8 +88,8 @@ SMALL_BODY: Final = 64 * 1024
 """Answers up to this size (declared) are read whole and sent in one write."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _CONNECT_ERRORS = (UpstreamConnectError,)
-_IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-"""(After the connect errors, which are a kind of connection error.)"""
+_IO_ERRORS = (UpstreamError,)
+"""(After the connect errors, which are a kind of upstream error.)"""
 _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 """What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
@@ -147,7 +145,7 @@ class _Body:
 
     __slots__ = ("error", "idle", "limit", "request", "started")
 
-    def __init__(self, request: web.BaseRequest, limit: int, idle: float) -> None:
+    def __init__(self, request: Request, limit: int, idle: float) -> None:
         self.request = request
         self.limit = limit
         self.idle = idle
@@ -157,7 +155,8 @@ class _Body:
     async def chunks(self) -> AsyncIterator[bytes]:
         self.started = True
         received = 0
-        content = self.request.content
+        content = self.request.body
+        assert content is not None
         while True:
             try:
                 async with asyncio.timeout(self.idle):
@@ -174,7 +173,7 @@ class _Body:
             yield chunk
 
 
-async def _read_body(request: web.BaseRequest, limit: int, idle: float) -> bytes:
+async def _read_body(request: Request, limit: int, idle: float) -> bytes:
     body = _Body(request, limit, idle)
     return b"".join([chunk async for chunk in body.chunks()])
 
@@ -276,7 +275,7 @@ class _Attempt:
             raise
         status = answer.status
         pool.report(endpoint, status)
-        failure = call.check(status, answer.headers.get, None)
+        failure = call.check(status, answer.header, None)
         if failure is None:
             return _Live(answer, endpoint)
         try:
@@ -361,14 +360,14 @@ class Proxy:
 
     # -- the handler ---------------------------------------------------------------------------
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         table = self.table
         self.requests += 1
         method = request.method
         if method in ("CONNECT", "TRACE"):
             return _problem(405, "method_not_allowed", f"{method} is not proxied", close=True)
         headers = request.headers
-        if request.version < aiohttp.HttpVersion11 and "Transfer-Encoding" in headers:
+        if request.version == "1.0" and "transfer-encoding" in headers:
             return _problem(
                 400, "bad_framing", "Transfer-Encoding in an HTTP/1.0 request", close=True
             )
@@ -391,7 +390,7 @@ class Proxy:
         stats.in_flight += 1
         self.in_flight += 1
         start = self.clock.monotonic()
-        response: web.StreamResponse | None = None
+        response: Response | None = None
         try:
             response = await self._routed(request, table, route, params)
             return response
@@ -402,8 +401,8 @@ class Proxy:
             stats.done(status, self.clock.monotonic() - start)
 
     async def _routed(
-        self, request: web.BaseRequest, table: Table, route: Route, params: dict[str, str]
-    ) -> web.StreamResponse:
+        self, request: Request, table: Table, route: Route, params: dict[str, str]
+    ) -> Response:
         headers = request.headers
         peer = request.remote
         trusted = table.trusted(peer)
@@ -430,7 +429,7 @@ class Proxy:
 
     async def _admitted(
         self,
-        request: web.BaseRequest,
+        request: Request,
         table: Table,
         route: Route,
         *,
@@ -438,7 +437,7 @@ class Proxy:
         admitted: Admission,
         rid: str,
         client: str | None,
-    ) -> web.StreamResponse:
+    ) -> Response:
         headers = request.headers
         rate_headers: list[tuple[str, str]] = []
         shortened = _client_deadline(admitted, route.config.timeout)
@@ -451,8 +450,8 @@ class Proxy:
         if expect is not None:
             if expect.lower() != "100-continue":
                 return _problem(417, "expectation_failed", f"Expect: {expect} is not supported")
-            if request.body_exists:
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if request.body_exists and request.connection is not None:
+                request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             with admitted:
                 response = await self._exchange(
@@ -461,7 +460,7 @@ class Proxy:
         except _BodyError as error:
             return _problem(error.status, "request_body", str(error), close=True)
         for name, value in (*rate_headers, *admitted.response_headers(response.status)):
-            response.headers[name] = value
+            response.set(name, value)
         return response
 
     # -- rate limits ----------------------------------------------------------------------------
@@ -499,7 +498,7 @@ class Proxy:
     # -- the protected exchange ----------------------------------------------------------------
 
     async def _outgoing(
-        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+        self, request: Request, table: Table, route: Route, rid: str, client: str | None
     ) -> _Outgoing:
         """What goes upstream: method, path, headers, and the body (buffered or streamed)."""
         trusted = table.trusted(request.remote)
@@ -514,7 +513,7 @@ class Proxy:
                 body = _Body(request, limits.max_body, limits.body_timeout)
                 if length is not None:
                     headers.append(("Content-Length", str(length)))
-        path_qs = request.rel_url.raw_path_qs
+        path_qs = request.path_qs
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
         key = request.headers.get("idempotency-key")
@@ -522,14 +521,14 @@ class Proxy:
 
     async def _exchange(
         self,
-        request: web.BaseRequest,
+        request: Request,
         table: Table,
         route: Route,
         rid: str,
         client: str | None,
         *,
         shortened: Deadline | None = None,
-    ) -> web.StreamResponse:
+    ) -> Response:
         out = await self._outgoing(request, table, route, rid, client)
         out.client_deadline = shortened
         try:
@@ -588,14 +587,14 @@ class Proxy:
 
     async def _failed(
         self,
-        request: web.BaseRequest,
+        request: Request,
         route: Route,
         out: _Outgoing,
         kind: str,
         *,
         error: BaseException | None = None,
         answer: Answer | None = None,
-    ) -> web.StreamResponse:
+    ) -> Response:
         route.stats.count(kind if kind in route.stats.outcomes else "upstream_unavailable")
         if kind in route.fallback_on:
             fallback = await self._fallback(request, route, kind, out)
@@ -617,7 +616,7 @@ class Proxy:
         return _problem(status, kind, detail)
 
     async def _fallback(
-        self, request: web.BaseRequest, route: Route, kind: str, out: _Outgoing
+        self, request: Request, route: Route, kind: str, out: _Outgoing
     ) -> Answer | None:
         for source in route.fallback_order:
             if source == "cache" and route.cache is not None:
@@ -649,27 +648,26 @@ class Proxy:
             return None
         response = result.response
         try:
-            data = await response.read()
-        except (aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(backup.config.read_timeout):
+                data = await response.read()
+        except (UpstreamError, TimeoutError):
             return None
         finally:
             response.release()
             result.endpoint.in_flight -= 1
-        headers = _copy_response_headers(response.headers)
+        headers = _copy_response_headers(response.raw_headers)
         headers.append((DEGRADED_HEADER, degraded_value("backup", kind)))
         return Answer(response.status, headers, data)
 
-    def _cache_key(self, request: web.BaseRequest) -> str:
-        return cache_key(normalise_host(request.host), request.rel_url.raw_path_qs, request.headers)
+    def _cache_key(self, request: Request) -> str:
+        return cache_key(normalise_host(request.host), request.path_qs, request.headers)
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _live(
-        self, request: web.BaseRequest, route: Route, live: _Live, table: Table
-    ) -> web.StreamResponse:
+    async def _live(self, request: Request, route: Route, live: _Live, table: Table) -> Response:
         upstream = live.response
         status = upstream.status
-        headers = _copy_response_headers(upstream.headers)
+        headers = _copy_response_headers(upstream.raw_headers)
         if table.proxy.via:
             headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
@@ -685,12 +683,12 @@ class Proxy:
             try:
                 if method == "HEAD":
                     data = b""
-                elif upstream.content.is_eof():  # all here already: no timer to arm
+                elif upstream.complete:  # all here already: no timer to arm
                     data = await upstream.read()
                 else:
                     async with asyncio.timeout(route.pool.config.read_timeout):
                         data = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 route.stats.count("upstream_unavailable")
                 return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
             finally:
@@ -704,12 +702,7 @@ class Proxy:
                 )
             if method == "HEAD" and length is not None:
                 headers.append(("Content-Length", str(length)))
-            return web.Response(
-                status=status,
-                reason=upstream.reason,
-                body=data or None,
-                headers=CIMultiDict(headers),
-            )
+            return Response(status, headers, data, reason=upstream.reason)
         return _Streaming(
             upstream,
             live.endpoint,
@@ -721,8 +714,10 @@ class Proxy:
         )
 
 
-class _Streaming(web.StreamResponse):
-    """An answer streamed from the upstream as it arrives (prepared by :meth:`stream`)."""
+class _Streaming(Response):
+    """An answer streamed from the upstream as it arrives (sent by :meth:`stream`)."""
+
+    __slots__ = ("_endpoint", "_length", "_read_timeout", "_upstream", "_write_timeout")
 
     def __init__(
         self,
@@ -735,33 +730,32 @@ class _Streaming(web.StreamResponse):
         limits: ClientLimits,
         read_timeout: float,
     ) -> None:
-        super().__init__(status=status, reason=upstream.reason)
-        _set_headers(self, headers)
-        if length is not None:
-            self.content_length = length
+        super().__init__(status, headers, reason=upstream.reason)
+        self._length = length
         self._upstream = upstream
         self._endpoint = endpoint
         self._write_timeout = limits.write_timeout
         self._read_timeout = read_timeout
 
-    async def stream(self, request: web.BaseRequest) -> None:
+    async def stream(self, request: Request) -> None:
         upstream = self._upstream
+        connection = request.connection
+        assert connection is not None
         try:
-            await self.prepare(request)
-            content = upstream.content
+            connection.begin(self, request, self._length)
             while True:
-                async with asyncio.timeout(self._read_timeout):
-                    chunk = await content.readany()
+                if upstream.ready:  # no timer to arm for what is here already
+                    chunk = await upstream.readany()
+                else:
+                    async with asyncio.timeout(self._read_timeout):
+                        chunk = await upstream.readany()
                 if not chunk:
                     break
-                async with asyncio.timeout(self._write_timeout):
-                    await self.write(chunk)
-            await self.write_eof()
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                await connection.write(chunk, self._write_timeout)
+            connection.end()
+        except (UpstreamError, TimeoutError, ConnectionError) as exc:
             log.debug("streaming aborted: %r", exc)
-            transport = request.transport
-            if transport is not None:
-                transport.close()
+            connection.abort()
         finally:
             upstream.release()
             self._endpoint.in_flight -= 1
@@ -804,20 +798,20 @@ def _try_elsewhere(
 
 
 def _upstream_headers(
-    request: web.BaseRequest, rid: str, trusted: bool, client: str | None, table: Table
+    request: Request, rid: str, trusted: bool, client: str | None, table: Table
 ) -> list[tuple[str, str]]:
     headers = request.headers
     dropped = REQUEST_DROPPED
-    named = connection_tokens(headers) if "Connection" in headers else None
+    named = connection_tokens(headers) if "connection" in headers else None
     rid_name = table.request_id.lower()
     out: list[tuple[str, str]] = []
-    for name, value in headers.items():
+    for name, value in request.raw_headers:
         lower = name.lower()
         if lower in dropped or lower == rid_name or (named is not None and lower in named):
             continue
         out.append((name, value))
     host = request.host
-    forwarded = ", ".join(headers.getall("Forwarded", ())) or None
+    forwarded = headers.get("forwarded") or None
     out.extend(
         forwarding_headers(
             headers,
@@ -843,20 +837,15 @@ def client_host_of(headers: list[tuple[str, str]]) -> str:
     return ""
 
 
-def _copy_response_headers(headers: Any) -> list[tuple[str, str]]:
+def _copy_response_headers(raw: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The answer's fields a client may see: hop-by-hop ones (and those ``Connection``
+    names) and framing dropped."""
     dropped = RESPONSE_DROPPED
-    named = connection_tokens(headers) if "Connection" in headers else None
-    return [
-        (name, value)
-        for name, value in headers.items()
-        if name.lower() not in dropped and (named is None or name.lower() not in named)
-    ]
-
-
-def _set_headers(response: web.StreamResponse, headers: list[tuple[str, str]]) -> None:
-    target: CIMultiDict[str] = response.headers
-    for name, value in headers:
-        target.add(name, value)
+    out = [(name, value) for name, value in raw if name.lower() not in dropped]
+    if len(out) == len(raw) or not any(n.lower() == "connection" for n, _ in raw):
+        return out
+    named = connection_tokens({n.lower(): v for n, v in raw if n.lower() == "connection"})
+    return [(name, value) for name, value in out if name.lower() not in named]
 
 
 def _strip(path_qs: str, prefix: str) -> str:
@@ -869,37 +858,31 @@ def _strip(path_qs: str, prefix: str) -> str:
 async def _buffered(response: UpstreamResponse, limit: int) -> Answer:
     """A failed answer, read up to ``limit`` bytes, its connection given back."""
     try:
-        data = await response.content.read(limit)
-    except (aiohttp.ClientError, TimeoutError):
+        data = await response.read(limit)
+    except (UpstreamError, TimeoutError):
         data = b""
     finally:
         response.release()
-    return Answer(response.status, _copy_response_headers(response.headers), data)
+    return Answer(response.status, _copy_response_headers(response.raw_headers), data)
 
 
 def _json(value: object) -> bytes:
     return json.dumps(value, default=str, separators=(",", ":")).encode()
 
 
-def _answer(answer: Answer) -> web.Response:
-    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
-    return web.Response(status=answer.status, body=answer.body or None, headers=headers)
+def _answer(answer: Answer) -> Response:
+    return Response(answer.status, list(answer.headers), answer.body)
 
 
-def _refused(refused: Refusal) -> web.Response:
-    response = web.Response(status=refused.status, body=refused.body)
-    _set_headers(response, refused.headers)
+def _refused(refused: Refusal) -> Response:
+    return Response(refused.status, list(refused.headers), refused.body)
+
+
+def _tagged(response: Response, table: Table, rid: str) -> Response:
+    response.set(table.request_id, rid)
     return response
 
 
-def _tagged(response: web.StreamResponse, table: Table, rid: str) -> web.StreamResponse:
-    response.headers[table.request_id] = rid
-    return response
-
-
-def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> web.Response:
-    response = web.Response(status=status, body=problem(status, kind, detail))
-    response.headers["Content-Type"] = PROBLEM_JSON
-    if close:
-        response.force_close()
-    return response
+def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> Response:
+    body = problem(status, kind, detail)
+    return Response(status, [("Content-Type", PROBLEM_JSON)], body, close=close)
