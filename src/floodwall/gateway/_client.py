@@ -227,6 +227,13 @@ class UpstreamResponse:
                 connection.transport.resume_reading()
         return data
 
+    def take(self) -> bytes:
+        """The whole body, once it has all arrived (:attr:`complete`)."""
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        return data
+
     async def read(self, limit: int = -1) -> bytes:
         """The whole body (or its first ``limit`` bytes); the caller bounds the wait."""
         if self.complete and limit < 0:
@@ -415,15 +422,19 @@ class _Connection(asyncio.Protocol):
         self._error = self._head_error(reason, fields)
         if self._error is not None:
             return
-        raw = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields]
+        raw: list[tuple[str, str]] = []
         length: int | None = None
         chunked = False
-        for name, value in raw:
-            lower = name.lower()
-            if lower == "content-length":
-                length = int(value)
-            elif lower == "transfer-encoding":
-                chunked = True
+        for field_name, field_value in fields:
+            name = field_name.decode("latin-1")
+            value = field_value.decode("latin-1")
+            raw.append((name, value))
+            if len(name) in (14, 17):  # (a length test first: most names are neither)
+                lower = name.lower()
+                if lower == "content-length":
+                    length = int(value)
+                elif lower == "transfer-encoding":
+                    chunked = True
         if not self.parser.should_keep_alive():
             self.should_close = True
         self._until_eof = length is None and not chunked and status not in (204, 304)
@@ -444,7 +455,9 @@ class _Connection(asyncio.Protocol):
             return "the status line is too long"
         if len(fields) > limits.max_headers:
             return "too many answer fields"
-        if any(len(n) + len(v) > limits.max_field for n, v in fields):
+        if self._head_bytes > limits.max_field and any(
+            len(n) + len(v) > limits.max_field for n, v in fields
+        ):
             return "an answer field is too long"
         return answer_head_error(reason, fields)
 
@@ -516,46 +529,42 @@ class ConnectionPool:
         head = _head(method, target, fields, body, streamed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = await self._acquire(origin)
+            connection = self._reuse(origin) or await self._acquire(origin)
             reused = connection.used
+            connection.head_mode = method == "HEAD"
+            transport = connection.transport
+            writer: asyncio.Task[None] | None = None
             try:
-                return await self._exchange(connection, method, head, body)
+                if transport is None or transport.is_closing():
+                    raise UpstreamDisconnectedError("the upstream closed the connection")
+                waiter = connection.expect()
+                if body is None:
+                    transport.write(head)
+                elif not streamed:
+                    transport.writelines((head, body))  # type: ignore[arg-type]
+                else:
+                    transport.write(head)
+                    sending = _send_body(connection, body, _chunked(head))  # type: ignore[arg-type]
+                    writer = self._loop.create_task(sending)
+                    writer.add_done_callback(_on_body_sent)
+                response = await waiter
             except (UpstreamDisconnectedError, UpstreamProtocolError):
+                self._give_up(connection, writer)
                 if not (reused and replayable and not connection.answered):
                     raise
-            replayable = False  # once
+                replayable = False  # once
+                continue
+            except BaseException:
+                self._give_up(connection, writer)
+                raise
+            response._pool = self
+            response._writer = writer
+            return response
 
-    async def _exchange(
-        self,
-        connection: _Connection,
-        method: str,
-        head: bytes,
-        body: bytes | AsyncIterator[bytes] | None,
-    ) -> UpstreamResponse:
-        connection.head_mode = method == "HEAD"
-        transport = connection.transport
-        writer: asyncio.Task[None] | None = None
-        try:
-            if transport is None or transport.is_closing():
-                raise UpstreamDisconnectedError("the upstream closed the connection")
-            waiter = connection.expect()
-            if body is None:
-                transport.write(head)
-            elif isinstance(body, bytes):
-                transport.writelines((head, body))
-            else:
-                transport.write(head)
-                writer = self._loop.create_task(_send_body(connection, body, _chunked(head)))
-                writer.add_done_callback(_on_body_sent)
-            response = await waiter
-        except BaseException:
-            if writer is not None:
-                writer.cancel()
-            self.release(connection, reusable=False)
-            raise
-        response._pool = self
-        response._writer = writer
-        return response
+    def _give_up(self, connection: _Connection, writer: asyncio.Task[None] | None) -> None:
+        if writer is not None:
+            writer.cancel()
+        self.release(connection, reusable=False)
 
     # -- the pool --------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ counts by outcome and a latency histogram in the library's log-linear bins (±12
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -49,6 +50,7 @@ from floodwall.gateway.upstream import UpstreamPool
 from floodwall.integrations._inbound import Inbound, InboundGuard
 from floodwall.integrations._wire import parse_level
 from floodwall.ratelimit import Keyed, RateLimiter
+from floodwall.ratelimit._base import Decision
 from floodwall.ratelimit.global_limit import GlobalLimiter
 
 __all__ = ["OUTCOMES", "Route", "RouteStats", "build_route", "build_shedder"]
@@ -206,6 +208,8 @@ class Route:
         self.limiter = limiter
         self.global_limit = isinstance(limiter, GlobalLimiter)
         self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
+        self._rate_limit: float | None = None
+        self._rate_texts: tuple[str, str | None] = ("", None)
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -230,6 +234,26 @@ class Route:
     ) -> Hashable:
         key = self.key
         return None if key is None else key(ip, headers, params)
+
+    def rate_fields(self, decision: Decision) -> tuple[tuple[str, str], ...]:
+        """The ``RateLimit-*`` fields of an admitted answer (what
+        :func:`~floodwall.ratelimit.headers.rate_limit_headers` writes, with
+        ``RateLimit-Policy``); the limit's and the policy's text made once per route."""
+        _, left, reset, _, limit = decision
+        if limit != self._rate_limit:
+            self._rate_limit = limit
+            window = self.limiter.window if self.limiter is not None else None
+            self._rate_texts = (
+                str(limit),
+                f"{limit};w={max(1, round(window))}" if window is not None else None,
+            )
+        limit_text, policy = self._rate_texts
+        fields = (
+            ("RateLimit-Limit", limit_text),
+            ("RateLimit-Remaining", str(left) if left > 0 else "0"),
+            ("RateLimit-Reset", str(max(0, math.ceil(reset - 1e-9)))),
+        )
+        return fields if policy is None else (*fields, ("RateLimit-Policy", policy))
 
     def snapshot(self) -> dict[str, Any]:
         resource = self.resource

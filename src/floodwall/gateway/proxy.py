@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -128,6 +129,10 @@ class Table:
     trusted: Callable[[str | None], bool]
     request_id: str
     """The request id header's name."""
+    request_id_lower: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_id_lower", self.request_id.lower())
 
 
 class _Live:
@@ -248,31 +253,24 @@ class _Attempt:
             raise call.io_error(ConnectionError("the streamed request body was already sent"))
         self.tried.append(endpoint)
         host = self.client_host if self.client_host is not None else endpoint.authority
+        headers = [*out.headers, ("Host", host), *call.headers()]
+        client = pool.client
+        assert client is not None
+        data = body.chunks() if isinstance(body, _Body) else body
+        limit = self._head_limit()
         endpoint.in_flight += 1
         try:
-            answer = await self._send(endpoint, [*out.headers, ("Host", host), *call.headers()])
-        except _CONNECT_ERRORS as exc:
-            self.failed = True  # nothing reached the upstream: any request may go again
-            raise self._gateway_failure(endpoint, "connect", call.connect_error(exc)) from None
-        except TimeoutError as exc:
-            endpoint.in_flight -= 1
-            if not self._client_ended():
-                self._count(endpoint, "timeout")
-            raise call.timeout_error(exc) from None
-        except _IO_ERRORS as exc:
-            if isinstance(body, _Body) and body.error is not None:
-                endpoint.in_flight -= 1
-                raise body.error from None  # the client's body broke a limit, not the upstream
-            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
-            raise self._gateway_failure(endpoint, why, call.io_error(exc)) from None
-        except asyncio.CancelledError:
-            endpoint.in_flight -= 1
-            if _past_deadline() and not self._client_ended():  # the per-try or route timeout
-                self._count(endpoint, "timeout")
-            raise  # else the client went away, or the gateway stops: not the endpoint's doing
-        except BaseException:
-            endpoint.in_flight -= 1
-            raise
+            if limit is None:
+                answer = await client.request(
+                    endpoint.origin, out.method, out.path_qs, headers, data
+                )
+            else:
+                async with asyncio.timeout(limit):
+                    answer = await client.request(
+                        endpoint.origin, out.method, out.path_qs, headers, data
+                    )
+        except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
+            raise self._failed(endpoint, exc) from None
         status = answer.status
         pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
@@ -284,29 +282,47 @@ class _Attempt:
             endpoint.in_flight -= 1
         raise failure
 
-    async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
-        """The answer's head, within ``read_timeout`` and the time this try has left.
+    def _head_limit(self) -> float | None:
+        """Seconds the answer's head may take: ``read_timeout`` and the time this try has
+        left; ``None`` when the resource's Timeout ends the try sooner. Unless the request may
+        not be sent again: the Timeout's error is one its retry takes as transient whatever the
+        method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on a timer of its own,
+        with an error the retry leaves alone."""
+        limit: float = self.pool.config.read_timeout
+        call = self.call
+        left = call.attempt_timeout()
+        if left is None or left > limit:
+            return limit
+        if not self.bounded:
+            return left
+        return None if call.retryable else max(0.0, left - UNRETRYABLE_LEAD)
 
-        When the resource's Timeout holds the try to less, its timer ends the try, unless the
-        request may not be sent again: the Timeout's error is one its retry takes as transient
-        whatever the method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on this
-        attempt's own timer, with an error the retry leaves alone."""
-        client = self.pool.client
-        assert client is not None
-        out = self.out
-        body = out.body
-        data = body.chunks() if isinstance(body, _Body) else body
-        limit = self.pool.config.read_timeout
-        left = self.call.attempt_timeout()
-        if left is not None and left <= limit:
-            if not self.bounded:
-                limit = left
-            elif self.call.retryable:
-                return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
-            else:
-                limit = max(0.0, left - UNRETRYABLE_LEAD)
-        async with asyncio.timeout(limit):
-            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
+    def _failed(self, endpoint: Endpoint, exc: BaseException) -> BaseException:
+        """What to raise for a try that ended in ``exc``, counted against ``endpoint`` when
+        the endpoint is to blame (not the client's deadline, body, or departure)."""
+        call = self.call
+        if isinstance(exc, _CONNECT_ERRORS):
+            self.failed = True  # nothing reached the upstream: any request may go again
+            return self._gateway_failure(endpoint, "connect", call.connect_error(exc))
+        endpoint.in_flight -= 1
+        if isinstance(exc, TimeoutError):
+            if not self._client_ended():
+                self._count(endpoint, "timeout")
+            return call.timeout_error(exc)
+        if isinstance(exc, _IO_ERRORS):
+            body = self.out.body
+            if isinstance(body, _Body) and body.error is not None:
+                return body.error  # the client's body broke a limit, not the upstream
+            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
+            self._count(endpoint, why)
+            return call.io_error(exc)
+        if (  # the per-try or route timeout (else the client went away, or the gateway stops)
+            isinstance(exc, asyncio.CancelledError)
+            and _past_deadline()
+            and not self._client_ended()
+        ):
+            self._count(endpoint, "timeout")
+        return exc
 
     def _gateway_failure(
         self, endpoint: Endpoint, reason: str, error: BaseException
@@ -375,8 +391,7 @@ class Proxy:
         why = unsafe_path(path, request.raw_path)
         if why is not None:
             return _problem(400, "bad_path", why)
-        host = normalise_host(request.host)
-        found = table.router.match(method, host, path, headers)
+        found = table.router.match(method, normalise_host(request.host), path, headers)
         if found is None:
             return _problem(404, "no_route", "no route for this host and path")
         route, params = found
@@ -389,7 +404,8 @@ class Proxy:
         stats.requests += 1
         stats.in_flight += 1
         self.in_flight += 1
-        start = self.clock.monotonic()
+        now = self.clock.monotonic
+        start = now()
         response: Response | None = None
         try:
             response = await self._routed(request, table, route, params)
@@ -397,139 +413,111 @@ class Proxy:
         finally:
             stats.in_flight -= 1
             self.in_flight -= 1
-            status = response.status if response is not None else 0
-            stats.done(status, self.clock.monotonic() - start)
+            stats.done(response.status if response is not None else 0, now() - start)
 
     async def _routed(
         self, request: Request, table: Table, route: Route, params: dict[str, str]
     ) -> Response:
+        """The route's guard, rate limit and protected exchange; the answer tagged with the
+        request id and the guard's and rate limit's fields."""
         headers = request.headers
         peer = request.remote
         trusted = table.trusted(peer)
-        rid = headers.get(table.request_id)
+        rid = headers.get(table.request_id_lower)
         if rid is None or not (trusted and valid_request_id(rid)):
             rid = new_request_id()
-        client = client_address(peer, headers, table.trusted)
-        admitted = route.guard.admit(Inbound(request.method, request.path, headers, peer))
+        client = client_address(peer, headers, table.trusted) if trusted else peer
+        admitted = route.guard.admit(_inbound((request.method, request.path, headers, peer)))
         if isinstance(admitted, Refusal):
             route.stats.count(admitted.error.kind)
-            return _tagged(_refused(admitted), table, rid)
+            return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
-            response = await self._admitted(
-                request, table, route, params=params, admitted=admitted, rid=rid, client=client
-            )
+            shortened = _client_deadline(admitted, route.config.timeout)
+            extra: list[tuple[str, str]] = []
+            limiter = route.limiter
+            if limiter is not None:
+                key = route.rate_key(client, headers, params)
+                if route.global_limit:
+                    decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
+                else:
+                    decision = limiter.acquire(key)
+                refused = _rate_decision(route, decision, extra)
+                if refused is not None:
+                    route.stats.count("rate_limited")
+                    return _with(_refused(refused), table.request_id, rid, ())
+            expect = headers.get("expect")
+            if expect is not None:
+                if expect.lower() != "100-continue":
+                    why = f"Expect: {expect} is not supported"
+                    return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
+                if request.body_exists and request.connection is not None:
+                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                with admitted:
+                    response = await self._exchange(
+                        request,
+                        table=table,
+                        route=route,
+                        rid=rid,
+                        client=client,
+                        trusted=trusted,
+                        shortened=shortened,
+                    )
+            except _BodyError as error:
+                response = _problem(error.status, "request_body", str(error), close=True)
             status = response.status
-            _tagged(response, table, rid)
+            extra.extend(admitted.response_headers(status))
+            _with(response, table.request_id, rid, extra)
             if isinstance(response, _Streaming):
                 await response.stream(request)
             return response
         finally:
             admitted.close(status)
 
-    async def _admitted(
-        self,
-        request: Request,
-        table: Table,
-        route: Route,
-        *,
-        params: dict[str, str],
-        admitted: Admission,
-        rid: str,
-        client: str | None,
-    ) -> Response:
-        headers = request.headers
-        rate_headers: list[tuple[str, str]] = []
-        shortened = _client_deadline(admitted, route.config.timeout)
-        if route.limiter is not None:
-            refused = await self._rate_limit(route, client, headers, params, rate_headers)
-            if refused is not None:
-                route.stats.count("rate_limited")
-                return _refused(refused)
-        expect = headers.get("expect")
-        if expect is not None:
-            if expect.lower() != "100-continue":
-                return _problem(417, "expectation_failed", f"Expect: {expect} is not supported")
-            if request.body_exists and request.connection is not None:
-                request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            with admitted:
-                response = await self._exchange(
-                    request, table, route, rid, client, shortened=shortened
-                )
-        except _BodyError as error:
-            return _problem(error.status, "request_body", str(error), close=True)
-        for name, value in (*rate_headers, *admitted.response_headers(response.status)):
-            response.set(name, value)
-        return response
-
-    # -- rate limits ----------------------------------------------------------------------------
-
-    async def _rate_limit(
-        self,
-        route: Route,
-        client: str | None,
-        headers: Any,
-        params: dict[str, str],
-        out: list[tuple[str, str]],
-    ) -> Refusal | None:
-        limiter = route.limiter
-        assert limiter is not None
-        key = route.rate_key(client, headers, params)
-        if route.global_limit:
-            decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
-        else:
-            decision = limiter.acquire(key)
-        fields = rate_limit_headers(decision)
-        window = limiter.window
-        if window is not None:
-            fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
-        if decision[0]:
-            out.extend(fields.items())
-            return None
-        retry = decision[3]
-        error = RateLimitedError(
-            f"route {route.name}",
-            f"rate limit of route {route.name!r} exceeded",
-            None if retry == INF else retry,
-        )
-        return refusal(error, list(fields.items()))
-
     # -- the protected exchange ----------------------------------------------------------------
 
-    async def _outgoing(
-        self, request: Request, table: Table, route: Route, rid: str, client: str | None
+    def _outgoing(
+        self,
+        request: Request,
+        *,
+        table: Table,
+        route: Route,
+        rid: str,
+        client: str | None,
+        trusted: bool,
     ) -> _Outgoing:
-        """What goes upstream: method, path, headers, and the body (buffered or streamed)."""
-        trusted = table.trusted(request.remote)
+        """What goes upstream: method, path, headers; the body (if any) is the caller's."""
         headers = _upstream_headers(request, rid, trusted, client, table)
-        body: bytes | _Body | None = None
-        if request.body_exists:
-            length = request.content_length
-            limits = table.limits
-            if length is not None and length <= route.config.retry_body_limit:
-                body = await _read_body(request, limits.max_body, limits.body_timeout)
-            else:
-                body = _Body(request, limits.max_body, limits.body_timeout)
-                if length is not None:
-                    headers.append(("Content-Length", str(length)))
         path_qs = request.path_qs
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
         key = request.headers.get("idempotency-key")
-        return _Outgoing(request.method, path_qs, headers, body, key)
+        return _Outgoing(request.method, path_qs, headers, None, key)
 
     async def _exchange(
         self,
         request: Request,
+        *,
         table: Table,
         route: Route,
         rid: str,
         client: str | None,
-        *,
-        shortened: Deadline | None = None,
+        trusted: bool,
+        shortened: Deadline | None,
     ) -> Response:
-        out = await self._outgoing(request, table, route, rid, client)
+        out = self._outgoing(
+            request, table=table, route=route, rid=rid, client=client, trusted=trusted
+        )
+        if request.body_exists:  # buffered (a retry can resend it) or streamed once
+            length = request.content_length
+            limits = table.limits
+            if length is not None and length <= route.config.retry_body_limit:
+                out.body = await _read_body(request, limits.max_body, limits.body_timeout)
+            else:
+                out.body = _Body(request, limits.max_body, limits.body_timeout)
+                if length is not None:
+                    out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
         try:
             result = await self._forward(route.pool, route.resource, out)
@@ -569,19 +557,22 @@ class Proxy:
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
         attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
-        made = 0  # tries made before this pass (0: the first, whose retry counts its own)
-        while True:
+        try:
+            return await call.run_async(attempt)
+        except Exception as error:
+            made = _try_elsewhere(error, attempt, policy, 0, self.clock.monotonic())
+            if not made:
+                raise
+        while True:  # on to endpoints not tried yet, with the time the deadline has left
+            pool.retries_elsewhere += 1
             attempt.failed = None
             try:
-                if not made:
-                    return await call.run_async(attempt)
                 with retry_marker(made + 1, f"gateway:{pool.name}"):
                     return await call.run_async(attempt)
             except Exception as error:
                 made = _try_elsewhere(error, attempt, policy, made, self.clock.monotonic())
                 if not made:
                     raise
-                pool.retries_elsewhere += 1
 
     # -- failures and fallbacks ------------------------------------------------------------------
 
@@ -684,7 +675,7 @@ class Proxy:
                 if method == "HEAD":
                     data = b""
                 elif upstream.complete:  # all here already: no timer to arm
-                    data = await upstream.read()
+                    data = upstream.take()
                 else:
                     async with asyncio.timeout(route.pool.config.read_timeout):
                         data = await upstream.read()
@@ -764,6 +755,27 @@ class _Streaming(Response):
 # -- helpers -------------------------------------------------------------------------------------
 
 
+def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]]) -> Refusal | None:
+    """The refusal for a rate-limit ``decision`` that refused, else ``None`` with the
+    ``RateLimit-*`` fields of the answer added to ``out``."""
+    limiter = route.limiter
+    assert limiter is not None
+    if decision[0]:
+        out.extend(route.rate_fields(decision))
+        return None
+    fields = rate_limit_headers(decision)
+    window = limiter.window
+    if window is not None:
+        fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
+    retry = decision[3]
+    error = RateLimitedError(
+        f"route {route.name}",
+        f"rate limit of route {route.name!r} exceeded",
+        None if retry == INF else retry,
+    )
+    return refusal(error, list(fields.items()))
+
+
 def _try_elsewhere(
     error: BaseException, attempt: _Attempt, policy: Any, made: int, now: float
 ) -> int:
@@ -797,6 +809,11 @@ def _try_elsewhere(
     return made
 
 
+OWN_FORWARDING: Final = 4096
+"""(peer, host) pairs whose forwarding fields are kept ready (past it, the set starts over)."""
+_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[str, str], ...]] = {}
+
+
 def _upstream_headers(
     request: Request, rid: str, trusted: bool, client: str | None, table: Table
 ) -> list[tuple[str, str]]:
@@ -811,18 +828,35 @@ def _upstream_headers(
             continue
         out.append((name, value))
     host = request.host
-    forwarded = headers.get("forwarded") or None
-    out.extend(
-        forwarding_headers(
-            headers,
-            peer=request.remote,
-            client=client,
-            trusted=trusted,
-            proto=request.scheme,
-            host=host,
-            forwarded_all=forwarded,
+    if trusted:
+        out.extend(
+            forwarding_headers(
+                headers,
+                peer=request.remote,
+                client=client,
+                trusted=True,
+                proto=request.scheme,
+                host=host,
+                forwarded_all=headers.get("forwarded") or None,
+            )
         )
-    )
+    else:  # what a client claimed is replaced by what this hop saw: the same for a peer+host
+        key = (request.remote, host)
+        mine = _OWN_FORWARDING.get(key)
+        if mine is None:
+            if len(_OWN_FORWARDING) >= OWN_FORWARDING:
+                _OWN_FORWARDING.clear()
+            mine = _OWN_FORWARDING[key] = tuple(
+                forwarding_headers(
+                    headers,
+                    peer=request.remote,
+                    client=client,
+                    trusted=False,
+                    proto="http",
+                    host=host,
+                )
+            )
+        out.extend(mine)
     out.append((table.request_id, rid))
     if table.proxy.via:
         out.append(("Via", "1.1 floodwall"))
@@ -878,9 +912,23 @@ def _refused(refused: Refusal) -> Response:
     return Response(refused.status, list(refused.headers), refused.body)
 
 
-def _tagged(response: Response, table: Table, rid: str) -> Response:
-    response.set(table.request_id, rid)
+def _with(
+    response: Response, rid_name: str, rid: str, fields: Sequence[tuple[str, str]] = ()
+) -> Response:
+    """``response`` with the request id and ``fields``, each replacing a field of its name the
+    upstream sent (one pass over the answer's fields)."""
+    headers = response.headers
+    if fields or headers:
+        names = {rid_name.lower(), *(name.lower() for name, _ in fields)}
+        if any(name.lower() in names for name, _ in headers):
+            headers[:] = [(n, v) for n, v in headers if n.lower() not in names]
+        headers.extend(fields)
+    headers.append((rid_name, rid))
     return response
+
+
+_inbound = partial(tuple.__new__, Inbound)
+"""``Inbound`` from a tuple, without a Python-level ``__new__`` per request."""
 
 
 def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> Response:
