@@ -10,7 +10,7 @@ module does that with an asyncio protocol per connection and llhttp's response p
 * **strict answers**: conflicting ``Content-Length``/``Transfer-Encoding``, bad chunking,
   obs-fold, a field name that is not a token (``Content-Length : 8``) or a control character in
   a field value fail the answer in the parser; a control character in the reason phrase fails
-  it here (:func:`~floodwall.gateway._headers.answer_head_error`), and so do a status line,
+  it here (:func:`~floodwall.gateway._headers.reason_error`), and so do a status line,
   field or field count past ``max_line``/``max_field``/``max_headers``. The proxy answers 502
   and a warning names the endpoint and the reason;
 * a request head is written only when no field breaks its line (no CR/LF injection);
@@ -41,7 +41,7 @@ from typing import Final, NamedTuple
 
 import httptools
 
-from floodwall.gateway._headers import answer_head_error
+from floodwall.gateway._headers import reason_error
 
 __all__ = [
     "BODY_HIGH_WATER",
@@ -116,6 +116,7 @@ class UpstreamResponse:
         "_waiter",
         "_writer",
         "complete",
+        "connection",
         "content_length",
         "raw_headers",
         "reason",
@@ -139,6 +140,8 @@ class UpstreamResponse:
         """Every field as received, in order (names as the upstream wrote them)."""
         self._headers: dict[str, str] | None = None
         self.content_length = content_length
+        self.connection: str | None = None
+        """The answer's ``Connection`` field, if it has one."""
         self.complete = False
         """Whether the whole body has arrived (read or not)."""
         self._chunks: deque[bytes] = deque()
@@ -425,22 +428,26 @@ class _Connection(asyncio.Protocol):
         raw: list[tuple[str, str]] = []
         length: int | None = None
         chunked = False
+        connection: str | None = None
         for field_name, field_value in fields:
             name = field_name.decode("latin-1")
             value = field_value.decode("latin-1")
             raw.append((name, value))
-            if len(name) in (14, 17):  # (a length test first: most names are neither)
+            if len(name) in (10, 14, 17):  # (a length test first: most names are none of these)
                 lower = name.lower()
                 if lower == "content-length":
                     length = int(value)
                 elif lower == "transfer-encoding":
                     chunked = True
+                elif lower == "connection":
+                    connection = value if connection is None else f"{connection}, {value}"
         if not self.parser.should_keep_alive():
             self.should_close = True
         self._until_eof = length is None and not chunked and status not in (204, 304)
         if self._until_eof and not self.head_mode:
             self.should_close = True
         response = UpstreamResponse(self, status, reason, raw, length)
+        response.connection = connection
         self._response = response
         if self.head_mode or status in (204, 304):
             response.complete = True
@@ -459,7 +466,9 @@ class _Connection(asyncio.Protocol):
             len(n) + len(v) > limits.max_field for n, v in fields
         ):
             return "an answer field is too long"
-        return answer_head_error(reason, fields)
+        # (llhttp's strict mode already refused names that are not tokens and control
+        # characters in values; :func:`answer_head_error` states the whole rule)
+        return reason_error(reason)
 
     def on_body(self, body: bytes) -> None:
         response = self._response
@@ -728,18 +737,17 @@ def _head(
     streamed: bool,
 ) -> bytes:
     """The request head; ``ValueError`` if a field would break a line (header injection)."""
-    lines = [f"{method} {target} HTTP/1.1\r\n"]
-    lines.extend(f"{name}: {value}\r\n" for name, value in fields)
+    framing = ""
     if isinstance(body, bytes):
-        lines.append(f"Content-Length: {len(body)}\r\n")
+        framing = f"Content-Length: {len(body)}\r\n"
     elif streamed:
         if not any(name.lower() == "content-length" for name, _ in fields):
-            lines.append("Transfer-Encoding: chunked\r\n")
+            framing = "Transfer-Encoding: chunked\r\n"
     elif method not in _NO_BODY_METHODS:
-        lines.append("Content-Length: 0\r\n")
-    lines.append("\r\n")
-    text = "".join(lines)
-    breaks = len(lines)
+        framing = "Content-Length: 0\r\n"
+    lines = "".join(map("%s: %s\r\n".__mod__, fields))  # (C loops: no Python frame per field)
+    text = f"{method} {target} HTTP/1.1\r\n{lines}{framing}\r\n"
+    breaks = len(fields) + (3 if framing else 2)
     if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a request field contains CR or LF")
     try:

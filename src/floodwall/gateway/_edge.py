@@ -84,11 +84,7 @@ class EdgeRules:
         version = request.version
         if version not in _VERSIONS:
             return _NO_VERSION if version == "0.9" else _BAD_VERSION
-        raw = request.raw_headers
-        size = len(request.method) + len(request.target) + 14 + 4 * len(raw)
-        for name, value in raw:
-            size += len(name) + len(value)
-        if size > self.max_head:
+        if request.head_size > self.max_head:
             return self.too_large
         host = request.headers.get("host")
         if host is not None and host not in self._good_hosts:

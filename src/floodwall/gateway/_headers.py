@@ -42,6 +42,7 @@ __all__ = [
     "forwarding_headers",
     "host_error",
     "new_request_id",
+    "reason_error",
     "trust_check",
     "valid_request_id",
 ]
@@ -218,7 +219,12 @@ def answer_head_error(reason: str, raw_headers: Sequence[tuple[bytes, bytes]]) -
         for name, value in raw_headers:
             if _CONTROL.search(value):
                 return f"a control character in the value of {name.decode('latin-1')}"
-    if _CONTROL_TEXT.search(reason):
+    return reason_error(reason)
+
+
+def reason_error(reason: str) -> str | None:
+    """Why a reason phrase may not be forwarded (a control character), or ``None``."""
+    if reason != "OK" and _CONTROL_TEXT.search(reason) is not None:
         return "a control character in the reason phrase"
     return None
 

@@ -164,6 +164,7 @@ class Request:
         "body",
         "connection",
         "content_length",
+        "head_size",
         "headers",
         "host",
         "keep_alive",
@@ -194,6 +195,8 @@ class Request:
         """``"1.1"``, ``"1.0"`` (anything else is refused by the edge rules)."""
         self.raw_headers = raw_headers
         self.headers = headers
+        self.head_size = 0
+        """The request line and fields as parsed (name, ``: ``, value, CRLF each), in bytes."""
         self.host = headers.get("host", "")
         self.absolute: str | None = None
         """An absolute-form target's authority (``None``: origin form)."""
@@ -231,7 +234,7 @@ class Request:
 class Response:
     """An answer: status, fields (in order), and a body sent in one write."""
 
-    __slots__ = ("body", "close", "headers", "reason", "sent", "status")
+    __slots__ = ("body", "clean", "close", "headers", "reason", "sent", "status")
 
     def __init__(
         self,
@@ -249,6 +252,9 @@ class Response:
         self.close = close
         self.sent = False
         """Set once the answer went out (a streamed answer sends itself)."""
+        self.clean = False
+        """Whether :attr:`headers` hold none of the fields the gateway adds (request id, rate
+        limit): they are appended without a look for an earlier field of the same name."""
 
     def set(self, name: str, value: str) -> None:
         """Set field ``name`` (any case) to ``value``, replacing what it had."""
@@ -511,10 +517,12 @@ class Connection(asyncio.Protocol):
         raw: list[tuple[str, str]] = []
         headers: dict[str, str] = {}
         refusal = None
+        size = 0
         for field_name, field_value in fields:
             name = field_name.decode("latin-1")
             value = field_value.decode("latin-1")
             raw.append((name, value))
+            size += len(name) + len(value)
             lower = name.lower()
             if lower in headers:
                 if lower == "host":
@@ -526,6 +534,7 @@ class Connection(asyncio.Protocol):
         version = parser.get_http_version()
         url = self._url
         request = Request(method, url.decode("latin-1"), version, raw, headers)
+        request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
         request.remote = self.peer
         request.connection = self
         request.keep_alive = parser.should_keep_alive()
@@ -666,25 +675,24 @@ class Connection(asyncio.Protocol):
         """The answer's head: status line, fields, ``Server``, ``Date``, framing."""
         status = response.status
         reason = response.reason or _REASONS.get(status, "Unknown")
-        lines = [f"HTTP/{version} {status} {reason}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in response.headers)
+        fields = "".join(map("%s: %s\r\n".__mod__, response.headers))  # (C loops)
         server = self.rules.server_header
         if server is not None:
-            lines.append(f"Server: {server}\r\n")
-        lines.append(f"Date: {_DATE.now()}\r\n")
+            fields += f"Server: {server}\r\n"
         if length is not None:
-            lines.append(f"Content-Length: {length}\r\n")
+            framing = f"Content-Length: {length}\r\n"
         elif chunked:
-            lines.append("Transfer-Encoding: chunked\r\n")
+            framing = "Transfer-Encoding: chunked\r\n"
+        else:
+            framing = ""
         if close:
-            lines.append("Connection: close\r\n")
+            framing += "Connection: close\r\n"
         elif version == "1.0":
-            lines.append("Connection: keep-alive\r\n")
-        lines.append("\r\n")
+            framing += "Connection: keep-alive\r\n"
         # (No field can break its line: the upstream's were parsed by llhttp, which refuses
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
-        text = "".join(lines)
+        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {_DATE.now()}\r\n{framing}\r\n"
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:
@@ -814,13 +822,16 @@ def parse_head(data: bytes, server: HttpServer | None = None) -> Request:
     for name, value in raw:
         lower = name.lower()
         headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
-    return Request(
+    request = Request(
         parser.get_method().decode("ascii"),
         collect.url.decode("latin-1"),
         parser.get_http_version(),
         raw,
         headers,
     )
+    fields = sum(len(name) + len(value) + 4 for name, value in raw)
+    request.head_size = len(request.method) + len(request.target) + 14 + fields
+    return request
 
 
 async def no_server_field(request: Any, response: Any) -> None:

@@ -43,6 +43,7 @@ from floodwall.adaptive import (
 )
 from floodwall.adaptive._base import Limit
 from floodwall.config.registry import Registry, Resource, build_limiter
+from floodwall.gateway._headers import RESPONSE_DROPPED
 from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimitConfig
 from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
 from floodwall.gateway.routing import Matcher
@@ -68,6 +69,11 @@ OUTCOMES = (
     "client_error",
 )
 """What a route's answers are counted under besides their status class."""
+
+RATE_FIELDS = frozenset(
+    {"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy"}
+)
+"""Lower-case names of the fields a route's rate limit writes into every answer."""
 
 KeyFunc = Callable[[str | None, Mapping[str, str], Mapping[str, str]], Hashable]
 """``key(client_ip, headers, path_params)`` of a rate limit."""
@@ -198,6 +204,7 @@ class Route:
         limiter: RateLimiter[Any] | GlobalLimiter | None,
         cache: LastGood | None,
         stats: RouteStats,
+        request_id: str = "X-Request-Id",
     ) -> None:
         self.name = name
         self.config = config
@@ -208,6 +215,10 @@ class Route:
         self.limiter = limiter
         self.global_limit = isinstance(limiter, GlobalLimiter)
         self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
+        own = {request_id.lower(), *(RATE_FIELDS if limiter is not None else ())}
+        self.answer_dropped = RESPONSE_DROPPED | own
+        """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
+        those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
         self._rate_limit: float | None = None
         self._rate_texts: tuple[str, str | None] = ("", None)
         self.cache = cache
@@ -390,4 +401,5 @@ def build_route(
         limiter=limiter,
         cache=cache,
         stats=prev.stats if prev is not None else RouteStats(),
+        request_id=doc.proxy.request_id_header,
     )

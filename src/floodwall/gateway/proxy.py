@@ -467,8 +467,7 @@ class Proxy:
             except _BodyError as error:
                 response = _problem(error.status, "request_body", str(error), close=True)
             status = response.status
-            extra.extend(admitted.response_headers(status))
-            _with(response, table.request_id, rid, extra)
+            _tag(response, table.request_id, rid, extra, admitted.response_headers(status))
             if isinstance(response, _Streaming):
                 await response.stream(request)
             return response
@@ -646,7 +645,7 @@ class Proxy:
         finally:
             response.release()
             result.endpoint.in_flight -= 1
-        headers = _copy_response_headers(response.raw_headers)
+        headers = _copy_response_headers(response)
         headers.append((DEGRADED_HEADER, degraded_value("backup", kind)))
         return Answer(response.status, headers, data)
 
@@ -658,7 +657,7 @@ class Proxy:
     async def _live(self, request: Request, route: Route, live: _Live, table: Table) -> Response:
         upstream = live.response
         status = upstream.status
-        headers = _copy_response_headers(upstream.raw_headers)
+        headers = _copy_response_headers(upstream, route.answer_dropped)
         if table.proxy.via:
             headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
@@ -693,7 +692,9 @@ class Proxy:
                 )
             if method == "HEAD" and length is not None:
                 headers.append(("Content-Length", str(length)))
-            return Response(status, headers, data, reason=upstream.reason)
+            response = Response(status, headers, data, reason=upstream.reason)
+            response.clean = True  # (no field the route adds came through from the upstream)
+            return response
         return _Streaming(
             upstream,
             live.endpoint,
@@ -722,6 +723,7 @@ class _Streaming(Response):
         read_timeout: float,
     ) -> None:
         super().__init__(status, headers, reason=upstream.reason)
+        self.clean = True  # (built from the route's copy of the upstream's fields)
         self._length = length
         self._upstream = upstream
         self._endpoint = endpoint
@@ -871,14 +873,16 @@ def client_host_of(headers: list[tuple[str, str]]) -> str:
     return ""
 
 
-def _copy_response_headers(raw: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The answer's fields a client may see: hop-by-hop ones (and those ``Connection``
-    names) and framing dropped."""
-    dropped = RESPONSE_DROPPED
-    out = [(name, value) for name, value in raw if name.lower() not in dropped]
-    if len(out) == len(raw) or not any(n.lower() == "connection" for n, _ in raw):
+def _copy_response_headers(
+    answer: UpstreamResponse, dropped: frozenset[str] = RESPONSE_DROPPED
+) -> list[tuple[str, str]]:
+    """The answer's fields a client may see: hop-by-hop ones (and those its ``Connection``
+    names), framing, and ``dropped`` (the route's own fields) left out."""
+    out = [field for field in answer.raw_headers if field[0].lower() not in dropped]
+    connection = answer.connection
+    if connection is None:
         return out
-    named = connection_tokens({n.lower(): v for n, v in raw if n.lower() == "connection"})
+    named = connection_tokens({"connection": connection})
     return [(name, value) for name, value in out if name.lower() not in named]
 
 
@@ -897,7 +901,7 @@ async def _buffered(response: UpstreamResponse, limit: int) -> Answer:
         data = b""
     finally:
         response.release()
-    return Answer(response.status, _copy_response_headers(response.raw_headers), data)
+    return Answer(response.status, _copy_response_headers(response), data)
 
 
 def _json(value: object) -> bytes:
@@ -925,6 +929,21 @@ def _with(
         headers.extend(fields)
     headers.append((rid_name, rid))
     return response
+
+
+def _tag(
+    response: Response,
+    rid_name: str,
+    rid: str,
+    fields: list[tuple[str, str]],
+    guard_fields: Sequence[tuple[str, str]],
+) -> None:
+    """Add the route's ``fields``, the guard's and the request id to an admitted answer."""
+    if response.clean and not guard_fields:  # (the usual answer: one extend)
+        response.headers.extend(fields)
+        response.headers.append((rid_name, rid))
+    else:
+        _with(response, rid_name, rid, [*fields, *guard_fields])
 
 
 _inbound = partial(tuple.__new__, Inbound)
