@@ -11,7 +11,8 @@ request sees either the old configuration or the new one, never a mix, and none 
 Unchanged upstream pools keep their connections, outlier and health state; unchanged routes
 keep their rate-limit state, shedder, cache and figures; breakers keep their state (the
 registry reconfigures them). A bad document raises :class:`~floodwall.ConfigError` and
-changes nothing. ``listen``, ``workers``, ``admin`` and ``event_loop`` need a restart
+changes nothing. A changed ``listen`` or ``workers`` is a handover to a new generation of
+workers (:mod:`floodwall.gateway.supervisor`); ``admin`` and ``event_loop`` need a restart
 (reported, not applied).
 
 **Shutdown** (:meth:`Gateway.stop`): stop accepting, let requests in flight finish (up to
@@ -169,9 +170,9 @@ class Gateway:
             max_field=limits.max_line,
             max_headers=limits.max_headers,
         )
-        if sock is None:
+        if sock is None:  # (SO_REUSEPORT: a new generation binds beside this one, see supervisor)
             host, port = doc.listen
-            sock = listen_socket(host, port, reuse_port=doc.workers > 1)
+            sock = listen_socket(host, port, reuse_port=True)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._web, sock=sock)
         if self.events:

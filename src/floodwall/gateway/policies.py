@@ -74,6 +74,8 @@ RATE_FIELDS = frozenset(
     {"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy"}
 )
 """Lower-case names of the fields a route's rate limit writes into every answer."""
+RATE_FIELDS_KEPT = 1024
+"""Distinct ``RateLimit-*`` field sets a route keeps made (past it, the table starts over)."""
 
 KeyFunc = Callable[[str | None, Mapping[str, str], Mapping[str, str]], Hashable]
 """``key(client_ip, headers, path_params)`` of a rate limit."""
@@ -219,8 +221,7 @@ class Route:
         self.answer_dropped = RESPONSE_DROPPED | own
         """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
         those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
-        self._rate_limit: float | None = None
-        self._rate_texts: tuple[str, str | None] = ("", None)
+        self._rate_fields: dict[tuple[float, float, int], tuple[tuple[str, str], ...]] = {}
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -249,22 +250,24 @@ class Route:
     def rate_fields(self, decision: Decision) -> tuple[tuple[str, str], ...]:
         """The ``RateLimit-*`` fields of an admitted answer (what
         :func:`~floodwall.ratelimit.headers.rate_limit_headers` writes, with
-        ``RateLimit-Policy``); the limit's and the policy's text made once per route."""
+        ``RateLimit-Policy``), kept per (limit, remaining, reset) seen (a bounded table:
+        a busy route repeats a few)."""
         _, left, reset, _, limit = decision
-        if limit != self._rate_limit:
-            self._rate_limit = limit
+        key = (limit, left, math.ceil(reset - 1e-9))
+        fields = self._rate_fields.get(key)
+        if fields is None:
+            if len(self._rate_fields) >= RATE_FIELDS_KEPT:
+                self._rate_fields.clear()
             window = self.limiter.window if self.limiter is not None else None
-            self._rate_texts = (
-                str(limit),
-                f"{limit};w={max(1, round(window))}" if window is not None else None,
+            made: tuple[tuple[str, str], ...] = (
+                ("RateLimit-Limit", str(limit)),
+                ("RateLimit-Remaining", str(max(0, left))),
+                ("RateLimit-Reset", str(max(0, key[2]))),
             )
-        limit_text, policy = self._rate_texts
-        fields = (
-            ("RateLimit-Limit", limit_text),
-            ("RateLimit-Remaining", str(left) if left > 0 else "0"),
-            ("RateLimit-Reset", str(max(0, math.ceil(reset - 1e-9)))),
-        )
-        return fields if policy is None else (*fields, ("RateLimit-Policy", policy))
+            if window is not None:
+                made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
+            fields = self._rate_fields[key] = made
+        return fields
 
     def snapshot(self) -> dict[str, Any]:
         resource = self.resource

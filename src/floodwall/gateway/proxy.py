@@ -373,6 +373,8 @@ class Proxy:
         self.outbound = Outbound(clock=clock)
         self.in_flight = 0
         self.requests = 0
+        self._hosts: dict[str, str] = {}
+        """``Host`` values as received -> normalised (they repeat; bounded by HOSTS_KEPT)."""
 
     # -- the handler ---------------------------------------------------------------------------
 
@@ -391,7 +393,13 @@ class Proxy:
         why = unsafe_path(path, request.raw_path)
         if why is not None:
             return _problem(400, "bad_path", why)
-        found = table.router.match(method, normalise_host(request.host), path, headers)
+        host = self._hosts.get(request.host)
+        if host is None:
+            host = normalise_host(request.host)
+            if len(self._hosts) >= HOSTS_KEPT:
+                self._hosts.clear()
+            self._hosts[request.host] = host
+        found = table.router.match(method, host, path, headers)
         if found is None:
             return _problem(404, "no_route", "no route for this host and path")
         route, params = found
@@ -811,6 +819,8 @@ def _try_elsewhere(
     return made
 
 
+HOSTS_KEPT: Final = 4096
+"""Normalised ``Host`` values remembered (past it, the table starts over)."""
 OWN_FORWARDING: Final = 4096
 """(peer, host) pairs whose forwarding fields are kept ready (past it, the set starts over)."""
 _OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[str, str], ...]] = {}
