@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import redis  # noqa: E402
 import redis.asyncio  # noqa: E402
 
-from floodwall.ratelimit.global_limit import GlobalLimiter  # noqa: E402
-from floodwall.ratelimit.leasing import LeasedLimiter  # noqa: E402
+from floodwall.shared.global_limit import GlobalLimiter  # noqa: E402
+from floodwall.shared.leasing import LeasedLimiter  # noqa: E402
 from floodwall.stores import connect  # noqa: E402
 from floodwall.stores.redis import load_script  # noqa: E402
 from servers import RedisServer  # noqa: E402

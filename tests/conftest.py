@@ -180,7 +180,9 @@ class SwitchableStore(Store):
         return self.inner.apply(op, key, args)
 
 
-STORE_KINDS = ("memory", "redis", "redis_cluster", "postgres", "sqlite")
+_LOCAL_STORES = ("memory", "host")
+"""Stores with no server: unit tests, on a fake clock (``host://`` reads it in one process)."""
+STORE_KINDS = ("memory", "host", "redis", "redis_cluster", "postgres", "sqlite")
 _STORE_SERVER_FIXTURES = {
     "redis": "redis_url",
     "redis_cluster": "redis_cluster_url",
@@ -215,7 +217,7 @@ class StoreCase:
 
 @pytest.fixture(
     params=[
-        pytest.param(kind, marks=() if kind == "memory" else pytest.mark.integration)
+        pytest.param(kind, marks=() if kind in _LOCAL_STORES else pytest.mark.integration)
         for kind in STORE_KINDS
     ]
 )
@@ -224,6 +226,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     kind = str(request.param)
     if kind == "memory":
         return "memory://"
+    if kind == "host":  # System V objects of this test alone, removed when it closes the store
+        return f"host://t{uuid.uuid4().hex[:16]}"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/floodwall.db"
     return str(request.getfixturevalue(_STORE_SERVER_FIXTURES[kind]))
@@ -232,7 +236,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def _store_case(request: pytest.FixtureRequest, url: str) -> StoreCase:
     kind = str(request.node.callspec.params["store_url"])
     prefix = f"t{uuid.uuid4().hex[:12]}:"
-    clock = FakeClock(1000.0) if kind == "memory" else None
+    clock = FakeClock(1000.0) if kind in _LOCAL_STORES else None
     options: dict[str, object] = {"prefix": prefix}
     if clock is not None:
         options["clock"] = clock
@@ -257,6 +261,8 @@ async def async_store_case(
         yield case
     finally:
         await case.store.aclose()
+        if case.kind == "host":
+            case.store.close()  # the test's System V objects go with it
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import floodwall as fw
-from floodwall.degrade import Cache, LruTtl
+from floodwall.shared import Cache, LruTtl
 from floodwall.stores import MemoryStore
 
 

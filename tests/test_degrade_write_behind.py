@@ -12,7 +12,8 @@ import pytest
 
 import floodwall as fw
 from floodwall.backoff import Fixed
-from floodwall.degrade import BacklogFullError, MemoryQueue, Message, WriteBehind
+from floodwall.degrade import BacklogFullError
+from floodwall.shared import MemoryQueue, Message, WriteBehind
 
 
 class Ledger:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import Shell, StoreCase
 from floodwall import ConfigError, Event, FakeClock, Pipeline, RateLimitedError
-from floodwall.frequency import Frequency
+from floodwall.shared.frequency import Frequency
 from floodwall.stores import MemoryStore
 
 

@@ -18,9 +18,9 @@ import pytest
 
 import floodwall as fw
 from conftest import Shell, SwitchableStore
-from floodwall.ratelimit.global_limit import GlobalLimiter
-from floodwall.ratelimit.leasing import LeasedLimiter
-from floodwall.ratelimit.timeslice import TimeSliceLimiter
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.leasing import LeasedLimiter
+from floodwall.shared.timeslice import TimeSliceLimiter
 from floodwall.stores import MemoryStore, Store
 
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import floodwall as fw
 from floodwall.ratelimit import GCRA, FixedWindow, Rate, SlidingWindowCounter, TokenBucket
 from floodwall.ratelimit._base import RateLimiter
-from floodwall.ratelimit._global_ops import ALGORITHMS, plan
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared._global_ops import ALGORITHMS, plan
+from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.stores import MemoryStore
 
 Trace = list[tuple[int, int]]

@@ -13,7 +13,8 @@ import pytest
 import floodwall
 from conftest import Shell, StoreCase
 from floodwall import ConfigError, Event, FakeClock, Pipeline, Retry
-from floodwall.idempotency import (
+from floodwall.shared.idempotency import (
+    BEGIN,
     DuplicateInFlightError,
     Idempotency,
     IdempotencyKeyMissingError,
@@ -120,7 +121,7 @@ def test_a_crashed_owners_claim_lapses_after_lock_ttl(clock: FakeClock) -> None:
     store = MemoryStore(clock=clock)
     crashed = Idempotency(store, lock_ttl=30, clock=clock)
     crashed.store.apply(
-        __import__("floodwall.idempotency").idempotency.BEGIN,
+        BEGIN,
         "idem:idempotency:k",
         ["dead-owner", "", 30_000],
     )
@@ -265,8 +266,10 @@ async def test_idempotency_async_on_every_store(async_store_case: StoreCase) -> 
         )
         assert await idem.call_async(write) == 1
     assert runs == 1
-    assert results.count(1) == 1
-    assert all(isinstance(r, DuplicateInFlightError) for r in results if r != 1)
+    # Each duplicate either met the first call in flight (refused) or found it completed (its
+    # answer replayed): which one depends on scheduling, never on a second run.
+    assert 1 in results
+    assert all(r == 1 or isinstance(r, DuplicateInFlightError) for r in results)
     tokens = OneTimeTokens(async_store_case.store)
     token = await tokens.issue_async()
     assert [await tokens.consume_async(token) for _ in range(2)] == [True, False]

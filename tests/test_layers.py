@@ -1,12 +1,11 @@
 """The layer contract: every module of the library imports only the layers above its own.
 
 The map (docs/architecture.md), top to bottom: core, policies, stores, shared state, config,
-observe, integrations, applications. A module's layer is named below by module prefix, the
-longest prefix winning. A package's ``__init__`` only re-exports, so it sits at the layer of
-the deepest module it imports: importing ``floodwall.ratelimit`` (which re-exports the global
-limiters) from a local policy is therefore an arrow the wrong way, while a policy importing
-``floodwall.ratelimit._base`` is not. The root ``floodwall/__init__.py`` is the public facade
-of everything and is not checked.
+observe, integrations, applications. Each layer is a list of whole top-level packages and
+modules of ``floodwall``; a module sits in the layer of its top-level package, with no
+exception for a single module. A package's ``__init__`` is checked like any other module, so a
+policy package re-exporting a store-backed class is an arrow the wrong way. The root
+``floodwall/__init__.py`` is the public facade of everything and is not checked.
 
 Imports under ``if TYPE_CHECKING:`` count too: a type-only arrow the wrong way is still a
 dependency a reader has to follow.
@@ -23,77 +22,46 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("floodwall._core", "floodwall.context", "floodwall.classify")),
+    ("core", ("_core", "context", "classify")),
     (
         "policies",
         (
-            "floodwall.breaker",
-            "floodwall.bulkhead",
-            "floodwall.retry",
-            "floodwall.backoff",
-            "floodwall.budget",
-            "floodwall.hedge",
-            "floodwall.timeout",
-            "floodwall.fallback",
-            "floodwall.pipeline",
-            "floodwall.chaos",
-            "floodwall.ratelimit",
-            "floodwall.adaptive",
-            "floodwall.degrade",
+            "breaker",
+            "bulkhead",
+            "retry",
+            "backoff",
+            "budget",
+            "hedge",
+            "timeout",
+            "fallback",
+            "pipeline",
+            "chaos",
+            "ratelimit",
+            "adaptive",
+            "degrade",
         ),
     ),
-    ("stores", ("floodwall.stores",)),
-    (
-        "shared state",
-        (
-            "floodwall.frequency",
-            "floodwall.idempotency",
-            "floodwall.ratelimit.global_limit",
-            "floodwall.ratelimit.leasing",
-            "floodwall.ratelimit.timeslice",
-            "floodwall.ratelimit._global_ops",
-            "floodwall.ratelimit._coalesce",
-            "floodwall.degrade.cache",
-            "floodwall.degrade.write_behind",
-        ),
-    ),
-    ("config", ("floodwall.config",)),
-    ("observe", ("floodwall.observe",)),
+    ("stores", ("stores",)),
+    ("shared state", ("shared",)),
+    ("config", ("config",)),
+    ("observe", ("observe",)),
     (
         "integrations",
-        (
-            "floodwall.integrations",
-            "floodwall.httpx",
-            "floodwall.aiohttp",
-            "floodwall.requests",
-            "floodwall.grpc",
-            "floodwall.asgi",
-            "floodwall.wsgi",
-            "floodwall.testing",
-        ),
+        ("integrations", "httpx", "aiohttp", "requests", "grpc", "asgi", "wsgi", "testing"),
     ),
-    (
-        "applications",
-        (
-            "floodwall.gateway",
-            "floodwall.drill",
-            "floodwall.sim",
-            "floodwall.cli",
-            "floodwall.__main__",
-        ),
-    ),
+    ("applications", ("gateway", "drill", "sim", "cli", "__main__")),
 )
 NAMES = [name for name, _ in LAYERS]
+TOP = {top: index for index, (_, tops) in enumerate(LAYERS) for top in tops}
+"""``floodwall.<top>`` -> its layer's index."""
 
 
 def declared_layer(module: str) -> int | None:
-    """The layer a module's name puts it in (longest matching prefix), or None."""
-    best, length = None, -1
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
-                best, length = index, len(prefix)
-    return best
+    """The layer of a ``floodwall.<top>[...]`` module: its top-level package's, or None."""
+    parts = module.split(".")
+    if parts[0] != "floodwall" or len(parts) < 2:
+        return None
+    return TOP.get(parts[1])
 
 
 def imports_of(source: str, package: str) -> Iterator[tuple[str, int]]:
@@ -125,86 +93,61 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
-class Map:
-    """Layers of the real modules, with each package facade at its deepest import's layer."""
-
-    def __init__(self, sources: dict[str, tuple[str, bool]]) -> None:
-        self.sources = sources
-        self._facades: dict[str, int | None] = {}
-
-    def package_of(self, name: str) -> str:
-        return name if self.sources[name][1] else name.rpartition(".")[0]
-
-    def resolve(self, module: str) -> str | None:
-        """The real module behind an imported name (``from pkg import name``: pkg or pkg.name)."""
-        while module not in self.sources and "." in module:
-            module = module.rpartition(".")[0]
-        return module if module in self.sources else None
-
-    def layer(self, module: str) -> int | None:
-        resolved = self.resolve(module)
-        if resolved is None:
-            return None
-        module = resolved
-        source, init = self.sources[module]
-        if not init or module == "floodwall":
-            return declared_layer(module)
-        if module not in self._facades:
-            self._facades[module] = declared_layer(module)  # guards against import cycles
-            deepest = [
-                self.layer(target)
-                for target, _ in imports_of(source, module)
-                if target.startswith("floodwall") and target != module
-            ]
-            known = [d for d in deepest if d is not None]
-            self._facades[module] = max([declared_layer(module) or 0, *known])
-        return self._facades[module]
-
-    def violations(self) -> list[str]:
-        found = []
-        for name, (source, init) in sorted(self.sources.items()):
-            if name == "floodwall":
-                continue
-            mine = declared_layer(name) if not init else None
-            if mine is None:
-                mine = self.layer(name) if init else None
-            if mine is None:
-                found.append(f"{name}: in no layer (add it to tests/test_layers.py)")
-                continue
-            for target, line in imports_of(source, self.package_of(name)):
-                if not target.startswith("floodwall.") or init:
-                    continue
-                theirs = self.layer(target)
-                if theirs is not None and theirs > mine:
-                    real = self.resolve(target)
-                    found.append(f"{name}:{line} ({NAMES[mine]}) imports {real} ({NAMES[theirs]})")
-        return sorted(set(found))
+def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """Every import that runs against the map, as ``module:line (layer) imports target``."""
+    found = []
+    for name, (source, init) in sorted(sources.items()):
+        if name == "floodwall":
+            continue
+        mine = declared_layer(name)
+        if mine is None:
+            found.append(f"{name}: in no layer (add its package to tests/test_layers.py)")
+            continue
+        package = name if init else name.rpartition(".")[0]
+        for target, line in imports_of(source, package):
+            theirs = declared_layer(target)
+            if theirs is not None and theirs > mine:
+                found.append(f"{name}:{line} ({NAMES[mine]}) imports {target} ({NAMES[theirs]})")
+    return sorted(set(found))
 
 
-def real_map() -> Map:
-    return Map({name: (path.read_text(), init) for name, (path, init) in modules().items()})
+def real_sources() -> dict[str, tuple[str, bool]]:
+    return {name: (path.read_text(), init) for name, (path, init) in modules().items()}
 
 
 def test_every_import_points_up_the_layers() -> None:
-    violations = real_map().violations()
-    assert violations == [], "imports against the layer map:\n" + "\n".join(violations)
+    found = violations(real_sources())
+    assert found == [], "imports against the layer map:\n" + "\n".join(found)
 
 
 def test_a_wrong_import_is_caught() -> None:
-    """The check is live: a policy importing the gateway, or a facade of a lower layer, fails."""
-    sources = {name: (path.read_text(), init) for name, (path, init) in modules().items()}
+    """The check is live: a policy importing the gateway, or a policy package's facade
+    re-exporting a store-backed class, fails."""
+    sources = real_sources()
     breaker, init = sources["floodwall.breaker"]
     sources["floodwall.breaker"] = (breaker + "\nfrom floodwall.gateway import config\n", init)
-    sources["floodwall.fallback"] = (
-        sources["floodwall.fallback"][0] + "\nimport floodwall.ratelimit\n",
-        False,
+    facade, init = sources["floodwall.ratelimit"]
+    sources["floodwall.ratelimit"] = (
+        facade + "\nfrom floodwall.shared.global_limit import GlobalLimiter\n",
+        init,
     )
-    violations = Map(sources).violations()
-    assert any(v.startswith("floodwall.breaker:") and "applications" in v for v in violations)
+    found = violations(sources)
+    assert any(v.startswith("floodwall.breaker:") and "(applications)" in v for v in found)
     assert any(
-        v.startswith("floodwall.fallback:") and "floodwall.ratelimit (shared state)" in v
-        for v in violations
+        v.startswith("floodwall.ratelimit:") and "floodwall.shared.global_limit (shared state)" in v
+        for v in found
     )
+
+
+def test_every_top_level_name_is_mapped_once() -> None:
+    tops = [top for _, names in LAYERS for top in names]
+    assert len(tops) == len(set(tops))
+    on_disk = {
+        path.stem if path.is_file() else path.name
+        for path in (SRC / "floodwall").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()
+    }
+    assert on_disk == set(tops)
 
 
 @pytest.mark.parametrize(
@@ -212,9 +155,12 @@ def test_a_wrong_import_is_caught() -> None:
     [
         ("floodwall._core.drivers", "core"),
         ("floodwall.breaker", "policies"),
+        ("floodwall.ratelimit", "policies"),
         ("floodwall.ratelimit.token", "policies"),
-        ("floodwall.ratelimit.global_limit", "shared state"),
         ("floodwall.stores.redis", "stores"),
+        ("floodwall.shared", "shared state"),
+        ("floodwall.shared.global_limit", "shared state"),
+        ("floodwall.shared.cache", "shared state"),
         ("floodwall.gateway.proxy", "applications"),
     ],
 )

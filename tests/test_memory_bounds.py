@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import floodwall as fw
-from floodwall.frequency import ONCE
 from floodwall.ratelimit import FixedWindow, Keyed, TokenBucket
+from floodwall.shared.frequency import ONCE
 from floodwall.stores import MemoryStore
 
 

@@ -481,7 +481,7 @@ def test_redis_extra_talks_to_a_real_redis(
     installs.venv(REDIS).script(
         """
         import importlib.util, sys
-        from floodwall.frequency import Frequency
+        from floodwall.shared.frequency import Frequency
         from floodwall.stores import connect
 
         store = connect(sys.argv[1], prefix="floodwall-packaging:")

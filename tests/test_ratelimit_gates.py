@@ -22,22 +22,20 @@ from floodwall._core.admission import Gate
 from floodwall._core.flight import LANDED, Flight, Flights
 from floodwall._core.pending import settle, settle_async, start
 from floodwall._core.steps import FlowSteps, Sleep, Step, Wait
-from floodwall.frequency import Frequency
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
-    GlobalLimiter,
     Keyed,
     LeakyBucket,
-    LeasedLimiter,
     Multi,
     RateLimiter,
     SlidingLog,
     SlidingWindowCounter,
-    TimeSliceLimiter,
     TokenBucket,
     WarmUp,
 )
+from floodwall.shared import GlobalLimiter, LeasedLimiter, TimeSliceLimiter
+from floodwall.shared.frequency import Frequency
 
 GATES = [
     FixedWindow,

@@ -25,14 +25,17 @@ from floodwall._core.admission import Attempts, Flow, Gate, Scoped
 from floodwall._core.policy import Policy
 from floodwall.backoff import Fixed
 from floodwall.config import Registry
-from floodwall.degrade import Cache, FallbackSource, SampledDrop
+from floodwall.degrade import FallbackSource, SampledDrop
 from floodwall.degrade.levels import Levels
 from floodwall.degrade.priority import PriorityGate
-from floodwall.frequency import Frequency
-from floodwall.idempotency import Idempotency
-from floodwall.ratelimit.global_limit import GlobalLimiter
-from floodwall.ratelimit.leasing import LeasedLimiter
-from floodwall.ratelimit.timeslice import TimeSliceLimiter
+from floodwall.shared import (
+    Cache,
+    Frequency,
+    GlobalLimiter,
+    Idempotency,
+    LeasedLimiter,
+    TimeSliceLimiter,
+)
 
 APPLICATIONS = ("floodwall.gateway", "floodwall.drill", "floodwall.sim", "floodwall.cli")
 SHAPES = (Gate, Flow, Attempts, Scoped)

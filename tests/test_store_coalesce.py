@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from floodwall.ratelimit._coalesce import Coalescer
+from floodwall.shared._coalesce import Coalescer
 
 BOUND = 0.02
 """Seconds a queued request may wait (the store timeout, shrunk)."""

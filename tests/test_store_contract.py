@@ -18,8 +18,8 @@ import pytest
 from redis.crc import key_slot
 
 from conftest import StoreCase
-from floodwall.frequency import COUNT, ONCE
-from floodwall.idempotency import (
+from floodwall.shared.frequency import COUNT, ONCE
+from floodwall.shared.idempotency import (
     BEGIN,
     COMPLETE,
     GET,

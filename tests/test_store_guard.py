@@ -15,7 +15,7 @@ import pytest
 
 from conftest import SwitchableStore
 from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
-from floodwall.frequency import COUNT, ONCE, Frequency
+from floodwall.shared.frequency import COUNT, ONCE, Frequency
 from floodwall.stores import Arg, Op, R, StoreGuard, StoreTimeoutError
 
 

@@ -13,8 +13,8 @@ import pytest
 
 import floodwall as fw
 from floodwall.backoff import Fixed
-from floodwall.degrade import WriteBehind
-from floodwall.degrade.write_behind import _report_dropped_at_exit
+from floodwall.shared import WriteBehind
+from floodwall.shared.write_behind import _report_dropped_at_exit
 
 
 class Sink:

@@ -228,6 +228,66 @@ def gateway(
     run(config, workers)
 
 
+host_app = typer.Typer(
+    name="host",
+    help="The host:// stores of this user: show or remove one NAME's semaphores and memory.",
+    no_args_is_help=True,
+)
+app.add_typer(host_app)
+
+
+@host_app.command("info")
+def host_info(name: Annotated[str, typer.Argument(help="The NAME of host://NAME.")]) -> None:
+    """Show NAME's System V keys (as ipcs shows them), its users and its host bulkheads."""
+    from floodwall._core.errors import ConfigError
+    from floodwall.stores.host import info
+
+    try:
+        found = info(name)
+    except (ConfigError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(INVALID) from None
+    typer.echo(f"host://{found.name}")
+    typer.echo(f"  semaphores    key {found.semaphore_key:#010x}  exists: {found.semaphores}")
+    typer.echo(
+        f"  shared memory key {found.shared_memory_key:#010x}  exists: {found.shared_memory}"
+    )
+    typer.echo(f"  processes using it: {found.users}")
+    for bulkhead, size, free in found.bulkheads:
+        typer.echo(f"  bulkhead {bulkhead!r}: {size - free}/{size} in flight")
+
+
+@host_app.command("remove")
+def host_remove(
+    name: Annotated[str, typer.Argument(help="The NAME of host://NAME.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Remove even while processes use it.")
+    ] = False,
+) -> None:
+    """Remove NAME's semaphore set and shared memory (left by a killed last process).
+
+    Refused (status 1) while a process uses NAME, unless --force: their calls then fail as a
+    store outage and each process's on_store_error decides.
+    """
+    from floodwall._core.errors import ConfigError
+    from floodwall.stores.host import keys_of, remove
+
+    try:
+        keys_of(name)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(INVALID) from None
+    try:
+        removed = remove(name, force=force)
+    except ConfigError as exc:
+        typer.echo(f"refused: {exc}", err=True)
+        raise typer.Exit(FAILED) from None
+    except OSError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(FAILED) from None
+    typer.echo(f"host://{name}: {'removed' if removed else 'nothing to remove'}")
+
+
 @app.command()
 def version() -> None:
     """Print the installed version."""

@@ -9,7 +9,7 @@ import pytest
 
 from floodwall import ConfigError, RateLimitedError
 from floodwall.config import Registry
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.global_limit import GlobalLimiter
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 
 import floodwall as fw
 from conftest import StoreCase
-from floodwall.degrade import Cache
-from floodwall.degrade.cache import CACHE_DELETE, CACHE_GET, CACHE_SET
+from floodwall.shared import Cache
+from floodwall.shared.cache import CACHE_DELETE, CACHE_GET, CACHE_SET
 from floodwall.stores import StoreUnavailableError
 from floodwall.stores.redis import RedisStore
 from floodwall.stores.streams import RedisStream

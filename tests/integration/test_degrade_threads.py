@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 import floodwall as fw
-from floodwall.degrade import AutoShedder, Coalesce, Levels, WriteBehind
+from floodwall.degrade import AutoShedder, Coalesce, Levels
+from floodwall.shared import WriteBehind
 
 pytestmark = pytest.mark.integration
 

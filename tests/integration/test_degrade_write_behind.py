@@ -25,7 +25,7 @@ import redis
 
 import floodwall as fw
 from floodwall.backoff import Fixed
-from floodwall.degrade import StreamQueue, WriteBehind
+from floodwall.shared import StreamQueue, WriteBehind
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +131,7 @@ WORKER = textwrap.dedent(
     import json, os, sys, threading, time
     import psycopg
     import floodwall as fw
-    from floodwall.degrade import StreamQueue, WriteBehind
+    from floodwall.shared import StreamQueue, WriteBehind
 
     redis_url, dsn, table, mode, total = sys.argv[1:6]
     total = int(total)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.stores import Arg, Op, R, Store, connect
 
 pytestmark = pytest.mark.integration

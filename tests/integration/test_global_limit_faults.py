@@ -20,9 +20,9 @@ import pytest
 
 from floodwall import Event
 from floodwall.ratelimit import Decision
-from floodwall.ratelimit.global_limit import GlobalLimiter
-from floodwall.ratelimit.leasing import LeasedLimiter
-from floodwall.ratelimit.timeslice import TimeSliceLimiter
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.leasing import LeasedLimiter
+from floodwall.shared.timeslice import TimeSliceLimiter
 from floodwall.stores import StoreErrorMode, connect
 from servers import FAULT_OPEN, RestartableRedis, store_breaker
 

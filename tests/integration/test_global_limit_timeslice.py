@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from floodwall.ratelimit.timeslice import TimeSliceLimiter
+from floodwall.shared.timeslice import TimeSliceLimiter
 from floodwall.stores import connect
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import floodwall
-from floodwall.idempotency import DuplicateInFlightError, Idempotency
+from floodwall.shared.idempotency import DuplicateInFlightError, Idempotency
 from floodwall.stores import connect
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from redis import exceptions as redis_exceptions
 
 import floodwall
 from floodwall import CircuitOpenError, Event
-from floodwall.frequency import Frequency, FrequencyDecision
-from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.frequency import Frequency, FrequencyDecision
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.stores import StoreErrorMode, StoreUnavailableError, connect
 from floodwall.stores.redis import RedisStore, _execute_async
 from servers import FAULT_OPEN, RestartableRedis, store_breaker

@@ -24,9 +24,9 @@ import pytest
 
 import floodwall
 from floodwall import CircuitOpenError, Event
-from floodwall.frequency import Frequency
-from floodwall.idempotency import Idempotency, IdempotencyUnavailableError
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.frequency import Frequency
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.stores import StoreErrorMode, StoreGuard, StoreUnavailableError, connect
 from floodwall.stores.postgres import PostgresStore
 from servers import FAULT_OPEN, RestartablePostgres, store_breaker

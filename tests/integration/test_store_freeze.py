@@ -36,8 +36,8 @@ import psycopg
 import pytest
 import redis.cluster
 
-from floodwall.frequency import ONCE
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.frequency import ONCE
+from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.stores import Store, StoreTimeoutError, connect
 from servers import FAULT_OPEN, PostgresServer, RedisCluster, RedisServer, store_breaker
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from floodwall import Event
-from floodwall.frequency import ONCE
-from floodwall.idempotency import Idempotency
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.frequency import ONCE
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, StoreClosedError, StoreUnavailableError, connect
 from floodwall.stores.redis import RedisStore
 from floodwall.stores.sqlite import SqliteStore

@@ -159,6 +159,16 @@ STORE_REDIS_MAX_CONNECTIONS = 50
 """Redis: connections per async client (per node on a cluster)."""
 STORE_MEMORY_MAX_KEYS = 100_000
 """Memory store: records held at most (about 21 MB); a new key past it evicts (see memory.py)."""
+STORE_HOST_MAX_KEYS = 4096
+"""``host://``: records in the shared segment (fixed size, ``max_keys x record_bytes``)."""
+STORE_HOST_RECORD_BYTES = 1024
+"""``host://``: bytes per record, 16 of them header: key + value fit in the other 1008 (an
+idempotency record holds the call's result)."""
+STORE_HOST_BULKHEADS = 64
+"""``host://``: host bulkheads one name holds (one semaphore each, in one set)."""
+STORE_HOST_TIMEOUT = 0.5
+"""``host://``: seconds to wait for the segment's lock (held for microseconds; a holder that
+is stopped, not dead, would otherwise stop every process of the host)."""
 STORE_SQL_PURGE_EVERY = 1000
 """SQL stores: every this many ops, delete up to ``STORE_SQL_PURGE_BATCH`` expired rows."""
 STORE_SQL_PURGE_BATCH = 1000

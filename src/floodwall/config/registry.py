@@ -67,15 +67,14 @@ from floodwall.chaos import ChaosPolicy
 from floodwall.config.schema import (
     AdaptiveConfig,
     BackoffConfig,
+    BulkheadConfig,
     Document,
     RateLimitConfig,
     ResourceConfig,
     RetryConfig,
 )
-from floodwall.degrade.cache import Cache
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
-from floodwall.idempotency import Idempotency
 from floodwall.pipeline import Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
@@ -86,9 +85,13 @@ from floodwall.ratelimit import (
     SlidingWindowCounter,
     TokenBucket,
 )
-from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.retry import Retry
+from floodwall.shared.cache import Cache
+from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.host_bulkhead import HostBulkhead
+from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, connect
+from floodwall.stores.host import HostStore
 from floodwall.timeout import Timeout
 
 __all__ = ["Built", "Override", "Registry", "Resource", "build", "build_backoff"]
@@ -159,8 +162,8 @@ def build_limiter(
     store: Callable[[str], Store] = _no_store,
 ) -> RateLimiter[Any] | GlobalLimiter:
     """The limiter a ``rate_limit:`` section describes: in-process (``scope: local``) or
-    shared by every process through a store (``scope: global``)."""
-    if config.scope == "global":  # the schema checked the algorithm has a global form
+    shared by every process through a store (``scope: global``, or ``host`` on ``host://``)."""
+    if config.scope != "local":  # the schema checked the algorithm has a shared form
         return GlobalLimiter(
             config.algorithm,
             config.rate,
@@ -189,6 +192,40 @@ def build_limiter(
     return limiter
 
 
+def build_bulkhead(
+    name: str,
+    config: BulkheadConfig,
+    clock: Clock,
+    listeners: Listeners,
+    store: Callable[[str], Store] = _no_store,
+) -> Bulkhead | HostBulkhead:
+    """The bulkhead a ``bulkhead:`` section describes: per process (``scope: local``) or one
+    for the whole host (``scope: host``, its slots in a ``host://`` store)."""
+    if config.scope == "host":
+        held = store(config.store)
+        if not isinstance(held, HostStore):
+            raise ConfigError(f"bulkhead scope: host needs a host:// store, got {held.url!r}")
+        return HostBulkhead(
+            name,
+            store=held,
+            max_concurrent=config.max_concurrent,
+            max_queue=config.max_queue,
+            max_wait=config.max_wait,
+            on_store_error=config.on_store_error,
+            expected_instances=config.expected_instances,
+            clock=clock,
+            listeners=listeners,
+        )
+    return Bulkhead(
+        name,
+        max_concurrent=config.max_concurrent,
+        max_queue=config.max_queue,
+        max_wait=config.max_wait,
+        clock=clock,
+        listeners=listeners,
+    )
+
+
 @dataclass(frozen=True)
 class Built:
     """The policies one resource's config describes, in pipeline order."""
@@ -198,7 +235,7 @@ class Built:
     breaker: CircuitBreaker | None
     retry: Retry | None
     timeout: Timeout | None
-    bulkhead: Bulkhead | None = None
+    bulkhead: Bulkhead | HostBulkhead | None = None
     limiter: RateLimiter[Any] | GlobalLimiter | None = None
     sampled: SampledDrop | None = None
     cache: Cache | None = None
@@ -291,14 +328,7 @@ def build(
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
         policies.append(breaker)
     if config.bulkhead is not None:
-        bulkhead = Bulkhead(
-            name,
-            max_concurrent=config.bulkhead.max_concurrent,
-            max_queue=config.bulkhead.max_queue,
-            max_wait=config.bulkhead.max_wait,
-            clock=clock,
-            listeners=listeners,
-        )
+        bulkhead = build_bulkhead(name, config.bulkhead, clock, listeners, store)
         policies.append(bulkhead)
     if config.rate_limit is not None:
         limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
@@ -406,7 +436,7 @@ class Resource(Pipeline):
         self.retry: Retry | None = None
         self.timeout: Timeout | None = None
         self.fallback: Fallback[Any] | None = None
-        self.bulkhead: Bulkhead | None = None
+        self.bulkhead: Bulkhead | HostBulkhead | None = None
         self.limiter: RateLimiter[Any] | GlobalLimiter | None = None
         self.sampled: SampledDrop | None = None
         self.cache: Cache | None = None
@@ -543,7 +573,9 @@ class _Staged:
 def _uses(config: ResourceConfig) -> set[str]:
     """The ``stores`` entries a resource's policies use."""
     used: set[str] = set()
-    if config.rate_limit is not None and config.rate_limit.scope == "global":
+    if config.bulkhead is not None and config.bulkhead.scope == "host":
+        used.add(config.bulkhead.store)
+    if config.rate_limit is not None and config.rate_limit.scope != "local":
         used.add(config.rate_limit.store)
     if config.cache is not None and config.cache.store is not None:
         used.add(config.cache.store)
@@ -996,6 +1028,7 @@ class Registry:
                     "in_flight": resource.bulkhead.in_flight,
                     "queued": resource.bulkhead.queued,
                     "max_concurrent": resource.bulkhead.max_concurrent,
+                    "scope": "host" if isinstance(resource.bulkhead, HostBulkhead) else "local",
                 }
             limiter = resource.limiter
             if isinstance(limiter, GlobalLimiter):

@@ -132,11 +132,20 @@ class RetryConfig(_Model):
 
 
 class BulkheadConfig(_Model):
-    """Options of :class:`floodwall.Bulkhead`."""
+    """Options of :class:`floodwall.Bulkhead` (``scope: local``, per process) or of
+    :class:`floodwall.HostBulkhead` (``scope: host``: one count for every process of the host,
+    kept in the ``host://`` store named by ``store``)."""
 
     max_concurrent: int = Field(ge=1)
     max_queue: int = Field(0, ge=0)
     max_wait: Duration = 0.0
+    scope: Literal["local", "host"] = "local"
+    store: str = "default"
+    """``scope: host``: the ``stores`` entry (a ``host://NAME`` URL) holding the slots."""
+    expected_instances: int = Field(1, ge=1)
+    """``scope: host``: processes sharing the slots; each keeps ``max_concurrent ÷
+    expected_instances`` while the store is unavailable (``on_store_error: local``)."""
+    on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
 
 
 def _rate_spec(value: object) -> str | float:
@@ -165,9 +174,10 @@ class RateLimitConfig(_Model):
     """Permits beyond the steady rate (default: one period's worth, ``count - 1``)."""
     algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
     key: str | None = None
-    scope: Literal["local", "global"] = "local"
+    scope: Literal["local", "host", "global"] = "local"
     store: str = "default"
-    """``scope: global``: the ``stores`` entry holding the shared counts."""
+    """``scope: global`` or ``host``: the ``stores`` entry holding the shared counts (``host``
+    requires a ``host://NAME`` store: the processes of one host, no server)."""
     expected_instances: int = Field(1, ge=1)
     """``scope: global``: processes sharing the limit; each keeps ``rate ÷ expected_instances``
     while the store is down (``on_store_error: local``)."""
@@ -175,10 +185,10 @@ class RateLimitConfig(_Model):
 
     @model_validator(mode="after")
     def _global_form(self) -> RateLimitConfig:
-        if self.scope == "global" and self.algorithm not in GLOBAL_ALGORITHMS:
+        if self.scope != "local" and self.algorithm not in GLOBAL_ALGORITHMS:
             raise ValueError(
-                f"algorithm {self.algorithm!r} has no global form "
-                f"(scope: global takes {', '.join(GLOBAL_ALGORITHMS)})"
+                f"algorithm {self.algorithm!r} has no shared form "
+                f"(scope: {self.scope} takes {', '.join(GLOBAL_ALGORITHMS)})"
             )
         return self
 
@@ -297,3 +307,23 @@ class Document(_Model):
     stores: dict[str, str] = Field(default_factory=lambda: {"default": "memory://"})
     allow_chaos: bool = False
     """Let ``chaos`` sections inject (else only ``FLOODWALL_CHAOS=1`` in the environment does)."""
+
+    @model_validator(mode="after")
+    def _host_scopes(self) -> Document:
+        """``scope: host`` names a ``host://`` store (checked here: the path says where)."""
+        sections = {
+            "defaults": self.defaults,
+            **{f"resources.{k}": v for k, v in self.resources.items()},
+        }
+        for path, resource in sections.items():
+            for field in ("bulkhead", "rate_limit"):
+                section = getattr(resource, field)
+                if section is None or section.scope != "host":
+                    continue
+                url = self.stores.get(section.store)
+                if url is not None and not url.lower().startswith("host://"):
+                    raise ValueError(
+                        f"{path}.{field}: scope: host needs a host:// store, but stores."
+                        f"{section.store} is {url!r}"
+                    )
+        return self

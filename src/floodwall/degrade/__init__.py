@@ -5,17 +5,18 @@
   signal by :class:`AutoShedder` (level 3 first, then 2, restored with hysteresis; signals in
   :mod:`floodwall.degrade.signals`); priority admission that gives level 1 the capacity first:
   :class:`LevelReserve`, :class:`PriorityGate`, :class:`LevelLimiter`, :func:`admit_level`.
-* **Read degradation**: :class:`Cache` (TTL + LRU, optional shared second level,
-  stale-while-error with the value's age, read only from cache) and :class:`FallbackSource`
-  (a backup data source behind its own pipeline).
-* **Write degradation**: :class:`WriteBehind` (bounded queued writes, memory or Redis Streams,
-  at least once with idempotency keys), :class:`Coalesce` (one downstream call per key and
-  window), :class:`SampledDrop` (drop a live-tunable share of low-priority writes).
+* **Read degradation**: :class:`FallbackSource` (a backup data source behind its own
+  pipeline), and :class:`~floodwall.Cache` (TTL + LRU, optional shared second level,
+  stale-while-error with the value's age, read only from cache), which lives in
+  :mod:`floodwall.shared` with the other policies that can keep their state in a store.
+* **Write degradation**: :class:`Coalesce` (one downstream call per key and window),
+  :class:`SampledDrop` (drop a live-tunable share of low-priority writes), and
+  :class:`~floodwall.WriteBehind` (bounded queued writes, memory or Redis Streams, at least
+  once with idempotency keys; in :mod:`floodwall.shared`).
 * **Bulk work**: :func:`chunked` (per-chunk results and failures, not all-or-nothing).
 """
 
 from floodwall.degrade._common import BacklogFullError
-from floodwall.degrade.cache import Cache, Cached, LruTtl
 from floodwall.degrade.chunked import BatchResult, Chunk, Chunked, chunked
 from floodwall.degrade.coalesce import Batch, Coalesce, CoalesceCore, Flushed, last_wins
 from floodwall.degrade.levels import (
@@ -49,15 +50,6 @@ from floodwall.degrade.signals import (
     shed_rate_signal,
 )
 from floodwall.degrade.source import FallbackSource
-from floodwall.degrade.write_behind import (
-    Deferred,
-    DeliveryCore,
-    MemoryQueue,
-    Message,
-    StreamQueue,
-    WriteBehind,
-    WriteQueue,
-)
 
 __all__ = [
     "SHED_ORDER",
@@ -65,14 +57,10 @@ __all__ = [
     "BacklogFullError",
     "Batch",
     "BatchResult",
-    "Cache",
-    "Cached",
     "Chunk",
     "Chunked",
     "Coalesce",
     "CoalesceCore",
-    "Deferred",
-    "DeliveryCore",
     "FallbackSource",
     "Flushed",
     "LevelGate",
@@ -81,9 +69,6 @@ __all__ = [
     "LevelReserve",
     "LevelSwitch",
     "Levels",
-    "LruTtl",
-    "MemoryQueue",
-    "Message",
     "PriorityGate",
     "SampledDrop",
     "ShedController",
@@ -91,9 +76,6 @@ __all__ = [
     "ShedState",
     "ShedStep",
     "Signal",
-    "StreamQueue",
-    "WriteBehind",
-    "WriteQueue",
     "admit_level",
     "chunked",
     "cpu_signal",

@@ -353,7 +353,7 @@ class LevelGate(Gate):
     """Refuse calls of a shed level with :class:`~floodwall.DegradedError` before they start.
 
     Put it inside whatever should answer instead (a :class:`~floodwall.Fallback`, a
-    :class:`~floodwall.degrade.Cache` serving its last good value, a
+    :class:`~floodwall.Cache` serving its last good value, a
     :class:`~floodwall.degrade.FallbackSource`): ``Pipeline(Fallback([]), LevelGate(levels, 3),
     Timeout(0.2))``. ``shed_calls`` counts the refusals. Level 1 is accepted and never shed.
 

@@ -15,7 +15,7 @@ attempt to degrade), with a note naming the backup's failure; ``backup_failures`
 
 For static data (the live-stream gift list served by the gateway when the gift service is
 down) a plain :class:`~floodwall.Fallback` with ``value=`` is enough; for the last value the
-dependency gave, :class:`~floodwall.degrade.Cache` with stale-while-error.
+dependency gave, :class:`~floodwall.Cache` with stale-while-error.
 """
 
 from __future__ import annotations

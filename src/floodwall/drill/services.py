@@ -40,8 +40,8 @@ from floodwall.context import idempotency_key
 from floodwall.drill._record import Recorder
 from floodwall.drill.metrics import Write
 from floodwall.drill.scenario import ServiceSpec
-from floodwall.idempotency import Idempotency, fingerprint_of
 from floodwall.pipeline import Pipeline
+from floodwall.shared.idempotency import Idempotency, fingerprint_of
 
 __all__ = ["HOST", "REQUEST_HEADER", "Ledger", "MockService", "read_ledger"]
 

@@ -41,7 +41,7 @@ from floodwall.gateway.proxy import Proxy, Table
 from floodwall.gateway.routing import Router
 from floodwall.gateway.upstream import UpstreamPool
 from floodwall.observe.logs import JsonLogListener
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.global_limit import GlobalLimiter
 
 __all__ = ["RESTART_KEYS", "Gateway", "exposed_admin"]
 

@@ -52,7 +52,7 @@ from floodwall.integrations._inbound import Inbound, InboundGuard
 from floodwall.integrations._wire import parse_level
 from floodwall.ratelimit import Keyed, RateLimiter
 from floodwall.ratelimit._base import Decision
-from floodwall.ratelimit.global_limit import GlobalLimiter
+from floodwall.shared.global_limit import GlobalLimiter
 
 __all__ = ["OUTCOMES", "Route", "RouteStats", "build_route", "build_shedder"]
 

@@ -65,7 +65,6 @@ from floodwall.context import (
     Deadline,
     RetryMarker,
 )
-from floodwall.idempotency import Idempotency
 from floodwall.integrations._wire import (
     _HOP,
     _PRIORITY,
@@ -90,6 +89,7 @@ from floodwall.ratelimit._base import INF, Decision, RateLimiter
 from floodwall.ratelimit.gcra import GCRA
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.ratelimit.keyed import Keyed
+from floodwall.shared.idempotency import Idempotency
 
 __all__ = [
     "UNSAFE_METHODS",

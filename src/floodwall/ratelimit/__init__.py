@@ -1,4 +1,4 @@
-"""Rate limiting: the algorithm family behind one interface, keyed or not, local or global.
+"""Rate limiting in one process: the algorithm family behind one interface, keyed or not.
 
 Every limiter answers ``acquire(key=None, cost=1)`` with a :class:`Decision` (``allowed``,
 ``remaining``, ``reset_after``, ``retry_after``, ``limit``), ``try_acquire`` with a bool,
@@ -19,9 +19,6 @@ per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time 
 :class:`Multi`            several limiters on one key (``10/s`` and ``1000/h``)
 :class:`Keyed`            one state per key, bounded memory, idle keys evicted
 :class:`HotKeys`          listed hot key values on limits of their own beside a ``Keyed`` default
-:class:`GlobalLimiter`    one limit across processes on a store (Redis, Cluster, SQL), batched
-:class:`LeasedLimiter`    permits taken from the store in small leases and spent locally
-:class:`TimeSliceLimiter` counts locally, syncs per slice, drops with an elected drop rate
 ========================  ===================================================================
 
 See ``docs/rate-limiting.md`` (local) and ``docs/distributed.md`` (global) for each
@@ -31,15 +28,12 @@ algorithm's promise, defaults and measured cost.
 from floodwall.ratelimit._base import Decision, Rate, RateLike, RateLimiter, parse_rate
 from floodwall.ratelimit.fixed import FixedWindow
 from floodwall.ratelimit.gcra import GCRA
-from floodwall.ratelimit.global_limit import GlobalLimiter
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.ratelimit.hot import HotKeys
 from floodwall.ratelimit.keyed import Keyed
 from floodwall.ratelimit.leaky import LeakyBucket
-from floodwall.ratelimit.leasing import LeasedLimiter
 from floodwall.ratelimit.multi import Multi
 from floodwall.ratelimit.sliding import SlidingLog, SlidingWindowCounter
-from floodwall.ratelimit.timeslice import TimeSliceLimiter
 from floodwall.ratelimit.token import TokenBucket
 from floodwall.ratelimit.warmup import WarmUp
 
@@ -47,18 +41,15 @@ __all__ = [
     "GCRA",
     "Decision",
     "FixedWindow",
-    "GlobalLimiter",
     "HotKeys",
     "Keyed",
     "LeakyBucket",
-    "LeasedLimiter",
     "Multi",
     "Rate",
     "RateLike",
     "RateLimiter",
     "SlidingLog",
     "SlidingWindowCounter",
-    "TimeSliceLimiter",
     "TokenBucket",
     "WarmUp",
     "parse_rate",

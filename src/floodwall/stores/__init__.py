@@ -6,6 +6,8 @@
 ``redis+cluster://h:p``      Redis Cluster, any node(s) as seeds (``rediss+cluster://``: TLS)
 ``postgresql://``            PostgreSQL (:class:`~floodwall.stores.postgres.PostgresStore`)
 ``sqlite:///path.db``        one SQLite file, for the processes of one host
+``host://NAME``              the processes of one host, no server: System V shared memory
+                             and semaphores (:class:`~floodwall.stores.host.HostStore`; Linux)
 ===========================  ===============================================================
 
 ``connect(url, **options)`` returns a :class:`Store`; policies take it as ``store=`` (or the URL
@@ -76,6 +78,7 @@ SCHEMES = (
     "postgresql",
     "postgres",
     "sqlite",
+    "host",
 )
 
 
@@ -85,7 +88,8 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     Common options: ``prefix`` (default ``"floodwall:"``), ``timeout`` (seconds; default
     0.5 for servers, 5 for SQLite's write lock). Memory: ``clock``. Redis: any redis-py client
     option. PostgreSQL: ``pool_size``, ``auto_migrate`` and psycopg connect options. SQLite:
-    ``auto_migrate``, ``wall_clock``. Nothing connects until the first operation.
+    ``auto_migrate``, ``wall_clock``. Host: ``max_keys``, ``record_bytes``, ``bulkheads``
+    (also as URL query parameters). Nothing connects until the first operation.
     """
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
@@ -102,6 +106,10 @@ def connect(url: str = "memory://", **options: Any) -> Store:
         from floodwall.stores.sqlite import SqliteStore
 
         return SqliteStore(url, **options)
+    if scheme == "host":
+        from floodwall.stores.host import HostStore
+
+        return HostStore(url, **options)
     raise ConfigError(
         f"store url scheme must be one of {', '.join(s + '://' for s in SCHEMES)}, "
         f"got {redact(url)!r}"

@@ -1,6 +1,6 @@
 """Redis Streams as a durable, bounded queue with at-least-once delivery (consumer groups).
 
-:class:`RedisStream` is the adapter :class:`~floodwall.degrade.WriteBehind` uses when writes
+:class:`RedisStream` is the adapter :class:`~floodwall.WriteBehind` uses when writes
 must survive a process restart. It follows the stores layer's conventions: it runs on a
 :class:`~floodwall.stores.redis.RedisStore` (its clients, timeouts and URL; any ``redis://``,
 ``rediss://`` or ``redis+cluster://`` URL), its multi-step commands are Lua scripts of the

@@ -70,7 +70,7 @@ from floodwall._core.steps import Either, Step
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.context import current_idempotency_key, idempotency_key
 from floodwall.degrade._common import BacklogFullError
-from floodwall.idempotency import JSON_CODEC, Codec
+from floodwall.shared.idempotency import JSON_CODEC, Codec
 from floodwall.stores.base import StoreUnavailableError
 
 __all__ = [

@@ -51,7 +51,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.degrade._common import Matcher, mark_degraded, reason_of
-from floodwall.idempotency import JSON_CODEC, Codec
+from floodwall.shared.idempotency import JSON_CODEC, Codec
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
 from floodwall.stores.guard import StoreGuard

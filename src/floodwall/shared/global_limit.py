@@ -15,7 +15,7 @@ the same :class:`~floodwall.ratelimit.Decision`:
 
 **One round trip per decision**, atomic on the store (a Lua script called by SHA on Redis; one
 transaction on SQL), timed by the store's clock alone (Redis ``TIME``, in whole microseconds):
-the ops are in :mod:`floodwall.ratelimit._global_ops`. Keys are ``<prefix>{rl:<name>[:<key>]}``
+the ops are in :mod:`floodwall.shared._global_ops`. Keys are ``<prefix>{rl:<name>[:<key>]}``
 (one hash tag, so Redis Cluster works) and expire once their state is fresh again.
 
 **Batching** (async): concurrent ``acquire_async`` calls on one key are coalesced, the requests
@@ -56,8 +56,8 @@ from floodwall._core.validate import count as _count
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import _DEADLINE
 from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, parse_rate
-from floodwall.ratelimit._coalesce import Coalescer
-from floodwall.ratelimit._global_ops import RESET, Plan, Verdict, decision, encode, plan
+from floodwall.shared._coalesce import Coalescer
+from floodwall.shared._global_ops import RESET, Plan, Verdict, decision, encode, plan
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode

@@ -2,7 +2,7 @@
 
 ``LeasedLimiter("gcra", "5000/s", store="redis://…", expected_instances=4)`` asks the store for
 up to ``lease`` permits at a time (one round trip, the same ops as
-:class:`~floodwall.ratelimit.GlobalLimiter`, which grant ``min(lease, available)``) and admits
+:class:`~floodwall.shared.GlobalLimiter`, which grant ``min(lease, available)``) and admits
 the next requests from that local pool, with no network at all, until it is spent or
 ``lease_ttl`` seconds old (unused permits are then dropped, never returned). At ``lease`` permits
 per round trip, a busy process makes ``lease`` times fewer round trips.
@@ -47,8 +47,8 @@ from floodwall._core.roundtrip import Then
 from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.ratelimit._base import INF, Decision, RateLike, _new
-from floodwall.ratelimit._global_ops import Verdict, decision
-from floodwall.ratelimit.global_limit import GlobalLimiter, _Acquiring, _cost
+from floodwall.shared._global_ops import Verdict, decision
+from floodwall.shared.global_limit import GlobalLimiter, _Acquiring, _cost
 from floodwall.stores.base import Store
 from floodwall.stores.guard import StoreErrorMode, StoreGuard
 
@@ -74,7 +74,7 @@ class _Pool:
 
 
 class LeasedLimiter(_Acquiring, Gate):
-    """A :class:`~floodwall.ratelimit.GlobalLimiter` whose permits are leased in batches and
+    """A :class:`~floodwall.shared.GlobalLimiter` whose permits are leased in batches and
     spent locally (see [Distributed state][guide-distributed]). Options are the global limiter's,
     plus ``lease``
     (permits per lease) and ``lease_ttl`` (seconds a lease stays usable).

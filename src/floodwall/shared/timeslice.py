@@ -49,7 +49,7 @@ from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps
 from floodwall.breaker import CircuitBreaker
 from floodwall.ratelimit._base import Decision, RateLike, _new, parse_rate
-from floodwall.ratelimit.global_limit import _cost
+from floodwall.shared.global_limit import _cost
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Arg, Op, Record, Store, Write
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode

@@ -1,0 +1,307 @@
+"""``host://`` and HostBulkhead in one process (and its children): real System V objects of
+each test's own NAME, removed at its end (asserted through ``info``, what ``ipcs`` shows).
+
+The store's op contract runs in tests/test_store_contract.py (kind ``host``); the workers of a
+real gunicorn / uvicorn and the SIGKILL storms are in tests/integration/test_host_workers.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import floodwall as fw
+from floodwall.config import Registry
+from floodwall.shared.frequency import COUNT
+from floodwall.stores import StoreTimeoutError, StoreUnavailableError, connect
+from floodwall.stores.host import HostStore, info, remove
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="System V: Linux")
+
+
+def _name() -> str:
+    return f"t{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    """A NAME of this test alone; asserts that nothing of it is left at the end."""
+    value = _name()
+    yield value
+    left = info(value)
+    remove(value, force=True)
+    assert not (left.semaphores or left.shared_memory), "the test left System V objects"
+
+
+def test_bad_urls_are_refused_at_construction() -> None:
+    with pytest.raises(fw.ConfigError, match="letters, digits"):
+        connect("host://has space")
+    with pytest.raises(fw.ConfigError, match="unknown options"):
+        connect("host://app?size=3")
+    with pytest.raises(fw.ConfigError, match="record_bytes must be an integer >= 64, got 8"):
+        connect("host://app?record_bytes=8")
+    with pytest.raises(fw.ConfigError, match="host://NAME"):
+        connect("host://app/path")
+    with pytest.raises(fw.ConfigError, match="must be a host:// store"):
+        fw.HostBulkhead("db", store="memory://", max_concurrent=2)
+    with pytest.raises(fw.ConfigError, match="max_wait=1 needs max_queue >= 1"):
+        fw.HostBulkhead("db", store="host://app", max_concurrent=2, max_wait=1)
+
+
+def test_the_last_process_to_close_removes_both_objects(name: str) -> None:
+    first, second = HostStore(f"host://{name}"), HostStore(f"host://{name}")
+    assert not info(name).semaphores, "nothing is opened before the first operation"
+    assert first.apply(COUNT, "k", [5, 1000, 1])[:2] == (True, 1)
+    assert second.apply(COUNT, "k", [5, 1000, 1])[:2] == (True, 2), "one count for both"
+    assert info(name).users == 2
+    with pytest.raises(fw.ConfigError, match="in use by 2"):
+        remove(name)
+    first.close()
+    assert info(name).users == 1 and info(name).shared_memory
+    second.close()
+    assert not info(name).semaphores and not info(name).shared_memory
+    with pytest.raises(StoreUnavailableError):
+        second.apply(COUNT, "k", [5, 1000, 1])
+
+
+def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
+    with HostStore(f"host://{name}") as store:
+        store.apply(COUNT, "k", [5, 1000, 1])
+        other = HostStore(f"host://{name}?max_keys=64")
+        with pytest.raises(fw.ConfigError, match=r"exists with max_keys=4096.*got max_keys=64"):
+            other.apply(COUNT, "k", [5, 1000, 1])
+        store.slots("db", 3)
+        with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
+            store.slots("db", 4)
+        other.close()
+
+
+def test_a_torn_record_reads_as_absent(name: str) -> None:
+    with HostStore(f"host://{name}") as store:
+        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 1
+        view = store._attach()
+        slot, _, record = store._find(view, store.keys(COUNT, "k")[0].encode(), 0.0)
+        assert record is not None
+        offset = store.layout.records + slot * store.layout.record_bytes + 20
+        view[offset] ^= 0xFF  # a write cut short by a kill: the CRC no longer matches
+        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 1, "starts over, never garbage"
+
+
+def test_an_oversized_record_is_a_store_error(name: str) -> None:
+    with HostStore(f"host://{name}?record_bytes=64") as store:
+        from floodwall.shared.idempotency import BEGIN
+
+        with pytest.raises(StoreUnavailableError) as caught:
+            store.apply(BEGIN, "i" * 60, ["owner", "fp", 5000])
+        assert "at most 48 bytes" in str(caught.value.__cause__)
+
+
+def _hold_lock(name: str, then: str) -> subprocess.Popen[str]:
+    """A child that takes NAME's lock, says so, and then sleeps (to be killed or stopped)."""
+    code = (
+        "import sys, time\n"
+        "from floodwall.stores.host import HostStore\n"
+        f"s = HostStore('host://{name}')\n"
+        "s._attach(); s._lock_blocking('test')\n"
+        f"print({then!r}, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == then
+    return child
+
+
+def test_a_lock_holder_killed_with_sigkill_leaves_it_free(name: str) -> None:
+    with HostStore(f"host://{name}", timeout=5.0) as store:
+        store.apply(COUNT, "k", [5, 1000, 1])
+        child = _hold_lock(name, "holding")
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 2, "SEM_UNDO gave the lock back"
+
+
+def test_a_stopped_lock_holder_costs_at_most_the_timeout(name: str) -> None:
+    with HostStore(f"host://{name}", timeout=0.2) as store:
+        began = time.monotonic()
+        store.apply(COUNT, "k", [5, 1000, 1])
+        healthy = time.monotonic() - began
+        child = _hold_lock(name, "holding")
+        child.send_signal(signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            with pytest.raises(StoreTimeoutError):
+                store.apply(COUNT, "k", [5, 1000, 1])
+            waited = time.monotonic() - began
+            assert 0.2 <= waited <= 0.2 + 2 * healthy + 0.2, waited
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+
+
+def test_host_bulkhead_refuses_with_the_host_figures(name: str) -> None:
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as store:
+        one = fw.HostBulkhead("db", store=store, max_concurrent=2, listeners=[events.append])
+        two = fw.HostBulkhead("db", store=HostStore(f"host://{name}"), max_concurrent=2)
+        held = [one.acquire(), two.acquire()]
+        with pytest.raises(fw.BulkheadFullError) as caught:
+            one.call(lambda: None)
+        assert (caught.value.in_flight, caught.value.max_concurrent) == (2, 2)
+        assert events[-1].figures["scope"] == "host"
+        assert (one.in_flight, two.available) == (2, 0)
+        one.release(held[0])
+        assert one.call(lambda: 42) == 42 and one.in_flight == 1
+        two.release(held[1])
+        assert info(name).bulkheads == (("db", 2, 2),)
+        two.store.close()
+
+
+def test_a_waiting_thread_is_woken_by_a_release(name: str) -> None:
+    with HostStore(f"host://{name}") as store:
+        bulkhead = fw.HostBulkhead("db", store=store, max_concurrent=1, max_queue=2, max_wait=5)
+        held = bulkhead.acquire()
+        timer = threading.Timer(0.05, bulkhead.release, args=(held,))
+        began = time.monotonic()
+        timer.start()
+        assert bulkhead.call(lambda: "served") == "served"
+        assert time.monotonic() - began < 5, "woken by the release, not by the bound"
+        timer.join()
+        quick = fw.HostBulkhead("q", store=store, max_concurrent=1, max_queue=1, max_wait=0.05)
+        held = quick.acquire()
+        began = time.monotonic()
+        with pytest.raises(fw.BulkheadFullError, match=r"no slot within 0\.050s"):
+            quick.acquire()
+        assert time.monotonic() - began >= 0.05
+        quick.release(held)
+
+
+async def test_a_waiting_task_polls_without_blocking_the_loop(name: str) -> None:
+    with HostStore(f"host://{name}") as store:
+        bulkhead = fw.HostBulkhead("db", store=store, max_concurrent=1, max_queue=2, max_wait=5)
+        held = bulkhead.acquire()
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        ticker = asyncio.create_task(tick())
+        asyncio.get_running_loop().call_later(0.05, bulkhead.release, held)
+
+        async def served() -> str:
+            return "served"
+
+        assert await bulkhead.call_async(served) == "served"
+        ticker.cancel()
+        assert ticks >= 5, "the loop kept running while the task waited"
+        assert bulkhead.in_flight == 0
+
+
+def test_store_error_falls_back_to_the_local_share(name: str) -> None:
+    events: list[fw.Event] = []
+    store = HostStore(f"host://{name}")
+    bulkhead = fw.HostBulkhead(
+        "db", store=store, max_concurrent=4, expected_instances=2, listeners=[events.append]
+    )
+    assert bulkhead.call(lambda: 1) == 1
+    remove(name, force=True)  # an operator removed it under the running process
+    held = [bulkhead.acquire(), bulkhead.acquire()]  # the local share: 4 / 2
+    with pytest.raises(fw.BulkheadFullError):
+        bulkhead.acquire()
+    assert [e.kind for e in events] == ["store_down", "rejected"]
+    for permit in held:
+        bulkhead.release(permit)
+    store.close()
+    remove(name, force=True)  # what the store made again while it tried
+
+
+def test_config_scope_host_builds_one_bulkhead_for_the_host(name: str) -> None:
+    document = {
+        "stores": {"default": "memory://", "h": f"host://{name}"},
+        "resources": {
+            "db": {"bulkhead": {"max_concurrent": 2, "scope": "host", "store": "h"}},
+            "api": {"rate_limit": {"rate": "2/h", "scope": "host", "store": "h"}},
+        },
+    }
+    registry = Registry(document)
+    db = registry.get("db")
+    assert isinstance(db.bulkhead, fw.HostBulkhead)
+    assert db.call(lambda: "ok") == "ok"
+    api = registry.get("api")
+    assert [api.call(lambda: 1), api.call(lambda: 1)] == [1, 1]
+    with pytest.raises(fw.RateLimitedError):
+        api.call(lambda: 1)
+    assert registry.snapshot()["db"]["bulkhead"]["scope"] == "host"
+    registry.close()
+    wrong = {**document, "stores": {"default": "memory://", "h": "memory://"}}
+    with pytest.raises(fw.ConfigError, match=r"resources.db.bulkhead: scope: host needs"):
+        Registry(wrong)
+
+
+class SlotsModel(RuleBasedStateMachine):
+    """HostSlots against a counter: taking succeeds iff a slot is free; giving frees one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = _name()
+        self.store = HostStore(f"host://{self.name}")
+        self.slots = self.store.slots("m", 3)
+        self.held = 0
+
+    @rule()
+    def take(self) -> None:
+        assert self.slots.take() is (self.held < 3)
+        self.held = min(3, self.held + 1)
+
+    @precondition(lambda self: self.held > 0)
+    @rule(n=st.integers(1, 3))
+    def give(self, n: int) -> None:
+        for _ in range(min(n, self.held)):
+            self.slots.give()
+            self.held -= 1
+
+    @invariant()
+    def free_matches(self) -> None:
+        assert self.slots.free == 3 - self.held
+
+    def teardown(self) -> None:
+        self.store.close()
+        assert not info(self.name).semaphores
+
+
+SlotsModel.TestCase.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+test_slots_follow_the_model = SlotsModel.TestCase
+
+
+def test_a_forked_child_counts_as_a_user(name: str) -> None:
+    store = HostStore(f"host://{name}")
+    slots = store.slots("db", 2)
+    pid = os.fork()
+    if pid == 0:  # the child: take and give a slot, report the users it saw, leave
+        code = 0
+        try:
+            took = slots.take()
+            users = info(name).users
+            slots.give()
+            code = 0 if took and users == 2 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert info(name).users == 1 and slots.free == 2
+    store.close()
