@@ -27,6 +27,11 @@ upstream and load generator on another. ``--workers`` adds floodwall with ``work
 (CPU summed over its processes); on a machine with fewer than 4 CPUs the load generator and
 the upstream cannot be kept off the workers' CPUs, which the report says.
 
+``--instructions`` instead counts the user-space instructions per request of this gateway (and
+of ``--old``) under ``valgrind --tool=callgrind``: sequential keep-alive requests, counted
+between ``callgrind_control -i on`` and ``off``, so the figure does not move with the
+machine's load.
+
 Targets (issue 20): CPU per request <= 0.5 x the old revision's and <= 3.5 x nginx's; added
 p99 <= 2 ms at half the bare proxy's saturation rate. Every process is stopped at the end,
 whatever happens.
@@ -690,6 +695,79 @@ def _verdicts(data: Rounds, med: dict[str, dict[str, float]], half: float) -> li
     return out
 
 
+INSTRUCTION_WARMUP = 500
+INSTRUCTION_REQUESTS = 2000
+
+
+def sequential(port: int, count: int) -> None:
+    """``count`` GETs one after the other on one keep-alive connection."""
+    request = b"GET /item HTTP/1.1\r\nHost: bench\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for _ in range(count):
+            sock.sendall(request)
+            data = b""
+            while True:
+                data += sock.recv(65536)
+                head, sep, body = data.partition(b"\r\n\r\n")
+                found = re.search(rb"(?i)content-length:\s*(\d+)", head) if sep else None
+                if found is not None and len(body) >= int(found.group(1)):
+                    break
+
+
+def instructions(src: Path | None, workdir: Path) -> float:
+    """User-space instructions per request of the gateway of ``src`` (``None``: this one) under
+    callgrind: :data:`INSTRUCTION_REQUESTS` sequential keep-alive requests after
+    :data:`INSTRUCTION_WARMUP` of warm-up, counted from the first to the last of them
+    (``callgrind_control -i on/off``): no other load enters the count."""
+    upstream, port = free_port(), free_port()
+    config = workdir / f"callgrind-{port}.json"
+    config.write_text(json.dumps(gateway_config(port, upstream)))
+    out = workdir / f"callgrind-{port}.out"
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+    command += [sys.executable, "-m", "floodwall.gateway", "-c", str(config)]
+    with contextlib.ExitStack() as stack:
+        up = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(upstream)])
+        stack.callback(_end, up)
+        wait_port(upstream)
+        gateway = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        stack.callback(_end, gateway)
+        wait_port(port, timeout=300)
+        sequential(port, INSTRUCTION_WARMUP)
+        control = ["callgrind_control"]
+        subprocess.run([*control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+        sequential(port, INSTRUCTION_REQUESTS)
+        subprocess.run([*control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+        subprocess.run([*control, "-d", str(gateway.pid)], check=True, capture_output=True)
+    total = 0
+    for dump in workdir.glob(f"callgrind-{port}.out*"):
+        for line in dump.read_text().splitlines():
+            if line.startswith("totals:"):
+                total = max(total, int(line.split()[1]))
+    return total / INSTRUCTION_REQUESTS
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def instruction_report(old: Path | None) -> str:
+    with tempfile.TemporaryDirectory(prefix="floodwall-callgrind-") as tmp:
+        new = instructions(None, Path(tmp))
+        before = instructions(old / "src", Path(tmp)) if old is not None else None
+    line = f"* user-space instructions per request (callgrind): this revision {new / 1000:.0f} k"
+    if before is not None:
+        line += f", the old revision {before / 1000:.0f} k ({new / before:.2f} x)"
+    return line
+
+
 def write(path: Path, table: str) -> None:
     text = path.read_text(encoding="utf-8")
     block = f"{MARK_START}\n{table}\n{MARK_END}"
@@ -710,9 +788,17 @@ def main() -> None:
     parser.add_argument("--no-haproxy", action="store_true", help="leave HAProxy out")
     parser.add_argument("--old", type=Path, help="also run the gateway of this checkout")
     parser.add_argument("--workers", action="store_true", help="also run it with 2 workers")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="only count instructions per request under callgrind (this and --old)",
+    )
     parser.add_argument("--pin", action="store_true", help="proxies on one CPU, load on another")
     parser.add_argument("--write", type=Path, help="put the table into this Markdown file")
     args = parser.parse_args()
+    if args.instructions:
+        print(instruction_report(args.old))
+        return
     options = Options(
         with_nginx=not args.no_nginx,
         with_haproxy=not args.no_haproxy,
