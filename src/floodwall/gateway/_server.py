@@ -426,7 +426,8 @@ class Connection(asyncio.Protocol):
             self._deadline = self.loop.time() + self.server.head_timeout
             if self._timer is None:
                 self._arm(self._deadline)
-        if not self._in_body:  # bytes of a head (or between requests), not of a body
+        in_body = self._in_body
+        if not in_body:  # bytes of a head (or between requests), not of a body
             self._head_bytes += len(data)
         ready = self._ready
         try:
@@ -441,6 +442,8 @@ class Connection(asyncio.Protocol):
                 receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
             self._refuse(parser_refusal(exc))
             return
+        if in_body and self._in_head:  # a body ended and the next head began in this read:
+            self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
         if ready:
             self._dispatch()
         if self._head_bytes > self.rules.max_head and not self._in_body:
@@ -518,8 +521,8 @@ class Connection(asyncio.Protocol):
         headers: dict[str, str] = {}
         refusal = None
         size = 0
-        for field_name, field_value in fields:
-            name = field_name.decode("latin-1")
+        for field_name, field_value in fields:  # (a loop: CPython 3.11 runs a comprehension
+            name = field_name.decode("latin-1")  # as a function call of its own)
             value = field_value.decode("latin-1")
             raw.append((name, value))
             size += len(name) + len(value)
@@ -534,11 +537,11 @@ class Connection(asyncio.Protocol):
         version = parser.get_http_version()
         url = self._url
         request = Request(method, url.decode("latin-1"), version, raw, headers)
+        rules = self.rules = server.rules  # a reload reaches open connections' next request
         request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
         request.remote = self.peer
         request.connection = self
         request.keep_alive = parser.should_keep_alive()
-        rules = self.rules = server.rules  # a reload reaches open connections' next request
         if len(url) > server.max_line:
             refusal = _LONG_TARGET
         elif len(fields) > server.max_headers:
