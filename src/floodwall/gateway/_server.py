@@ -329,20 +329,25 @@ class HttpServer:
         return Connection(self)
 
     async def shutdown(self, grace: float) -> None:
-        """Close idle connections now; let requests in flight finish for up to ``grace``
-        seconds (each connection closes after its answer), then close the rest."""
+        """Close connections idle between requests now; let the others finish the request
+        they are serving or sending (each closes after its answer, and one just accepted gets
+        :data:`FRESH_GRACE` for its first head) for up to ``grace`` seconds, then close all."""
         self.closing = True
         for connection in list(self.connections):
             connection.close_when_idle()
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
-        busy = any(c.task is not None for c in self.connections)
-        while busy and loop.time() < until:
+        pending = any(c.pending() for c in self.connections)
+        while pending and loop.time() < until:  # (a bounded poll, at shutdown only)
             await asyncio.sleep(0.05)
-            busy = any(c.task is not None for c in self.connections)
+            pending = any(c.pending() for c in self.connections)
         for connection in list(self.connections):
             connection.abort()
         await asyncio.sleep(0)
+
+
+FRESH_GRACE: Final = 1.0
+"""Seconds a connection accepted just before a shutdown has to send its first head."""
 
 
 class Connection(asyncio.Protocol):
@@ -376,6 +381,9 @@ class Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._chunked = False
         self._close_after = False
+        self.served = 0
+        """Requests answered on this connection."""
+        self.born = self.loop.time()
 
     # -- the transport's side ---------------------------------------------------------------
 
@@ -585,6 +593,7 @@ class Connection(asyncio.Protocol):
 
     def _done(self, request: Request) -> None:
         self.task = None
+        self.served += 1
         transport = self.transport
         if transport is None:
             return
@@ -644,9 +653,18 @@ class Connection(asyncio.Protocol):
         self._arm(self._deadline)
 
     def close_when_idle(self) -> None:
-        """Close now if no request is being served, else after its answer."""
-        if self.task is None and self.transport is not None:
+        """Close now if idle between requests, else after the answer to the request it is
+        serving or sending (a connection that has not sent its first head yet may)."""
+        if self.task is None and self._state == _IDLE and self.served and self.transport:
             self.transport.close()
+
+    def pending(self) -> bool:
+        """Whether a shutdown should wait for this connection's answer."""
+        if self.transport is None:
+            return False
+        if self.task is not None or self._state in (_HEAD, _DRAIN):
+            return True
+        return not self.served and self.loop.time() - self.born < FRESH_GRACE
 
     def abort(self) -> None:
         if self.transport is not None:
