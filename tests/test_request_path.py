@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 import pkgutil
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -36,15 +37,20 @@ from floodwall.shared import (
     LeasedLimiter,
     TimeSliceLimiter,
 )
+from floodwall.stores import Store, connect
+from floodwall.stores.host import HostStore
 
 APPLICATIONS = ("floodwall.gateway", "floodwall.drill", "floodwall.sim", "floodwall.cli")
+NEEDS_A_PROJECT = ("floodwall.django",)
+"""Modules that import only inside a configured framework project (Django's settings); they
+define no policy of their own: the middleware runs the inbound guard's (tests/test_django.py)."""
 SHAPES = (Gate, Flow, Attempts, Scoped)
 
 
 def _policy_classes() -> list[type[Policy]]:
     found: dict[str, type[Policy]] = {}
     for info in pkgutil.walk_packages(fw.__path__, "floodwall."):
-        if info.name.startswith(APPLICATIONS) or info.name.endswith("__main__"):
+        if info.name.startswith(APPLICATIONS + NEEDS_A_PROJECT) or info.name.endswith("__main__"):
             continue
         try:
             module = importlib.import_module(info.name)
@@ -92,6 +98,24 @@ def _levels_gate(clock: fw.FakeClock) -> Policy:
     return gate
 
 
+_HOST_STORES: list[Store] = []
+
+
+def _host_bulkhead(clock: fw.FakeClock) -> Policy:
+    """A host-wide bulkhead on a real ``host://`` store of its own (closed after the module)."""
+    store = connect(f"host://request-path-{os.getpid()}-{len(_HOST_STORES)}")
+    assert isinstance(store, HostStore)
+    _HOST_STORES.append(store)
+    return fw.HostBulkhead("hb", store=store, max_concurrent=2, clock=clock)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_host_stores() -> Iterator[None]:
+    yield
+    while _HOST_STORES:
+        _HOST_STORES.pop().close()
+
+
 def _resource(clock: fw.FakeClock) -> Policy:
     document = {
         "resources": {
@@ -107,6 +131,7 @@ def _resource(clock: fw.FakeClock) -> Policy:
 FACTORIES: dict[str, Factory] = {
     "CircuitBreaker": lambda c: fw.CircuitBreaker("b", minimum_calls=4, open_duration=0.5, clock=c),
     "Bulkhead": lambda c: fw.Bulkhead("h", max_concurrent=2, clock=c),
+    "HostBulkhead": _host_bulkhead,
     "Timeout": lambda c: fw.Timeout(1.0, clock=c),
     "Fallback": lambda c: fw.Fallback(value=-1, clock=c),
     "Retry": lambda c: fw.Retry(
@@ -252,6 +277,7 @@ def test_every_policy_class_has_a_script() -> None:
         "RateLimiter": "abstract; its algorithms are scripted",
         "BBRLimiter": "reads the host's CPU; scripted in tests/test_adaptive_bbr.py",
         "_Metered": "a resource's meter, run inside Resource",
+        "_Observed": "a resource's meter with per-call observers, run inside Resource",
         "_LevelView": "a priority gate's per-level view, run inside PriorityGate",
     }
     scripted = {name.split(" ")[0] for name in FACTORIES}

@@ -20,10 +20,14 @@ from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.policy import Policy
 
-__all__ = ["Pipeline"]
+__all__ = ["ANSWERING", "Pipeline", "answering"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+"""Kinds of policy that can answer without the dependency: what still runs when it must not be
+called (its level is shed, or the request's deadline passed before it was sent)."""
 
 
 class Pipeline(Policy):
@@ -54,6 +58,12 @@ class Pipeline(Policy):
             call = partial(runner, stage, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
 
+    def answering(self) -> Pipeline:
+        """The policies that can answer without the dependency (:data:`ANSWERING`), in order:
+        what runs around a call that must not be made."""
+        flat = [p for policy in self.policies for p in _stages_of(policy)]
+        return Pipeline(*(p for p in flat if p.kind in ANSWERING), name=self.name)
+
     def add_listener(self, listener: EventListener) -> None:
         """Subscribe ``listener`` to the events of every policy in the pipeline."""
         for policy in self.policies:
@@ -71,6 +81,15 @@ class Pipeline(Policy):
 
     def __len__(self) -> int:
         return len(self.policies)
+
+
+def answering(policy: Policy) -> Policy | None:
+    """What of ``policy`` can answer without the dependency: a pipeline's answering policies
+    (:meth:`Pipeline.answering`; a config resource's include its meter), the policy itself if it
+    is one of :data:`ANSWERING`, else ``None``."""
+    if isinstance(policy, Pipeline):
+        return policy.answering()
+    return policy if policy.kind in ANSWERING else None
 
 
 _Stage = tuple[Callable[..., Any], Any]

@@ -257,3 +257,17 @@ TIMESLICE_STALE_SLICES = 2
 """An instance's report counts towards the global QPS for this many slices."""
 TIMESLICE_LEASE_SLICES = 3
 """Slices the elected instance's lease (and the published drop rate) lasts without renewal."""
+
+# -- task queues (issue 21) ---
+
+TASK_MAX_DEFER = 3600.0
+"""Seconds a task may be deferred in all (open breaker, rate limit, claim held elsewhere) before
+it fails with the refusal: an hour outlives most outages without keeping a message forever."""
+TASK_DEFER = 5.0
+"""Seconds a task waits after a refusal that names no ``retry_after`` (a breaker forced open by
+an operator): the breaker's default open duration."""
+TASK_DEFER_JITTER = 0.5
+"""A deferral waits ``retry_after × (1 + U(0, 0.5))``: tasks refused together come back spread
+over half the wait, not in one burst at the breaker's half-open moment."""
+TASK_MIN_DELAY = 0.05
+"""Seconds a deferred or retried task waits at least: never a tight loop through the broker."""

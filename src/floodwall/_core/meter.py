@@ -24,12 +24,22 @@ from __future__ import annotations
 import contextvars
 import threading
 from bisect import bisect_right
+from typing import Protocol
 
 from floodwall._core.errors import RejectedError
 from floodwall._core.tally import Tally, values
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS, latency_bin_bounds
 
-__all__ = ["ANSWERS", "EDGES", "OUTCOMES", "Degradation", "Meter", "note_degraded"]
+__all__ = [
+    "ANSWERS",
+    "EDGES",
+    "LATENCY_BUCKETS",
+    "OUTCOMES",
+    "CallObserver",
+    "Degradation",
+    "Meter",
+    "note_degraded",
+]
 
 EDGES = _EDGES
 """Upper edges of the latency bins (seconds); a duration's bin is ``bisect_right(EDGES, d)``."""
@@ -51,6 +61,9 @@ OUTCOMES = (
 
 ANSWERS = ("answer", "fallback", "error")
 """What a caller can get: the dependency's answer, a degraded answer, or an error."""
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds (seconds) of the latency buckets every adapter publishes (plus +Inf)."""
 
 _NOT_CALLED = frozenset({"sampled", "read_only"})
 """Degradation reasons for which the dependency was deliberately not called."""
@@ -163,3 +176,24 @@ class Meter:
             both.update(((o, "fallback"), c) for o, c in self._degraded.items())
         both["success", "answer"] = self._successes.value
         return both
+
+
+class CallObserver(Protocol):
+    """Watches every call through a resource, per call (a tracer, a latency histogram that
+    needs each duration): installed with ``Registry.add_observer``. ``begin`` runs when the call
+    enters the resource (outermost, beside the meter) and returns what ``end`` gets back;
+    ``end`` learns what the dependency did (``outcome``) and what the caller got (``answer``).
+    Neither may raise: an observer that fails is logged and skipped, never the call's failure."""
+
+    def begin(self, resource: str) -> object: ...
+
+    def end(
+        self,
+        resource: str,
+        begun: object,
+        *,
+        duration: float,
+        outcome: str,
+        answer: str,
+        error: BaseException | None,
+    ) -> None: ...

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from floodwall._core.errors import ConfigError
 from floodwall.config.schema import Document
 
-__all__ = ["LEVEL_RULES", "load", "parse", "resolve"]
+__all__ = ["LEVEL_RULES", "inherit", "load", "parse"]
 
 LEVEL_RULES: dict[int, dict[str, dict[str, Any]]] = {
     1: {
@@ -93,8 +93,8 @@ def _with_level(section: dict[str, Any], own: Mapping[str, Any], level: int) -> 
     return out
 
 
-def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply inheritance and level rules to a raw document (before validation)."""
+def inherit(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply inheritance (``defaults``) and level rules to a raw document (before validation)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"the document must be a mapping, got {type(raw).__name__}")
     inherited = raw.get("defaults") or {}
@@ -137,7 +137,7 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
 def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
     """Validate a raw mapping (already loaded from YAML/TOML/JSON) into a :class:`Document`."""
     try:
-        resolved = resolve(raw)
+        resolved = inherit(raw)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:

@@ -38,7 +38,7 @@ from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.meter import DEGRADED as _DEGRADED
 from floodwall._core.meter import EDGES as _EDGES
-from floodwall._core.meter import Degradation, Meter
+from floodwall._core.meter import CallObserver, Degradation, Meter
 from floodwall._core.policy import Policy
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -75,7 +75,7 @@ from floodwall.config.schema import (
 )
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
-from floodwall.pipeline import Pipeline, _stages, chain
+from floodwall.pipeline import ANSWERING, Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
@@ -451,12 +451,16 @@ class Resource(Pipeline):
         or the new ones, never a mix)."""
         self.policies = policies
         self.pipeline = Pipeline(*policies, name=self.name)
-        meter: tuple[Policy, ...] = () if self.meter is None else (_Metered(self),)
-        answering = tuple(p for p in policies if p.kind in self._ANSWERING)
+        meter: tuple[Policy, ...] = ()
+        if self.meter is not None:
+            observers = self._registry._observers
+            meter = (_Observed(self, observers) if observers else _Metered(self),)
+        answering = tuple(p for p in policies if p.kind in ANSWERING)
         refuse = (_refuse, self), (_refuse_async, self)
         # The meter is outermost in both plans: a shed call is counted (as shed, or as a
         # degraded answer), so an operator's shed shows in the metrics as it is.
-        shed_sync, shed_async = _stages((*meter, *answering))
+        self._answering = Pipeline(*meter, *answering, name=self.name)
+        shed_sync, shed_async = self._answering._stages, self._answering._async_stages
         self._plans = (
             _stages((*meter, *policies)),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
@@ -472,7 +476,11 @@ class Resource(Pipeline):
         else:
             self._stages, self._async_stages = self._plans[0]
 
-    _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+    def answering(self) -> Pipeline:
+        """The resource's meter and the policies that answer without the dependency (fallback,
+        cache, backup source): what runs while its level is shed, or when a request's deadline
+        passed before it was sent, so such a call is answered and counted all the same."""
+        return self._answering
 
     def _shed_error(self) -> DegradedError:
         return DegradedError(self.name, f"dependency level {self.level} is shed", None)
@@ -523,6 +531,63 @@ class _Metered(Gate):
         outcome = meter.failure(error, duration)
         if outcome not in ("error", "cancelled"):
             self._registry._rejected(self._resource, outcome, error)
+
+
+class _Observed(_Metered):
+    """The meter gate with :class:`~floodwall._core.meter.CallObserver` s: each sees the call
+    begin and end (tracing, per-call histograms). Only built while observers are installed, so
+    the plain meter's success path stays as it is."""
+
+    def __init__(self, resource: Resource, observers: tuple[CallObserver, ...]) -> None:
+        super().__init__(resource)
+        self._observers = observers
+
+    def admit(  # type: ignore[override]
+        self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Degradation | None, list[object]]:
+        begun = []
+        for observer in self._observers:
+            try:
+                begun.append(observer.begin(self.name))
+            except Exception:  # noqa: BLE001 - an observer never fails the call
+                _log.exception("observer %r failed to begin a call of %s", observer, self.name)
+                begun.append(None)
+        return _DEGRADED.get(), begun
+
+    def record(  # type: ignore[override]
+        self,
+        permit: tuple[Degradation | None, list[object]],
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        marker, begun = permit
+        meter = self._resource.meter
+        assert meter is not None
+        if error is None:
+            current = _DEGRADED.get()
+            if current is marker or current is None or current.claimed:
+                meter.success(duration)
+                outcome, answer = "success", "answer"
+            else:
+                outcome, answer = meter.degraded(current, duration), "fallback"
+        else:
+            outcome, answer = meter.failure(error, duration), "error"
+            if outcome not in ("error", "cancelled"):
+                self._registry._rejected(self._resource, outcome, error)
+        for observer, token in zip(self._observers, begun, strict=True):
+            try:
+                observer.end(
+                    self.name,
+                    token,
+                    duration=duration,
+                    outcome=outcome,
+                    answer=answer,
+                    error=error,
+                )
+            except Exception:  # noqa: BLE001 - an observer never fails the call
+                _log.exception("observer %r failed to end a call of %s", observer, self.name)
 
 
 def _checked_sync(resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -623,6 +688,7 @@ class Registry:
         """True while any override is in force: only then does a call check for shedding."""
         self._now = clock.monotonic
         self._sampled: dict[tuple[str, str], list[float]] = {}
+        self._observers: tuple[CallObserver, ...] = ()
         for name, config in self.document.resources.items():
             resource = Resource(name, config, self)
             self._build(resource, config)
@@ -1086,3 +1152,14 @@ class Registry:
 
     def add_listener(self, listener: EventListener) -> None:
         self.listeners.add(listener)
+
+    def add_observer(self, observer: CallObserver) -> None:
+        """Show ``observer`` every call through every resource, from the next call on (and
+        every resource a reload adds): what a tracer or a per-call histogram needs. Costs each
+        call the observer's work; the registry's plain meter costs nothing extra."""
+        if not self.metrics:
+            raise ConfigError("add_observer needs a registry with metrics=True (the meter gate)")
+        with self._lock:
+            self._observers = (*self._observers, observer)
+            for resource in self._resources.values():
+                resource.use(resource.policies)

@@ -89,10 +89,12 @@ FIGURES = (
     "healthy_success_rate_before",
     "healthy_p99_ms_before",
     "healthy_p99_ms_during",
+    "first_action_s",
     "detection_time_s",
     "recovery_time_s",
     "doubled_writes",
     "lost_writes",
+    "unconfirmed_writes",
     "amplification",
     "success_rate",
 )

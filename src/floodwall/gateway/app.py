@@ -335,15 +335,35 @@ class Gateway:
         return dict(self._pools)
 
     def status(self) -> dict[str, Any]:
-        """Every route, upstream, breaker and limiter, live (the admin API's ``/status``)."""
+        """Every route, upstream, breaker and limiter, live (the admin API's ``/status``).
+
+        Each route and each upstream says what the upstream did (``dependency``: requests by
+        outcome) apart from what clients got (``answers``: answer, fallback, error); an
+        upstream's are its routes' summed, and its ``tries`` count every try sent to its
+        endpoints (retries included) and those that failed."""
         registry = self.registry
+        routes = {name: route.snapshot() for name, route in self._routes.items()}
+        upstreams = {name: pool.snapshot() for name, pool in self._pools.items()}
+        for entry in upstreams.values():
+            entry["dependency"], entry["answers"] = {}, {}
+            entry["tries"] = {
+                "requests": sum(e["requests"] for e in entry["endpoints"]),
+                "failures": sum(e["failures"] for e in entry["endpoints"]),
+            }
+        for route in routes.values():
+            upstream = upstreams.get(route["upstream"])
+            if upstream is not None:
+                for part in ("dependency", "answers"):
+                    totals = upstream[part]
+                    for key, count in route["stats"][part].items():
+                        totals[key] = totals.get(key, 0) + count
         return {
             "version": self.version,
             "source": self.source,
             "requests": self.proxy.requests if self.proxy is not None else 0,
             "in_flight": self.proxy.in_flight if self.proxy is not None else 0,
-            "routes": {name: route.snapshot() for name, route in self._routes.items()},
-            "upstreams": {name: pool.snapshot() for name, pool in self._pools.items()},
+            "routes": routes,
+            "upstreams": upstreams,
             "resources": registry.snapshot(),
             "shed_levels": [level for level in (2, 3) if registry.is_shed(level)],
             "overrides": [

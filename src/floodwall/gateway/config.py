@@ -43,7 +43,7 @@ from pydantic import (
 from yarl import URL
 
 from floodwall._core.errors import ConfigError
-from floodwall.config.loader import _path, loads, resolve
+from floodwall.config.loader import _path, inherit, loads
 from floodwall.config.schema import Document, RateLimitConfig
 from floodwall.config.units import Duration
 from floodwall.gateway._tls import ClientTls, build_client_tls
@@ -631,7 +631,7 @@ def parse_gateway(raw: dict[str, Any], source: str = "<gateway>") -> GatewayDocu
     """Validate a raw mapping into a :class:`GatewayDocument` (inheritance and level rules
     applied to ``resources`` first); :class:`~floodwall.ConfigError` names the path on error."""
     try:
-        resolved = resolve(raw)
+        resolved = inherit(raw)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:

@@ -28,8 +28,10 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from floodwall._core.clock import Clock
-from floodwall._core.errors import ConfigError
+from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Listeners
+from floodwall._core.meter import ANSWERS
+from floodwall._core.meter import OUTCOMES as METER_OUTCOMES
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -54,7 +56,16 @@ from floodwall.ratelimit import Keyed, RateLimiter
 from floodwall.ratelimit._base import Decision
 from floodwall.shared.global_limit import GlobalLimiter
 
-__all__ = ["OUTCOMES", "Route", "RouteStats", "build_route", "build_shedder"]
+__all__ = [
+    "ANSWERS",
+    "DEPENDENCY_OUTCOMES",
+    "OUTCOMES",
+    "Route",
+    "RouteStats",
+    "build_route",
+    "build_shedder",
+    "rejection_outcome",
+]
 
 OUTCOMES = (
     "rate_limited",
@@ -76,15 +87,43 @@ RATE_FIELDS = frozenset(
 """Lower-case names of the fields a route's rate limit writes into every answer."""
 RATE_FIELDS_KEPT = 1024
 """Distinct ``RateLimit-*`` field sets a route keeps made (past it, the table starts over)."""
+DEPENDENCY_OUTCOMES = (*METER_OUTCOMES, "upstream_unavailable")
+"""What the upstream did for a request, as a resource's meter says it (``success``, ``error``,
+``timeout``, or the rejection that kept it from being called), plus ``upstream_unavailable``:
+no endpoint of the upstream could take it (all unhealthy or ejected)."""
+
+
+def rejection_outcome(error: RejectedError) -> str:
+    """The dependency outcome of a request refused with ``error``."""
+    kind = error.kind
+    return kind if kind in DEPENDENCY_OUTCOMES else "rejected"
+
 
 KeyFunc = Callable[[str | None, Mapping[str, str], Mapping[str, str]], Hashable]
 """``key(client_ip, headers, path_params)`` of a rate limit."""
 
 
 class RouteStats:
-    """Cumulative figures of one route (read by the admin API; one event loop writes them)."""
+    """Cumulative figures of one route (read by the admin API; one event loop writes them).
 
-    __slots__ = ("bins", "classes", "in_flight", "outcomes", "requests")
+    Each request the route's protection handled is counted twice, as a resource's meter
+    counts calls: by what the upstream did (:attr:`dependency`, :data:`DEPENDENCY_OUTCOMES`)
+    and by what the client got (:attr:`answers`: ``answer`` from the upstream, ``fallback``
+    from the resource's or the route's fallback, ``error``). An outage answered by fallbacks
+    thus reads 100 % dependency errors and 100 % degraded answers, however green the status
+    codes are. Requests refused for the client's own fault (a body too large or too slow, an
+    unsupported ``Expect``) are in neither."""
+
+    __slots__ = (
+        "_answers",
+        "_dependency",
+        "answered",
+        "bins",
+        "classes",
+        "in_flight",
+        "outcomes",
+        "requests",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -93,6 +132,26 @@ class RouteStats:
         """Answers by status class: index 1 = 1xx … 5 = 5xx (0: the client went away)."""
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.bins = [0] * HISTOGRAM_BINS
+        self.answered = 0
+        """Requests the upstream answered and the client got that answer (the hot path's
+        one increment; the other pairs go through :meth:`settle`)."""
+        self._dependency: dict[str, int] = {}
+        self._answers: dict[str, int] = {"fallback": 0, "error": 0}
+
+    def settle(self, outcome: str, answer: str) -> None:
+        """A request the upstream did not answer (``outcome``), the client got ``answer``."""
+        self._dependency[outcome] = self._dependency.get(outcome, 0) + 1
+        self._answers[answer] += 1
+
+    @property
+    def dependency(self) -> dict[str, int]:
+        """Requests by what the upstream did."""
+        return {"success": self.answered, **self._dependency}
+
+    @property
+    def answers(self) -> dict[str, int]:
+        """Requests by what the client got."""
+        return {"answer": self.answered, **self._answers}
 
     def done(self, status: int, duration: float) -> None:
         """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
@@ -108,6 +167,8 @@ class RouteStats:
             "in_flight": self.in_flight,
             "classes": {f"{i}xx" if i else "aborted": n for i, n in enumerate(self.classes)},
             "outcomes": dict(self.outcomes),
+            "dependency": self.dependency,
+            "answers": self.answers,
             "bins": {str(i): n for i, n in enumerate(self.bins) if n},
         }
 

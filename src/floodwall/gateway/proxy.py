@@ -45,6 +45,7 @@ from typing import Any, Final
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
+from floodwall._core.meter import DEGRADED
 from floodwall.context import Deadline, remaining, retry_marker
 from floodwall.gateway._client import (
     UpstreamConnectError,
@@ -71,7 +72,7 @@ from floodwall.gateway.fallbacks import (
     cacheable_response,
     degraded_value,
 )
-from floodwall.gateway.policies import Route
+from floodwall.gateway.policies import Route, rejection_outcome
 from floodwall.gateway.routing import Router, normalise_host, unsafe_path
 from floodwall.gateway.upstream import Endpoint, UpstreamPool
 from floodwall.integrations._inbound import Admission, Inbound, Refusal, refusal
@@ -438,6 +439,7 @@ class Proxy:
         admitted = route.guard.admit(_inbound((request.method, request.path, headers, peer)))
         if isinstance(admitted, Refusal):
             route.stats.count(admitted.error.kind)
+            route.stats.settle(rejection_outcome(admitted.error), "error")
             return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
@@ -453,6 +455,7 @@ class Proxy:
                 refused = _rate_decision(route, decision, extra)
                 if refused is not None:
                     route.stats.count("rate_limited")
+                    route.stats.settle("rate_limited", "error")
                     return _with(_refused(refused), table.request_id, rid, ())
             expect = headers.get("expect")
             if expect is not None:
@@ -529,24 +532,34 @@ class Proxy:
         try:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
+            outcome = rejection_outcome(error)
             if error.kind == "rate_limited":
                 route.stats.count("rate_limited")
+                route.stats.settle(outcome, "error")
                 return _refused(refusal(error))
-            return await self._failed(request, route, out, error.kind, error=error)
+            return await self._failed(request, route, out, error.kind, outcome, error=error)
         except _FAILURES as error:
             body = out.body
             if isinstance(body, _Body) and body.error is not None:
                 raise body.error from None
-            kind = "timeout" if isinstance(error, TimeoutError) else "upstream_unavailable"
-            return await self._failed(request, route, out, kind, error=error)
+            timeout = isinstance(error, TimeoutError)
+            kind = "timeout" if timeout else "upstream_unavailable"
+            outcome = "timeout" if timeout else "error"
+            return await self._failed(request, route, out, kind, outcome, error=error)
         if isinstance(result, _Live):
             return await self._live(request, route, result, table)
         if isinstance(result, Answer):
             if result.status >= 500:
-                return await self._failed(request, route, out, "upstream_5xx", answer=result)
+                return await self._failed(
+                    request, route, out, "upstream_5xx", "error", answer=result
+                )
+            route.stats.settle("error", "error")  # a 408/425/429 the retry gave up on
             return _answer(result)
-        # The resource's own fallback answered with a value: it goes out as JSON.
+        # The resource's own fallback answered with a value: it goes out as JSON. What the
+        # dependency did is in the degradation it noted (read as the resource's meter reads it).
         route.stats.count("fallback")
+        marker = DEGRADED.get()
+        route.stats.settle(marker.outcome if marker is not None else "error", "fallback")
         answer = Answer(200, [("Content-Type", "application/json")], _json(result))
         answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
         return _answer(answer)
@@ -589,16 +602,22 @@ class Proxy:
         route: Route,
         out: _Outgoing,
         kind: str,
+        outcome: str,
         *,
         error: BaseException | None = None,
         answer: Answer | None = None,
     ) -> Response:
-        route.stats.count(kind if kind in route.stats.outcomes else "upstream_unavailable")
+        """The answer to a request whose exchange failed with ``kind`` (``outcome``: what the
+        dependency did): the route's fallback's when it has one, else the failure's."""
+        stats = route.stats
+        stats.count(kind if kind in stats.outcomes else "upstream_unavailable")
         if kind in route.fallback_on:
             fallback = await self._fallback(request, route, kind, out)
             if fallback is not None:
-                route.stats.count("fallback")
+                stats.count("fallback")
+                stats.settle(outcome, "fallback")
                 return _answer(fallback)
+        stats.settle(outcome, "error")
         if answer is not None:
             return _answer(answer)
         assert error is not None
@@ -688,10 +707,12 @@ class Proxy:
                         data = await upstream.read()
             except (UpstreamError, TimeoutError) as exc:
                 route.stats.count("upstream_unavailable")
+                route.stats.settle("error", "error")
                 return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
             finally:
                 upstream.release()
                 live.endpoint.in_flight -= 1
+            route.stats.answered += 1
             if keep and cache is not None:
                 cache.put(
                     self._cache_key(request),
@@ -703,6 +724,7 @@ class Proxy:
             response = Response(status, headers, data, reason=upstream.reason)
             response.clean = True  # (no field the route adds came through from the upstream)
             return response
+        route.stats.answered += 1
         return _Streaming(
             upstream,
             live.endpoint,

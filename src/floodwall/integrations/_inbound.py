@@ -752,6 +752,14 @@ class InboundGuard:
         out["admitted", "admitted"] = self._admitted.value
         return out
 
+    def rejection_answer(self, error: BaseException) -> Refusal | None:
+        """The problem+json answer to a :class:`~floodwall.RejectedError` the app raised
+        (counted as ``app_rejected``), for a framework that answers a handler's exception
+        itself (Flask); ``None`` for anything else, or with ``answer_rejections`` off."""
+        if not self.answer_rejections or not isinstance(error, RejectedError):
+            return None
+        return self._refuse(error, [], "app_rejected")
+
     def answer_error(self, error: BaseException, admitted: Admission) -> Refusal | None:
         """The answer to ``error`` raised by the app before it answered: a problem+json
         refusal for a :class:`~floodwall.RejectedError` (with ``answer_rejections``), ending
