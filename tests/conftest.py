@@ -14,7 +14,18 @@ import pytest
 import redis
 
 from floodwall import FakeClock, Policy
-from floodwall.stores import Arg, MemoryStore, Op, R, Store, StoreUnavailableError, connect
+from floodwall.shared._global_ops import FIXED, Batch
+from floodwall.stores import (
+    Arg,
+    MemoryStore,
+    Op,
+    R,
+    Record,
+    Store,
+    StoreUnavailableError,
+    Write,
+    connect,
+)
 from servers import (
     PostgresServer,
     RedisCluster,
@@ -178,6 +189,37 @@ class SwitchableStore(Store):
         self._check(op)
         await asyncio.sleep(0)
         return self.inner.apply(op, key, args)
+
+
+class OnceOp(Op[tuple[bool, int]]):
+    """The store tests' simplest op, "once per ``ttl_ms``" (the seeds' ``SET NX PX``): the
+    fixed-window op that :class:`~floodwall.Frequency` runs (``ratelimit_fixed.lua`` on Redis,
+    its Python step elsewhere) with a limit of one, replying ``(took, ms_until_free)``. Args
+    from :func:`once`."""
+
+    script = FIXED.script
+
+    def step(
+        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
+    ) -> tuple[Sequence[Write], tuple[bool, int]]:
+        writes, batch = FIXED.step(records, now, args)
+        return writes, self._took(batch)
+
+    def parse(self, raw: Any) -> tuple[bool, int]:
+        return self._took(FIXED.parse(raw))
+
+    @staticmethod
+    def _took(batch: Batch) -> tuple[bool, int]:
+        _, [(allowed, _, _, reset_us, _)] = batch
+        return allowed, round(reset_us / 1000)
+
+
+ONCE = OnceOp()
+
+
+def once(ttl_ms: int) -> list[Arg]:
+    """:data:`ONCE`'s args: a limit of one per window of ``ttl_ms``, one request."""
+    return [1, ttl_ms * 1000, 1, 1]
 
 
 _LOCAL_STORES = ("memory", "host")

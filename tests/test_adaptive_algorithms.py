@@ -45,7 +45,9 @@ def test_aimd_rules() -> None:
 
 
 def test_gradient2_ignores_drops_and_app_limited_samples() -> None:
-    limit = Gradient2Limit(initial_limit=50, min_limit=1, max_concurrency=100)
+    limit = Gradient2Limit(
+        initial_limit=50, min_limit=1, max_concurrency=100, queue_size=4, decrease_smoothing=0.2
+    )
     assert limit.on_sample(0, 10 * MS, 50, True) == 50  # drop ignored: RTT steady, +queue
     before = limit.estimated_limit
     assert limit.on_sample(0, 10 * MS, 10, False) == int(before)  # inflight < limit / 2
@@ -183,15 +185,15 @@ def test_windowed_percentile() -> None:
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        (lambda: AIMDLimit(backoff_ratio=1.0), "backoff_ratio must be in"),
+        (lambda: AIMDLimit(backoff_ratio=1.0), "backoff_ratio must be a number in"),
         (lambda: AIMDLimit(min_limit=30, max_limit=20), "max_limit must be >= min_limit"),
         (lambda: AIMDLimit(timeout=0), "timeout must be"),
         (lambda: AIMDLimit(initial_limit=0), "initial_limit must be an integer >= 1"),
         (lambda: VegasLimit(initial_limit=30, max_concurrency=20), "initial_limit must be <="),
-        (lambda: VegasLimit(smoothing=1.5), "smoothing must be in"),
-        (lambda: GradientLimit(rtt_tolerance=0.5), "rtt_tolerance must be >= 1.0"),
+        (lambda: VegasLimit(smoothing=1.5), "smoothing must be a number in"),
+        (lambda: GradientLimit(rtt_tolerance=0.5), "rtt_tolerance must be a finite number >= 1"),
         (lambda: Gradient2Limit(min_limit=30, max_concurrency=20), "max_concurrency must be"),
-        (lambda: WindowedLimit(FixedLimit(1), percentile=0), "percentile must be in"),
+        (lambda: WindowedLimit(FixedLimit(1), percentile=0), "percentile must be a number in"),
         (lambda: WindowedLimit(FixedLimit(1), min_window_time=2.0), "max_window_time must be"),
         (lambda: WindowedLimit("x"), "delegate must be"),  # type: ignore[arg-type]
     ],

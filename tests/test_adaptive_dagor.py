@@ -114,6 +114,100 @@ def test_acquire_shell_records_queueing_time_on_the_clock(clock: FakeClock) -> N
     assert adm.rejected == 1
 
 
+# -- the wait rule (floodwall's, issue 18) ------------------------------------------------------
+
+MS = 1e-3
+
+
+def _busy_worker(adm: QueueingTimeAdmission) -> float:
+    """Four arrivals at t = 0 on a one-worker server at 2 ms a request; three of them served
+    back to back, each start and end reported: the service time (2 ms) and the interval between
+    starts while requests wait (2 ms) are measured, one request still waits. Returns now."""
+    for _ in range(4):
+        assert adm.admit(0.0, 0, 0)
+    now = 0.0
+    for _ in range(3):
+        adm.on_start(now, now)  # each arrived at 0, before the previous start
+        now += 2 * MS
+        adm.on_finish(now, 2 * MS)
+    return now
+
+
+def test_wait_rule_refuses_an_arrival_queued_behind_four_service_times() -> None:
+    """An arrival is refused when the requests admitted ahead of it and not yet started would
+    take longer than max_wait_ratio (4) mean service times to start: with 2 ms between starts
+    and 2 ms of service, four waiting are admitted, a fifth behind them is not."""
+    adm = QueueingTimeAdmission(business_levels=1, user_levels=4)
+    now = _busy_worker(adm)
+    for _ in range(3):  # 1, 2 and 3 waiting ahead: 2, 4, 6 ms of queue
+        assert adm.admit(now, 0, 0)
+    assert adm.admit(now, 0, 0)  # 4 ahead: 8 ms, exactly 4 service times: admitted
+    assert adm.admit(now, 0, 0) is False  # 5 ahead: 10 ms > 8 ms
+    assert (adm.wait_refused, adm.rejected, adm.admitted) == (1, 1, 8)
+    adm.on_abandon(now)  # one waiter left: a place is free again
+    assert adm.admit(now, 0, 0)
+    adm.on_start(now, now)  # the worker takes the next one: another place
+    assert adm.admit(now, 0, 0)
+    assert adm.admit(now, 0, 0) is False
+
+
+def test_wait_rule_is_off_until_starts_and_ends_are_reported() -> None:
+    """Without ends (no service time) or starts (no interval) nothing is known about the queue:
+    the paper's admission alone decides. max_wait_ratio=None turns the rule off."""
+    no_ends = QueueingTimeAdmission(business_levels=1, user_levels=4)
+    for _ in range(4):
+        no_ends.admit(0.0, 0, 0)
+    for step in range(3):
+        no_ends.on_start(step * 2 * MS, step * 2 * MS)
+    assert all(no_ends.admit(0.006, 0, 0) for _ in range(100))
+    no_starts = QueueingTimeAdmission(business_levels=1, user_levels=4)
+    no_starts.on_finish(0.002, 0.002)
+    assert all(no_starts.admit(0.002, 0, 0) for _ in range(100))
+    paper = QueueingTimeAdmission(business_levels=1, user_levels=4, max_wait_ratio=None)
+    now = _busy_worker(paper)
+    assert all(paper.admit(now, 0, 0) for _ in range(100))
+    assert paper.wait_refused == 0
+
+
+def test_wait_rule_forgets_unreported_requests_after_two_windows() -> None:
+    """A request admitted and never reported (started or abandoned) stops counting as waiting
+    once the window after the next one closes, so a caller that loses track of a request
+    cannot wedge the guard."""
+    adm = QueueingTimeAdmission(business_levels=1, user_levels=4)
+    now = _busy_worker(adm)
+    for _ in range(4):
+        adm.admit(now, 0, 0)
+    assert adm.admit(now, 0, 0) is False  # five waiting (one from the start, four new)
+    assert adm.admit(1.0, 0, 0) is False  # the next window: still waiting
+    assert adm.admit(2.0, 0, 0) is False  # and the one after
+    assert adm.admit(3.0, 0, 0)  # three windows on: forgotten
+
+
+def test_wait_rule_overflow_is_overload_and_a_surge() -> None:
+    """A window in which the wait rule refused more than overflow_share (20 %) of the arrivals
+    is overloaded, and a surge: the level, which sheds whole users, takes over from the rule.
+    One worker at 1 ms a request, arrivals at ten times that (one every 0.1 ms, users 0..99 in
+    turn): the rule refuses most of them; the window closes early at 0.1 s with 100 starts, the
+    service rate is measured (1 000/s) and the level is cut to it less alpha: 95 of the window's
+    1 000 arrivals, 10 per user, so users 0..8 (90) and not 9."""
+    adm = QueueingTimeAdmission(business_levels=1, user_levels=100)
+    started = 0
+    for i in range(1000):
+        now = i * 0.1 * MS
+        while started * MS <= now:  # the worker starts one every 1 ms, each queued 1.5 ms
+            if started:
+                adm.on_finish(started * MS, 1 * MS)
+            adm.on_start(started * MS, 1.5 * MS if started else 0.0)
+            started += 1
+        adm.admit(now, 0, i % 100)
+    assert adm.wait_refused > 0.2 * 1000
+    assert adm.last_queueing_time == 0.0  # no window closed yet
+    adm.admit(0.1, 0, 0)  # closes the window: 0.1 s, 1 000 arrivals, a surge
+    assert adm.overloaded
+    assert adm.capacity == pytest.approx(1000, rel=0.02)
+    assert adm.level.user == 8
+
+
 def test_user_priority_is_stable_and_rotates() -> None:
     assert user_priority("alice", 10) == user_priority(b"alice", 10)
     assert 0 <= user_priority(12345, 3) < 128
@@ -141,10 +235,15 @@ def test_upstream_levels_shed_early() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"alpha": 0}, "alpha must be in"),
-        ({"beta": 1}, "beta must be in"),
+        ({"alpha": 0}, "alpha must be a number in"),
+        ({"beta": 1}, "beta must be a number in"),
         ({"threshold": 0}, "threshold must be"),
         ({"window_requests": 0}, "window_requests must be"),
+        (
+            {"max_wait_ratio": 0},
+            r"max_wait_ratio must be a finite number > 0, got 0",
+        ),
+        ({"overflow_share": 1.0}, r"overflow_share must be a number in \[0, 1\), got 1\.0"),
     ],
 )
 def test_dagor_options_are_validated(kwargs: dict[str, float], message: str) -> None:

@@ -114,9 +114,12 @@ def test_exp_avg_measurement_warmup_trace() -> None:
 
 
 def test_gradient2_defaults_grow_by_the_smoothed_queue() -> None:
-    # Gradient2Limit.java with the builder defaults (initial 20, queue 4, smoothing 0.2):
+    # Gradient2Limit.java with the builder defaults (initial 20, queue 4, smoothing 0.2; two of
+    # them are not floodwall's defaults, so they are passed):
     # 20 * 0.8 + (20 + 4) * 0.2 = 20.8 -> 20, then 20.8 * 0.8 + 24.8 * 0.2 = 21.6 -> 21.
-    limit = Gradient2Limit(max_concurrency=200)
+    limit = Gradient2Limit(
+        initial_limit=20, max_concurrency=200, min_limit=20, queue_size=4, decrease_smoothing=0.2
+    )
     assert limit.on_sample(0, 10.0, 5000, False) == 20
     assert limit.on_sample(0, 10.0, 6000, False) == 21
 

@@ -13,6 +13,10 @@ import math
 import pytest
 
 from floodwall.drill.metrics import (
+    RECOVERY_HOLD,
+    RECOVERY_WINDOW,
+    VOID_LOOP_LAG,
+    VOID_SEND_LAG,
     Action,
     Call,
     EventLog,
@@ -125,20 +129,37 @@ def test_blast_radius() -> None:
     assert f.healthy_failures == {"503": 1}
 
 
-def test_detection_is_the_first_action_about_the_faulty_dependency() -> None:
+def test_item7_first_protective_action_and_detection_are_two_figures() -> None:
+    """Issue 19, item 7: a fallback 0.7 s in is the first protective action; the breaker
+    opening 1.0 s in is the detection (the dependency taken out of the path)."""
     f = compute(make_log())
-    assert f.detection_time_s == pytest.approx(0.7)
-    assert f.detected_by == "fallback fallback[y.fallback]"
+    assert f.first_action_s == pytest.approx(0.7)
+    assert f.first_action_by == "fallback fallback[y.fallback]"
+    assert f.detection_time_s == pytest.approx(1.0)
+    assert f.detected_by == "state_change circuit_breaker[y] -> OPEN"
 
 
 def test_detection_by_a_breaker_when_no_fallback_came_first() -> None:
     log = make_log()
     log.actions = [a for a in log.actions if a.kind != "fallback"]
     f = compute(log)
-    assert f.detection_time_s == pytest.approx(1.0)
-    assert f.detected_by == "state_change circuit_breaker[y] -> OPEN"
+    assert f.first_action_s == f.detection_time_s == pytest.approx(1.0)
+    assert f.detected_by == f.first_action_by == "state_change circuit_breaker[y] -> OPEN"
     log.actions = [a for a in log.actions if a.to_state != "OPEN"]
-    assert compute(log).detection_time_s is None  # the x timeout is no detection
+    f = compute(log)
+    assert f.detection_time_s is None and f.first_action_s is None  # the x timeout is neither
+
+
+def test_detection_by_shedding() -> None:
+    log = make_log()
+    log.actions = [a for a in log.actions if a.kind == "fallback"]
+    log.actions.append(Action(12.5, "rejected", "load_shedder", "y", None, "overloaded"))
+    f = compute(log)
+    assert f.first_action_s == pytest.approx(0.7)
+    assert f.detection_time_s == pytest.approx(2.5)
+    assert f.detected_by == "rejected load_shedder[y]"
+    log.actions.append(Action(11.5, "level_shed", "levels", "registry", None, "cpu"))
+    assert compute(log).detection_time_s == pytest.approx(1.5)
 
 
 def test_recovery_is_when_full_answers_are_back() -> None:
@@ -149,6 +170,21 @@ def test_recovery_is_when_full_answers_are_back() -> None:
     assert f.recovery_time_s == pytest.approx(3.0)
     assert compute(make_log(degraded_until=20.0)).recovery_time_s == 0.0
     assert compute(make_log(degraded_until=99.0)).recovery_time_s is None  # not in the run
+
+
+def test_item7_recovery_must_hold_for_every_window() -> None:
+    """Issue 19, item 7: full answers back for one 2 s window, then lost again for a moment,
+    is not a recovery: it counts from when they are back for RECOVERY_HOLD windows."""
+    log = make_log(degraded_until=20.0)
+    relapse = {at(k) for k in range(225, 230)}  # 22.55 .. 22.95 s: five degraded answers
+    log.requests = [
+        dataclasses.replace(r, degraded=True) if r.route == "/b" and r.start in relapse else r
+        for r in log.requests
+    ]
+    assert RECOVERY_HOLD == 2 and RECOVERY_WINDOW == 2.0
+    # [20, 22) is back, but [22, 24) is not; the first t whose [t, t+2) and [t+2, t+4) both
+    # hold starts after the relapse: 23.0 s, 3.0 s after the fault ended.
+    assert compute(log).recovery_time_s == pytest.approx(3.0)
 
 
 def test_recovery_tolerates_one_percentage_point() -> None:
@@ -168,6 +204,78 @@ def test_the_ledger_audit() -> None:
     assert f.doubled_writes == 1
     assert f.lost_writes == 1
     assert f.unconfirmed_writes == 1
+    assert f.audit == {
+        "pay": {
+            "orders": 5,
+            "applied": 4,
+            "doubled": 1,
+            "lost": 1,
+            "unconfirmed": 1,
+            "doubled_orders": ["o2"],
+            "lost_orders": ["o3"],
+            "unconfirmed_orders": ["o4"],
+        }
+    }
+
+
+def two_ledgers() -> EventLog:
+    """``/order`` writes each order to inventory and to analytics; analytics lost o2 and o3
+    although the callers were told they succeeded, inventory applied o4 twice, and o5 was
+    charged on inventory while its caller was told it failed."""
+    told = {"o1": 200, "o2": 200, "o3": 200, "o4": 200, "o5": 502}
+    requests = [
+        Request(i, "/order", float(i), i + 0.1, status, order=order)
+        for i, (order, status) in enumerate(told.items())
+    ]
+    applied = {"inventory": ["o1", "o2", "o3", "o4", "o4", "o5"], "analytics": ["o1", "o4"]}
+    writes = [
+        Write(service, float(i), order)
+        for service, orders in applied.items()
+        for i, order in enumerate(orders)
+    ]
+    return EventLog(
+        routes={"/order": ("inventory", "analytics")},
+        timeout=1.0,
+        warmup=0.0,
+        load_end=6.0,
+        end=6.0,
+        requests=requests,
+        writes=writes,
+    )
+
+
+def test_item6_the_write_audit_is_per_ledger_and_per_key() -> None:
+    """Issue 19, item 6: an order written once to inventory and once to analytics is not
+    doubled; lost writes on one ledger while callers were told success show, on that ledger."""
+    f = compute(two_ledgers())
+    inventory, analytics = f.audit["inventory"], f.audit["analytics"]
+    assert (inventory["doubled_orders"], inventory["lost_orders"]) == (["o4"], [])
+    assert inventory["unconfirmed_orders"] == ["o5"]
+    assert (analytics["doubled_orders"], analytics["lost_orders"]) == ([], ["o2", "o3"])
+    assert analytics["unconfirmed_orders"] == []
+    assert (inventory["orders"], inventory["applied"]) == (5, 6)
+    assert (analytics["orders"], analytics["applied"]) == (5, 2)
+    assert (f.doubled_writes, f.lost_writes, f.unconfirmed_writes) == (1, 2, 1)
+    assert (f.accepted_writes, f.applied_writes) == (4, 8)
+
+
+def test_item7_a_load_sent_late_voids_the_run() -> None:
+    """Issue 19, item 7: when the load generator fell behind (more than 1 % of arrivals sent
+    over a tenth of the caller's timeout late) or the event loop stalled (a quarter of it), the
+    run's figures are void, and say why."""
+    log = make_log()
+    assert compute(log).void is None
+    late = [dataclasses.replace(r, late=0.3) if r.id % 50 == 0 else r for r in log.requests]
+    f = compute(dataclasses.replace(log, requests=late))
+    assert f.send_lag_p99_ms == pytest.approx(300.0)
+    assert f.void is not None and "load generator sent its arrivals late (300 ms" in f.void
+    assert "more than 200 ms" in f.void  # the caller's timeout is 2 s
+    near = [dataclasses.replace(r, late=0.19) if r.id % 50 == 0 else r for r in log.requests]
+    assert compute(dataclasses.replace(log, requests=near)).void is None
+    stalled = dataclasses.replace(log, samples=[*log.samples, Sample(15.0, 5, 10, 50.0, 0, 0, 0.8)])
+    f = compute(stalled)
+    assert f.void is not None and "event loop fell 800 ms behind (more than 500 ms)" in f.void
+    assert VOID_SEND_LAG == 0.1 and VOID_LOOP_LAG == 0.25
 
 
 def test_amplification() -> None:
@@ -199,10 +307,12 @@ def test_a_log_without_faults_or_writes() -> None:
     assert f.healthy_success_rate_before == pytest.approx(759 / 760)
 
 
-def test_an_edge_fault_is_detected_by_any_action() -> None:
+def test_an_edge_fault_is_noticed_by_any_action() -> None:
     log = make_log()
     log.faults = [FaultWindow("edge", 10.0, 20.0, "reload gateway.yaml")]
-    assert compute(log).detection_time_s == pytest.approx(0.2)
+    f = compute(log)
+    assert f.first_action_s == pytest.approx(0.2)
+    assert f.detection_time_s == pytest.approx(1.0)
 
 
 def test_as_dict_is_plain_json_data() -> None:

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import re
+from pathlib import Path
 
-from floodwall.drill.metrics import EventLog, FaultWindow, Request, Write, compute
-from floodwall.drill.report import ScenarioReport, html_report, render_text, table_rows, to_json
+from floodwall.drill.metrics import (
+    DEFINITIONS,
+    RECOVERY_HOLD,
+    RECOVERY_WINDOW,
+    VOID_LOOP_LAG,
+    VOID_SEND_LAG,
+    EventLog,
+    FaultWindow,
+    Request,
+    Write,
+    compute,
+)
+from floodwall.drill.report import (
+    ScenarioReport,
+    html_report,
+    render_text,
+    table_rows,
+    to_json,
+    verdict,
+)
 from floodwall.drill.runner import RunResult
 
 
@@ -41,7 +62,10 @@ def test_the_comparison_table() -> None:
     assert header == ["figure", "payments\nunprotected", "payments\nprotected"]
     by_label = {row[0]: row[1:] for row in rows}
     assert by_label["doubled / lost writes"] == ["3 / 0", "0 / 0"]
-    assert by_label["detection"] == ["never", "never"]
+    assert by_label["detection (open / shed)"] == ["never", "never"]
+    assert by_label["first protective action"] == ["never", "never"]
+    assert by_label["comparison"] == ["valid", "valid"]
+    assert by_label["doubled / lost per ledger"] == ["pay 3 / 0", "pay 0 / 0"]
     assert by_label["healthy success, fault"] == ["100.0 %", "100.0 %"]
     assert by_label["healthy p99 before → fault"] == ["20 → 20 ms", "20 → 20 ms"]
     text = render_text(REPORTS)
@@ -76,3 +100,45 @@ def test_the_page_is_self_contained_and_escaped() -> None:
     data = json.loads(payload)
     assert [r["mode"] for r in data["scenarios"][0]["runs"]] == ["unprotected", "protected"]
     assert data["scenarios"][0]["runs"][0]["series"]["faults"] == [[1.0, 3.0, "pay", "hangs 4s"]]
+
+
+def test_item7_a_run_that_fell_behind_gives_no_verdict() -> None:
+    """Issue 19, item 7: a comparison with a run whose load generator fell behind prints that
+    it is void instead of a verdict, in the table, the verdict line and the HTML report."""
+    valid = verdict(REPORTS[0])
+    assert valid.startswith("verdict (payments): unprotected: healthy routes 100.0 %")
+    assert "doubled / lost writes 3 / 0" in valid
+    behind = run("protected", False)
+    late = [dataclasses.replace(r, late=0.4) for r in behind.log.requests]
+    log = dataclasses.replace(behind.log, requests=late)
+    behind = dataclasses.replace(behind, log=log, figures=compute(log))
+    report = ScenarioReport("payments", "", [run("unprotected", True), behind], 64)
+    said = verdict(report)
+    assert said.startswith("no verdict (payments): the comparison is void; protected: the load")
+    _, rows = table_rows([report])
+    assert {row[0]: row[1:] for row in rows}["comparison"] == ["valid", "VOID"]
+    page = html_report([report])
+    assert "<p class='void'>no verdict (payments)" in page
+
+
+def test_item7_one_definition_of_each_figure_everywhere() -> None:
+    """Issue 19, item 7: the command line's table and the HTML report print the figures'
+    definitions, and the chaos-drill guide and the operating guide state the same ones."""
+    text, page = render_text(REPORTS), html_report(REPORTS)
+    for name, definition in DEFINITIONS:
+        assert f"{name}: {definition}" in text
+        assert html.escape(definition) in page
+    root = Path(__file__).resolve().parent.parent / "docs"
+    drills = " ".join((root / "drills.md").read_text(encoding="utf-8").split())
+    operating = " ".join((root / "operating.md").read_text(encoding="utf-8").split())
+    assert (RECOVERY_HOLD, RECOVERY_WINDOW) == (2, 2.0)
+    assert "**2 back-to-back windows of 2 s**" in drills
+    assert "stay back for two 2 s windows" in operating
+    assert "took the faulty dependency out of the path" in drills
+    assert "took the dependency out of the path (its breaker opened, or load was shed)" in operating
+    assert "the first thing the protection did about the faulty dependency" in operating
+    assert (
+        "**10 % of the caller's timeout**" in drills
+        and "**25 % of the caller's timeout**" in drills
+    )
+    assert (VOID_SEND_LAG, VOID_LOOP_LAG) == (0.1, 0.25)

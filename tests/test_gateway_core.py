@@ -31,7 +31,7 @@ from floodwall.gateway.config import (
     OutlierConfig,
     UpstreamConfig,
 )
-from floodwall.gateway.dashboard import frame, merge_status, percentile
+from floodwall.gateway.dashboard import frame, histogram_percentile, merge_status
 from floodwall.gateway.fallbacks import (
     Answer,
     LastGood,
@@ -387,9 +387,9 @@ def _route(
 
 def test_percentiles_from_bins() -> None:
     fast, slow = latency_bin(0.001), latency_bin(0.1)
-    assert percentile({}, 0.5) is None
-    p50 = percentile({fast: 98, slow: 2}, 0.5)
-    p99 = percentile({fast: 98, slow: 2}, 0.99)
+    assert histogram_percentile({}, 0.5) is None
+    p50 = histogram_percentile({fast: 98, slow: 2}, 0.5)
+    p99 = histogram_percentile({fast: 98, slow: 2}, 0.99)
     assert p50 is not None and 0.0009 < p50 < 0.0012
     assert p99 is not None and 0.09 < p99 < 0.12
 

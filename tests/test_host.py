@@ -24,11 +24,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import floodwall as fw
 from floodwall.config import Registry
-from floodwall.shared.frequency import COUNT
+from floodwall.shared._global_ops import FIXED
 from floodwall.stores import StoreTimeoutError, StoreUnavailableError, connect
 from floodwall.stores.host import HostStore, info, remove
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="System V: Linux")
+
+
+def _count(store: HostStore, key: str = "k") -> tuple[bool, int]:
+    """Count one call of ``key`` in a fixed window of 5 per second (Frequency's op):
+    ``(allowed, calls counted in the window)``."""
+    _, [(allowed, _, remaining, _, _)] = store.apply(FIXED, key, [5, 1_000_000, 1, 1])
+    return allowed, 5 - remaining
 
 
 def _name() -> str:
@@ -63,8 +70,8 @@ def test_bad_urls_are_refused_at_construction() -> None:
 def test_the_last_process_to_close_removes_both_objects(name: str) -> None:
     first, second = HostStore(f"host://{name}"), HostStore(f"host://{name}")
     assert not info(name).semaphores, "nothing is opened before the first operation"
-    assert first.apply(COUNT, "k", [5, 1000, 1])[:2] == (True, 1)
-    assert second.apply(COUNT, "k", [5, 1000, 1])[:2] == (True, 2), "one count for both"
+    assert _count(first) == (True, 1)
+    assert _count(second) == (True, 2), "one count for both"
     assert info(name).users == 2
     with pytest.raises(fw.ConfigError, match="in use by 2"):
         remove(name)
@@ -73,15 +80,15 @@ def test_the_last_process_to_close_removes_both_objects(name: str) -> None:
     second.close()
     assert not info(name).semaphores and not info(name).shared_memory
     with pytest.raises(StoreUnavailableError):
-        second.apply(COUNT, "k", [5, 1000, 1])
+        _count(second)
 
 
 def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
     with HostStore(f"host://{name}") as store:
-        store.apply(COUNT, "k", [5, 1000, 1])
+        _count(store)
         other = HostStore(f"host://{name}?max_keys=64")
         with pytest.raises(fw.ConfigError, match=r"exists with max_keys=4096.*got max_keys=64"):
-            other.apply(COUNT, "k", [5, 1000, 1])
+            _count(other)
         store.slots("db", 3)
         with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
             store.slots("db", 4)
@@ -90,13 +97,13 @@ def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
 
 def test_a_torn_record_reads_as_absent(name: str) -> None:
     with HostStore(f"host://{name}") as store:
-        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 1
+        assert _count(store)[1] == 1
         view = store._attach()
-        slot, _, record = store._find(view, store.keys(COUNT, "k")[0].encode(), 0.0)
+        slot, _, record = store._find(view, store.keys(FIXED, "k")[0].encode(), 0.0)
         assert record is not None
         offset = store.layout.records + slot * store.layout.record_bytes + 20
         view[offset] ^= 0xFF  # a write cut short by a kill: the CRC no longer matches
-        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 1, "starts over, never garbage"
+        assert _count(store)[1] == 1, "starts over, never garbage"
 
 
 def test_an_oversized_record_is_a_store_error(name: str) -> None:
@@ -126,24 +133,24 @@ def _hold_lock(name: str, then: str) -> subprocess.Popen[str]:
 
 def test_a_lock_holder_killed_with_sigkill_leaves_it_free(name: str) -> None:
     with HostStore(f"host://{name}", timeout=5.0) as store:
-        store.apply(COUNT, "k", [5, 1000, 1])
+        _count(store)
         child = _hold_lock(name, "holding")
         child.send_signal(signal.SIGKILL)
         child.wait(10)
-        assert store.apply(COUNT, "k", [5, 1000, 1])[1] == 2, "SEM_UNDO gave the lock back"
+        assert _count(store)[1] == 2, "SEM_UNDO gave the lock back"
 
 
 def test_a_stopped_lock_holder_costs_at_most_the_timeout(name: str) -> None:
     with HostStore(f"host://{name}", timeout=0.2) as store:
         began = time.monotonic()
-        store.apply(COUNT, "k", [5, 1000, 1])
+        _count(store)
         healthy = time.monotonic() - began
         child = _hold_lock(name, "holding")
         child.send_signal(signal.SIGSTOP)
         try:
             began = time.monotonic()
             with pytest.raises(StoreTimeoutError):
-                store.apply(COUNT, "k", [5, 1000, 1])
+                _count(store)
             waited = time.monotonic() - began
             assert 0.2 <= waited <= 0.2 + 2 * healthy + 0.2, waited
         finally:

@@ -1,4 +1,4 @@
-"""Issue 19, item 3: the inbound guard's decisions by outcome and reason, and its shedder's
+"""Issue 19, item 2: the inbound guard's decisions by outcome and reason, and its shedder's
 limit and in-flight count, on a real Prometheus exposition.
 
 A burst that got 429s and 503s used to leave no trace in ``/metrics``.
@@ -37,7 +37,9 @@ def decision(outcome: str, reason: str) -> tuple[str, tuple[tuple[str, str], ...
     return ("floodwall_inbound_decisions_total", labels)
 
 
-def test_inbound_metrics_count_refusals_by_reason_and_the_shedder(clock: fw.FakeClock) -> None:
+def test_item2_inbound_metrics_count_refusals_by_reason_and_the_shedder(
+    clock: fw.FakeClock,
+) -> None:
     limiter = AdaptiveLimiter(FixedLimit(2), clock=clock)
     guard = InboundGuard(
         limits=[RateLimit("3/10s", route="/login", key="ip")],
@@ -62,7 +64,7 @@ def test_inbound_metrics_count_refusals_by_reason_and_the_shedder(clock: fw.Fake
     assert scrape(prom)[("floodwall_inbound_shedder_in_flight", (("guard", "web"),))] == 0
 
 
-def test_inbound_metrics_count_rejections_the_app_raised(clock: fw.FakeClock) -> None:
+def test_item2_inbound_metrics_count_rejections_the_app_raised(clock: fw.FakeClock) -> None:
     guard = InboundGuard(clock=clock)
     prom = CollectorRegistry()
     register_guard(guard, prom, name="web")

@@ -47,7 +47,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("observe", ("observe",)),
     (
         "integrations",
-        ("integrations", "httpx", "aiohttp", "requests", "grpc", "asgi", "wsgi", "testing"),
+        (
+            "integrations",
+            "httpx",
+            "aiohttp",
+            "requests",
+            "grpc",
+            "asgi",
+            "wsgi",
+            "celery",
+            "dramatiq",
+            "arq",
+            "django",
+            "testing",
+        ),
     ),
     ("applications", ("gateway", "drill", "sim", "cli", "__main__")),
 )

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import floodwall as fw
+from conftest import ONCE, once
 from floodwall.ratelimit import FixedWindow, Keyed, TokenBucket
-from floodwall.shared.frequency import ONCE
 from floodwall.stores import MemoryStore
 
 
@@ -36,13 +36,13 @@ def test_the_store_never_holds_more_than_max_keys_and_evicts_the_oldest() -> Non
     clock = fw.FakeClock()
     store = MemoryStore(clock=clock, max_keys=100)
     for i in range(1000):
-        assert store.apply(ONCE, f"k{i}", [60_000])[0]
+        assert store.apply(ONCE, f"k{i}", once(60_000))[0]
         assert len(store) <= 100
     assert len(store) == 100
     assert store.evicted == 900
     assert store.raw("floodwall:{k999}") is not None  # the newest stay
     assert store.raw("floodwall:{k0}") is None  # the oldest made room
-    assert not store.apply(ONCE, "k999", [60_000])[0]  # a kept record still decides
+    assert not store.apply(ONCE, "k999", once(60_000))[0]  # a kept record still decides
     assert store.describe() == {
         "url": "memory://",
         "records": 100,
@@ -55,12 +55,12 @@ def test_an_expired_record_makes_room_before_any_live_one() -> None:
     clock = fw.FakeClock()
     store = MemoryStore(clock=clock, max_keys=10)
     for i in range(5):
-        store.apply(ONCE, f"short{i}", [1_000])
+        store.apply(ONCE, f"short{i}", once(1_000))
     for i in range(5):
-        store.apply(ONCE, f"long{i}", [60_000])
+        store.apply(ONCE, f"long{i}", once(60_000))
     clock.advance(2.0)
     for i in range(5):
-        store.apply(ONCE, f"new{i}", [60_000])
+        store.apply(ONCE, f"new{i}", once(60_000))
     assert store.evicted == 0  # the expired records were replaced, no live one was lost
     assert all(store.raw(f"floodwall:{{long{i}}}") is not None for i in range(5))
 
@@ -69,23 +69,23 @@ def test_expired_records_go_without_being_touched_and_no_op_scans_the_table() ->
     clock = fw.FakeClock()
     store = MemoryStore(clock=clock, max_keys=MemoryStore.SHARD_KEYS)  # one shard, one hand
     for i in range(1000):
-        store.apply(ONCE, f"k{i}", [1_000])
+        store.apply(ONCE, f"k{i}", once(1_000))
     store._shards = [table := Counting(store._shards[0])]
     clock.advance(2.0)
     most = 0
     for _ in range(600):
         before = table.touched
-        store.apply(ONCE, "busy", [1])
+        store.apply(ONCE, "busy", once(1))
         most = max(most, table.touched - before)
     assert len(store) == 1  # two steps of the hand per op swept the 1000 expired ones
     assert most <= MemoryStore.HAND_STEPS + 1  # its steps, plus the op's own write
     full = MemoryStore(clock=clock, max_keys=50)
     for i in range(50):
-        full.apply(ONCE, f"live{i}", [60_000])
+        full.apply(ONCE, f"live{i}", once(60_000))
     full._shards = [table := Counting(full._shards[0])]
     for i in range(200):
         before = table.touched
-        full.apply(ONCE, f"more{i}", [60_000])
+        full.apply(ONCE, f"more{i}", once(60_000))
         assert table.touched - before <= MemoryStore.HAND_STEPS + MemoryStore.ROOM_STEPS
     assert full.sweep() == 0
     clock.advance(61.0)
@@ -98,7 +98,7 @@ def test_records_are_not_tracked_by_the_garbage_collector() -> None:
     gc.collect()
     before = len(gc.get_objects())
     for i in range(20_000):
-        store.apply(ONCE, f"k{i}", [60_000])
+        store.apply(ONCE, f"k{i}", once(60_000))
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert grown < 100  # 20 000 records, and no tracked object left behind by any op
@@ -110,7 +110,7 @@ def test_a_large_bound_is_kept_shard_by_shard() -> None:
     store = MemoryStore(clock=clock, max_keys=3 * MemoryStore.SHARD_KEYS + 7)
     assert len(store._shards) == 3
     for i in range(30_000):
-        store.apply(ONCE, f"k{i}", [60_000])
+        store.apply(ONCE, f"k{i}", once(60_000))
         assert len(store) <= store.max_keys
     assert all(len(shard) == store.max_keys // 3 for shard in store._shards)
     assert store.evicted == 30_000 - len(store)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pkgutil
 
 import pytest
 
+import floodwall
 from floodwall import config, ratelimit
 
 INTEGRATIONS = ("httpx", "aiohttp", "requests", "asgi", "wsgi", "grpc")
@@ -33,3 +35,35 @@ def test_integration_exports_are_defined_where_they_are_imported(name: str) -> N
 def test_config_reads_rates_with_the_limiters_parser() -> None:
     assert config.parse_rate is ratelimit.parse_rate
     assert config.parse_rate("5/h") == ratelimit.Rate(5, 3600.0)
+
+
+def _public_modules() -> list[str]:
+    """Every public module of the package (no part of its dotted name starts with ``_``)."""
+    found = ["floodwall"]
+    for info in pkgutil.walk_packages(floodwall.__path__, "floodwall."):
+        parts = info.name.split(".")[1:]
+        if not any(part.startswith("_") for part in parts):
+            found.append(info.name)
+    return found
+
+
+def test_no_two_public_functions_share_a_name() -> None:
+    """A function name exported twice is the same function (a facade re-export), never two
+    functions with different meanings (``config.resolve`` / ``stores.resolve`` were)."""
+    seen: dict[str, tuple[str, object]] = {}
+    clashes = []
+    for name in _public_modules():
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:  # an integration whose framework is not installed here
+            if exc.name is None or exc.name.startswith("floodwall"):
+                raise
+            continue
+        for export in getattr(module, "__all__", ()):
+            value = getattr(module, export)
+            if isinstance(value, type) or not callable(value):
+                continue
+            first = seen.setdefault(export, (name, value))
+            if first[1] is not value:
+                clashes.append(f"{export}: {first[0]} and {name}")
+    assert clashes == []

@@ -162,7 +162,7 @@ def test_opentelemetry_metrics_and_span_events(clock: fw.FakeClock) -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     registry = Registry(DOC, clock=clock)
-    instrument(registry, provider.get_meter("floodwall-test"))
+    instrument(registry, provider.get_meter("floodwall-test"), spans=False)
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -191,6 +191,142 @@ def test_opentelemetry_metrics_and_span_events(clock: fw.FakeClock) -> None:
     names = [e.name for e in span.events]
     assert "floodwall.state_change" in names
     assert "floodwall.rejected" in names
+
+
+PARITY_DOC = {
+    "resources": {
+        **DOC["resources"],
+        "ranking": {"adaptive": {"algorithm": "aimd", "options": {"initial_limit": 5}}},
+    }
+}
+"""Every policy a Prometheus family reads, so every family has series."""
+
+
+def otel_points(reader: InMemoryMetricReader) -> dict[str, dict[tuple[tuple[str, str], ...], Any]]:
+    """``{instrument: {sorted attributes: data point}}`` from an in-memory reader."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    out: dict[str, dict[tuple[tuple[str, str], ...], Any]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points = out.setdefault(metric.name, {})
+                for point in metric.data.data_points:
+                    labels = tuple(sorted((k, str(v)) for k, v in (point.attributes or {}).items()))
+                    points[labels] = point
+    return out
+
+
+def test_item5_opentelemetry_publishes_every_prometheus_family_with_the_same_figures(
+    clock: fw.FakeClock,
+) -> None:
+    """Issue 19, item 5: one OpenTelemetry instrument per Prometheus family (the library's
+    and the inbound guard's), the same label names, the same values, a UCUM unit each, and a
+    duration histogram counting the same calls."""
+    from floodwall.adaptive import AdaptiveLimiter, FixedLimit, LoadShedder
+    from floodwall.integrations._inbound import Inbound, InboundGuard
+    from floodwall.observe.otel import PROMETHEUS_TWINS, instrument_guard
+    from floodwall.observe.prometheus import register_guard
+
+    registry = Registry(PARITY_DOC, clock=clock)
+    guard = InboundGuard(shedder=LoadShedder(AdaptiveLimiter(FixedLimit(1), clock=clock)))
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("parity")
+    instrument(registry, meter, spans=False)
+    instrument_guard(guard, meter, name="web")
+    exercise(registry, clock)
+    registry.get("ranking").call(clock.advance, 0.004)
+    held = guard.admit(Inbound("GET", "/", {}, "10.0.0.1"))
+    guard.admit(Inbound("GET", "/", {}, "10.0.0.1"))  # shed: the limit is 1
+    prom = CollectorRegistry()
+    register(registry, prom)
+    register_guard(guard, prom, name="web")
+    families = {
+        family.name: family
+        for family in text_string_to_metric_families(generate_latest(prom).decode())
+    }
+    points = otel_points(reader)
+    data = reader.get_metrics_data()
+    assert data is not None
+    units = {
+        m.name: m.unit
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    published = {
+        sample.name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+        for family in families.values()
+        for sample in family.samples
+    }
+    published = {name for name in published if not name.endswith("_created")}
+    assert published == set(PROMETHEUS_TWINS), published ^ set(PROMETHEUS_TWINS)
+    assert set(points) == set(PROMETHEUS_TWINS.values())
+    assert all(units[name] for name in points), units
+    assert units["floodwall.call.duration"] == "s"
+    for family in families.values():
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith(("_bucket", "_sum", "_created")):
+                continue
+            if name == "floodwall_call_duration_seconds_count":
+                twin = points["floodwall.call.duration"]
+                count = sum(
+                    p.count for k, p in twin.items() if ("resource", sample.labels["resource"]) in k
+                )
+                assert count == sample.value, (name, sample.labels)
+                continue
+            labels = tuple(sorted(sample.labels.items()))
+            point = points[PROMETHEUS_TWINS[name]].get(labels)
+            assert point is not None, (name, labels)
+            assert point.value == pytest.approx(sample.value), (name, labels)
+    assert held is not None
+
+
+def test_item5_a_span_per_protected_call_with_the_policies_decisions(clock: fw.FakeClock) -> None:
+    """Issue 19, item 5: with a tracer provider, each call through a resource is a span that
+    says what the dependency did and what the caller got, with the decisions as events."""
+    registry = Registry(DOC, clock=clock)
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("spans")
+    instrument(registry, meter, tracer_provider=tracer_provider)
+    tracer = tracer_provider.get_tracer("app")
+    with tracer.start_as_current_span("request") as outer:
+        exercise(registry, clock)
+        clock.advance(1.0)  # search's rate limit has a token again
+        registry.get("search").call(lambda: tracer.start_span("inner").end())
+    spans = exporter.get_finished_spans()
+    ours = [span for span in spans if span.name.startswith("floodwall ")]
+    assert [span.name for span in ours[:5]] == ["floodwall payments"] * 5
+    attrs = [dict(span.attributes or {}) for span in ours]
+    assert [(a["floodwall.outcome"], a["floodwall.answer"]) for a in attrs[:6]] == [
+        ("success", "answer"),
+        ("success", "answer"),
+        ("success", "answer"),
+        ("error", "error"),
+        ("error", "error"),
+        ("circuit_open", "error"),
+    ]
+    assert attrs[3]["error.type"] == "error"
+    assert ours[3].status.status_code.name == "ERROR"
+    assert "floodwall.state_change" in [e.name for e in ours[4].events]  # the breaker opened
+    assert "floodwall.rejected" in [e.name for e in ours[5].events]
+    reviews = next(span for span in ours if span.name == "floodwall reviews")
+    assert dict(reviews.attributes or {})["floodwall.answer"] == "fallback"
+    assert reviews.status.status_code.name == "UNSET"  # the caller got an answer
+    assert "floodwall.fallback" in [e.name for e in reviews.events]
+    context = outer.get_span_context()
+    assert all(span.parent is not None and span.parent.span_id == context.span_id for span in ours)
+    # the call's own spans nest under floodwall's span; the span-less path stays free
+    inner = next(span for span in spans if span.name == "inner")
+    assert inner.parent is not None and inner.parent.span_id == ours[-1].context.span_id
+    histogram = otel_points(reader)["floodwall.call.duration"]
+    failed = histogram[(("error.type", "error"), ("resource", "payments"))]
+    assert failed.count == 2
+    assert sum(p.count for p in histogram.values()) == len(ours)
 
 
 def dashboard_queries() -> list[tuple[str, str]]:

@@ -12,10 +12,11 @@ import http.server
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.parser import text_string_to_metric_families
 
 import floodwall as fw
+from conftest import GatewayThread
 from floodwall.config import Registry
 from floodwall.observe import Meter
 from floodwall.observe.otel import instrument
@@ -39,7 +41,7 @@ def fail() -> None:
     raise ConnectionError("down")
 
 
-def test_outcomes_fallback_answer_counts_the_dependency_error(clock: fw.FakeClock) -> None:
+def test_item1_a_fallback_answer_counts_the_dependency_error(clock: fw.FakeClock) -> None:
     registry = Registry({"resources": {"reviews": {"fallback": {"value": []}}}}, clock=clock)
     reviews = registry.get("reviews")
     assert reviews.call(fail) == []
@@ -52,7 +54,7 @@ def test_outcomes_fallback_answer_counts_the_dependency_error(clock: fw.FakeCloc
     assert meter.read_both() == {("error", "fallback"): 1, ("success", "answer"): 1}
 
 
-def test_outcomes_rejection_answered_by_fallback_counts_the_rejection_kind(
+def test_item1_rejection_answered_by_fallback_counts_the_rejection_kind(
     clock: fw.FakeClock,
 ) -> None:
     doc = {
@@ -75,7 +77,7 @@ def test_outcomes_rejection_answered_by_fallback_counts_the_rejection_kind(
     assert meter.answers() == {"answer": 0, "fallback": 5, "error": 0}
 
 
-def test_outcomes_error_without_fallback_is_an_error_answer(clock: fw.FakeClock) -> None:
+def test_item1_error_without_fallback_is_an_error_answer(clock: fw.FakeClock) -> None:
     registry = Registry({"resources": {"plain": {}}}, clock=clock)
     plain = registry.get("plain")
     with pytest.raises(ConnectionError):
@@ -84,7 +86,7 @@ def test_outcomes_error_without_fallback_is_an_error_answer(clock: fw.FakeClock)
     assert plain.meter.answers() == {"answer": 0, "fallback": 0, "error": 1}
 
 
-def test_outcomes_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> None:
+def test_item1_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> None:
     registry = Registry({"resources": {"reviews": {"fallback": {"value": []}}}}, clock=clock)
     reviews = registry.get("reviews")
 
@@ -96,7 +98,7 @@ def test_outcomes_async_fallback_is_counted_as_degraded(clock: fw.FakeClock) -> 
     assert reviews.meter.read_both() == {("error", "fallback"): 1, ("success", "answer"): 0}
 
 
-def test_outcomes_a_nested_resource_degradation_is_counted_once(clock: fw.FakeClock) -> None:
+def test_item1_a_nested_resource_degradation_is_counted_once(clock: fw.FakeClock) -> None:
     """The inner resource's fallback answered; the outer resource's dependency (the code that
     called the inner one) answered normally."""
     doc = {"resources": {"outer": {}, "inner": {"fallback": {"value": 0}}}}
@@ -115,7 +117,7 @@ def test_outcomes_a_nested_resource_degradation_is_counted_once(clock: fw.FakeCl
     assert outer.meter.answers() == {"answer": 1, "fallback": 0, "error": 0}
 
 
-def test_outcomes_a_degradation_before_the_call_is_not_this_calls(clock: fw.FakeClock) -> None:
+def test_item1_a_degradation_before_the_call_is_not_this_calls(clock: fw.FakeClock) -> None:
     fallback = fw.Fallback(value=0)
     assert fallback.call(fail) == 0  # no meter around it: the marker stays in the context
     registry = Registry({"resources": {"next": {}}}, clock=clock)
@@ -125,7 +127,7 @@ def test_outcomes_a_degradation_before_the_call_is_not_this_calls(clock: fw.Fake
     assert nxt.meter.answers() == {"answer": 1, "fallback": 0, "error": 0}
 
 
-def test_outcomes_meter_counts_stay_consistent() -> None:
+def test_item1_meter_counts_stay_consistent() -> None:
     meter = Meter()
     meter.success(0.01)
     assert meter.failure(fw.TimeoutExceeded("t", 1.0), 1.0) == "timeout"
@@ -252,27 +254,80 @@ def panel(title: str) -> str:
     return expr.replace("$resource", ".*").replace("[1m]", PANEL_RANGE)
 
 
-@pytest.mark.integration
-def test_outcomes_outage_shows_dependency_errors_and_degraded_answers(
-    downstreams: tuple[Downstream, Downstream], tmp_path: Path
-) -> None:
-    inventory, analytics = downstreams
-    doc = {
-        "resources": {
-            name: {
-                "circuit_breaker": {"minimum_calls": 5, "failure_rate": 0.5, "open_duration": "1s"},
-                "timeout": "1s",
-                "fallback": {"value": b"{}"},
-            }
-            for name in ("inventory", "analytics")
-        }
+RESOURCES = {
+    name: {
+        "circuit_breaker": {"minimum_calls": 5, "failure_rate": 0.5, "open_duration": "1s"},
+        "timeout": "1s",
+        "fallback": {"value": b"{}"},
     }
-    registry = Registry(doc)
+    for name in ("inventory", "analytics")
+}
+
+
+def gateway_config(resources: dict[str, Downstream]) -> dict[str, Any]:
+    """A gateway in front of the downstreams: one route and one upstream per downstream, each
+    protected by a resource like the library's (its fallback answers ``{}``)."""
+    fallback = {name: {**config, "fallback": {"value": {}}} for name, config in RESOURCES.items()}
+    return {
+        "upstreams": {
+            name: {"endpoints": [f"http://{HOST}:{downstream.port}"], "outlier_detection": False}
+            for name, downstream in resources.items()
+        },
+        "resources": fallback,
+        "routes": [
+            {"name": name, "match": {"path_prefix": f"/{name}"}, "upstream": name, "resource": name}
+            for name in resources
+        ],
+    }
+
+
+Figures = dict[tuple[str, str, str], float]
+
+
+def gateway_figures(status: dict[str, Any]) -> Figures:
+    """``(where, name, kind) -> count`` from the gateway's ``/status``: each route's and each
+    upstream's requests by what the upstream did and by what the client got."""
+    out: Figures = {}
+    for where, entries in (("route", status["routes"]), ("upstream", status["upstreams"])):
+        for name, entry in entries.items():
+            counts = entry["stats"] if where == "route" else entry
+            for part in ("dependency", "answers"):
+                for kind, count in counts[part].items():
+                    out[(f"{where}.{part}", name, kind)] = float(count)
+    return out
+
+
+def gateway_scrape(text: str) -> Figures:
+    out: Figures = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (
+                "floodwall_gateway_dependency_outcomes_total",
+                "floodwall_gateway_answers_total",
+            ):
+                kind = sample.labels.get("outcome") or sample.labels["answer"]
+                out[(sample.name, sample.labels["route"], kind)] = sample.value
+    return out
+
+
+@pytest.mark.integration
+def test_item1_outage_shows_dependency_errors_and_degraded_answers_everywhere(
+    downstreams: tuple[Downstream, Downstream],
+    tmp_path: Path,
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    """Issue 19, items 1 and 3: both downstreams down for ``OUTAGE_SECONDS``, every call and
+    every gateway request answered by a fallback; the library's scrape, the OTel reader, the
+    dashboard's panels on a real Prometheus, and the gateway's ``/status`` (each route and each
+    upstream) and ``/metrics`` all show >= 99 % dependency errors and degraded answers."""
+    inventory, analytics = downstreams
+    registry = Registry({"resources": RESOURCES})
     prom = CollectorRegistry()
     register(registry, prom)
     reader = InMemoryMetricReader()
     instrument(registry, MeterProvider(metric_readers=[reader]).get_meter("outage"))
     resources = {"inventory": inventory, "analytics": analytics}
+    gateway = gateways(gateway_config(resources))
     target = free_port()
     exporter, thread = start_http_server(target, addr=HOST, registry=prom)
     server = PrometheusServer(f"{HOST}:{target}", tmp_path)
@@ -281,7 +336,7 @@ def test_outcomes_outage_shows_dependency_errors_and_degraded_answers(
             pytest.fail(
                 f"prometheus exited or did not scrape 3 times in 30 s:\n{log_tail(server.log)}"
             )
-        outage(registry, prom, reader, resources, server)
+        outage(registry, prom, reader, resources=resources, server=server, gateway=gateway)
     finally:
         terminate([server.proc])
         exporter.shutdown()
@@ -293,53 +348,90 @@ def outage(
     registry: Registry,
     prom: CollectorRegistry,
     reader: InMemoryMetricReader,
+    *,
     resources: dict[str, Downstream],
     server: PrometheusServer,
+    gateway: GatewayThread,
 ) -> None:
     """Both downstreams down for ``OUTAGE_SECONDS``, every call answered by its fallback: the
-    scrape, the OTel reader and the dashboard's panels on a real Prometheus all say so."""
+    scrape, the OTel reader, the dashboard's panels on a real Prometheus and the gateway's
+    ``/status`` and ``/metrics`` all say so."""
     inventory, analytics = resources["inventory"], resources["analytics"]
+    client = httpx.Client(base_url=gateway.url, timeout=5)
 
     for _ in range(20):  # healthy: every answer from the dependency
         for name, downstream in resources.items():
             assert registry.get(name).call(downstream.get) == b'{"ok": true}'
+            answer = client.get(f"/{name}")
+            assert (answer.status_code, answer.json()) == (200, {"ok": True})
     healthy = prometheus_figures(prom)
     assert healthy[("floodwall_calls_total", "inventory", "success")] == 20
     assert healthy[("floodwall_answers_total", "inventory", "answer")] == 20
+    status = gateway_figures(gateway.admin("GET", "/status").json())
+    assert status[("route.dependency", "inventory", "success")] == 20
+    assert status[("upstream.answers", "analytics", "answer")] == 20
 
     inventory.stop()
     analytics.stop()
     prom_before, otel_before = prometheus_figures(prom), otel_figures(reader)
+    gw_before = gateway_figures(gateway.admin("GET", "/status").json())
+    scrape_before = gateway_scrape(gateway.admin("GET", "/metrics").text)
     end = time.monotonic() + OUTAGE_SECONDS
     while time.monotonic() < end:
         for name, downstream in resources.items():
             assert registry.get(name).call(downstream.get) == b"{}"
+            answer = client.get(f"/{name}")
+            assert (answer.status_code, answer.json()) == (200, {}), answer.text
+            assert answer.headers["x-degraded"].startswith(f"{name}.fallback")
         time.sleep(CALL_INTERVAL)
     prom_after, otel_after = prometheus_figures(prom), otel_figures(reader)
+    gw_after = gateway_figures(gateway.admin("GET", "/status").json())
+    scrape_after = gateway_scrape(gateway.admin("GET", "/metrics").text)
+    client.close()
+    print(f"outage figures over {OUTAGE_SECONDS:g} s (calls, dependency error share, degraded):")
 
     for name in resources:
-        calls, error_share, degraded_share = shares(
-            prom_before, prom_after, "floodwall_calls_total", "floodwall_answers_total", name
-        )
-        assert calls >= 50, f"{name}: only {calls} calls in the outage"
-        assert error_share >= 0.99, f"{name}: Prometheus dependency error share {error_share}"
-        assert degraded_share >= 0.99, f"{name}: Prometheus degraded share {degraded_share}"
-        calls, error_share, degraded_share = shares(
-            otel_before, otel_after, "floodwall.calls", "floodwall.answers", name
-        )
-        assert calls >= 50
-        assert error_share >= 0.99, f"{name}: OTel dependency error share {error_share}"
-        assert degraded_share >= 0.99, f"{name}: OTel degraded share {degraded_share}"
+        views = {
+            "prometheus": (
+                prom_before,
+                prom_after,
+                "floodwall_calls_total",
+                "floodwall_answers_total",
+            ),
+            "otel": (otel_before, otel_after, "floodwall.calls", "floodwall.answers"),
+            "gateway /status route": (gw_before, gw_after, "route.dependency", "route.answers"),
+            "gateway /status upstream": (
+                gw_before,
+                gw_after,
+                "upstream.dependency",
+                "upstream.answers",
+            ),
+            "gateway /metrics": (
+                scrape_before,
+                scrape_after,
+                "floodwall_gateway_dependency_outcomes_total",
+                "floodwall_gateway_answers_total",
+            ),
+        }
+        for view, (before, after, calls_name, answers_name) in views.items():
+            calls, error_share, degraded_share = shares(
+                before, after, calls_name, answers_name, name
+            )
+            print(f"  {name:9} {view:25} {calls:5.0f}  {error_share:.4f}  {degraded_share:.4f}")
+            assert calls >= 50, f"{name}, {view}: only {calls} calls in the outage"
+            assert error_share >= 0.99, f"{name}, {view}: dependency error share {error_share}"
+            assert degraded_share >= 0.99, f"{name}, {view}: degraded share {degraded_share}"
     for title in ("Dependency error and rejection share", "Degraded answer share"):
         figures = {
             series["metric"]["resource"]: float(series["value"][1])
             for series in server.query(panel(title))
         }
+        print(f"  Grafana panel {title!r}: {figures}")
         assert set(figures) == set(resources), (title, figures)
         assert all(value >= 0.99 for value in figures.values()), (title, figures)
 
 
-def test_a_shed_resource_still_counts_its_calls() -> None:
+def test_item1_a_shed_resource_still_counts_its_calls() -> None:
     """An operator's shed is an outage the metrics must show: shed calls pass the meter too,
     refused (no fallback) or answered by the fallback."""
     clock = fw.FakeClock()

@@ -133,6 +133,19 @@ SAMPLES: dict[tuple[str, str], Sample] = {
     ("docs/gateway.md", GATEWAY): Sample(
         every, commands=(("floodwall", "check-config", "{examples}/gateway.yaml"),)
     ),
+    ("docs/task-queues.md", "pip install 'floodwall[celery]'"): Sample(
+        code="import floodwall.celery\nassert floodwall.celery.GuardedTask.guard is None"
+    ),
+    ("docs/task-queues.md", "pip install 'floodwall[dramatiq]'"): Sample(
+        code="import floodwall.dramatiq\nassert callable(floodwall.dramatiq.actor)"
+    ),
+    ("docs/task-queues.md", "pip install 'floodwall[arq]'"): Sample(
+        code="import floodwall.arq\nassert callable(floodwall.arq.func)"
+    ),
+    ("docs/celery.md", "pip install 'floodwall[celery]'"): Sample(every, needs=("redis",)),
+    ("docs/dramatiq.md", "pip install 'floodwall[dramatiq]'"): Sample(every),
+    ("docs/arq.md", "pip install 'floodwall[arq]'"): Sample(every, needs=("redis",)),
+    ("docs/django.md", "pip install 'floodwall[django,prometheus]'"): Sample(every),
 }  # fmt: skip
 """Every documented install line, by page, and the sample that proves it enough."""
 
@@ -434,6 +447,10 @@ NEEDS_AN_EXTRA = {
     "floodwall.grpc": ("grpc", "grpc"),
     "floodwall.observe.prometheus": ("prometheus", "prometheus_client"),
     "floodwall.observe.otel": ("otel", "opentelemetry"),
+    "floodwall.celery": ("celery", "celery"),
+    "floodwall.dramatiq": ("dramatiq", "dramatiq"),
+    "floodwall.arq": ("arq", "arq"),
+    "floodwall.django": ("django", "django"),
 }
 
 

@@ -1,22 +1,26 @@
 """Scenarios ported from the peers' own test suites, run against floodwall on a fake clock.
 
-Each test names the peer file and test it follows (resilience4j's
-``CircuitBreakerStateMachineTest.java``, pybreaker's ``tests/pybreaker_test.py``, tenacity's
-``tests/test_tenacity.py``, Polly's and Sentinel's documented behaviour) and either agrees with
-the peer or says in its docstring why floodwall differs. The inputs are the peers'; the code and
-the assertions are floodwall's own.
+Each test names the peer file and test it follows (resilience4j's circuit breaker, bulkhead,
+rate limiter, retry and interval-function tests; Polly v8's Core tests; Sentinel's degrade and
+flow-control tests; pybreaker's ``tests/pybreaker_test.py``; tenacity's ``tests/test_tenacity.py``;
+concurrency-limits' limiter tests are in ``test_adaptive_peers.py``) and either agrees with the
+peer or says in its docstring why floodwall differs, a difference also tabled on the topic's
+docs page. The inputs are the peers'; the code and the assertions are floodwall's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import sys
 import types
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import floodwall as fw
 from floodwall import (
@@ -33,7 +37,14 @@ from floodwall import (
 from floodwall._core.outcome import Kind
 from floodwall.backoff import Exponential, Fixed, FullJitter, Linear, NoBackoff, Randomized
 from floodwall.classify import DEFAULT_CLASSIFIER, ErrorClass
-from floodwall.ratelimit import FixedWindow, Keyed, TokenBucket
+from floodwall.ratelimit import (
+    FixedWindow,
+    Keyed,
+    LeakyBucket,
+    SlidingWindowCounter,
+    TokenBucket,
+    WarmUp,
+)
 from floodwall.ratelimit.hot import HotKeys
 
 R4J = "resilience4j-circuitbreaker/src/test/java/io/github/resilience4j/circuitbreaker/internal/"
@@ -87,7 +98,7 @@ def ok(b: CircuitBreaker, clock: FakeClock, duration: float = 0.0) -> None:
 def half_open(b: CircuitBreaker, clock: FakeClock) -> None:
     """resilience4j's transitionToOpenState then transitionToHalfOpenState."""
     b.trip("test: open")
-    clock.advance(b.open_duration)
+    clock.advance(b.options.open_duration)
     assert state(b) is S.HALF_OPEN
 
 
@@ -109,7 +120,7 @@ def test_count_window_smaller_than_minimum_calls_clamps(clock: FakeClock) -> Non
     windows (exercised by ``CircuitBreakerConfigTest``): floodwall clamps the same way, so
     ``window_calls=10`` with the default ``minimum_calls=20`` opens at 10 failures."""
     b = CircuitBreaker("x", window_calls=10, clock=clock)
-    assert b.minimum_calls == 10
+    assert b.options.minimum_calls == 10
     for _ in range(9):
         fail(b, clock)
     assert state(b) is S.CLOSED
@@ -163,20 +174,88 @@ def test_call_exactly_at_slow_call_duration_is_not_slow(clock: FakeClock) -> Non
     assert b.metrics().slow_calls == 1
 
 
-def test_open_period_end_is_one_definition_after_a_reopen(clock: FakeClock) -> None:
-    """Item 4. resilience4j ``shouldTransitionToHalfOpenAfterWaitInterval`` (``R4J_SM``): after a
-    reopen at a non-round time, a call at exactly the end of the open period is admitted both
-    by ``admit`` (the policy path) and by ``acquire`` (the core)."""
-    b = r4j(clock, open_duration=10.0, max_open_duration=10.0, half_open_calls=1)
+POLLY_CB = "Polly src/Polly.Core/CircuitBreaker/Controller/CircuitStateController.cs"
+POLLY_CB_TESTS = (
+    "Polly test/Polly.Core.Tests/CircuitBreaker/Controller/CircuitStateControllerTests.cs"
+)
+
+
+def _reopened_at(reopen: float, open_duration: float) -> tuple[CircuitBreaker, FakeClock]:
+    """A breaker tripped ``open_duration`` + 1 s before ``reopen`` whose half-open probe fails
+    at ``reopen`` (to the float the clock lands on: read ``clock.monotonic()``)."""
+    clock = FakeClock(reopen - open_duration - 1.0)
+    b = CircuitBreaker(
+        "x", open_duration=open_duration, max_open_duration=open_duration, clock=clock
+    )
     b.trip("test")
-    clock.advance(10.0)
-    clock.advance(0.01)
-    permit = b.acquire(clock.monotonic())
-    b.on_outcome(permit, clock.monotonic(), Kind.FAILURE, 0.0)  # reopen at +10.01
+    clock.advance(open_duration + 1.0)
+    with pytest.raises(Boom):
+        b.call(_raise_boom)  # the probe fails: OPEN again from now
     assert state(b) is S.OPEN
-    clock.advance(10.0)
-    assert b.retry_after(clock.monotonic()) == 0.0
-    assert b.admit(clock.monotonic(), (), {}) >= 0
+    return b, clock
+
+
+def _raise_boom() -> None:
+    raise Boom
+
+
+def test_flow_closed_half_open_open_half_open_reopen_at_10_01() -> None:
+    """Item 4, the issue's case. Polly ``Flow_Closed_HalfOpen_Open_HalfOpen_Closed``
+    (``POLLY_CB_TESTS``) with the end of the open period as ``PermitHalfOpenCircuitTest_NeedsLock``
+    defines it (``now >= _blockedUntil``, ``POLLY_CB``): reopened by a failed probe at t = 10.01,
+    a call at exactly +10 s (the clock moved by 10.0: 20.009999999999998 in floats) is the
+    half-open probe, through ``call()`` and through ``acquire()`` alike; one float step earlier
+    both refuse. resilience4j's ``OpenState.tryAcquirePermission`` uses ``isAfter`` (strictly
+    later, on a millisecond clock) and would still refuse at the boundary: floodwall follows
+    Polly (docs/circuit-breaker.md says so)."""
+    through_call, call_clock = _reopened_at(10.01, 10.0)
+    through_acquire, acquire_clock = _reopened_at(10.01, 10.0)
+    for twin in (call_clock, acquire_clock):
+        assert twin.monotonic() == 10.01
+        twin.advance(10.0)
+        assert twin.monotonic() == 10.01 + 10.0
+    assert through_call.retry_after(call_clock.monotonic()) == 0.0
+    assert through_call.call(lambda: "probe") == "probe"  # admitted half-open, then closed
+    assert state(through_call) is S.CLOSED
+    permit = through_acquire.acquire(acquire_clock.monotonic())
+    assert permit >= 0
+    assert state(through_acquire) is S.HALF_OPEN
+    through_acquire.on_outcome(permit, acquire_clock.monotonic(), Kind.SUCCESS, 0.0)
+    assert state(through_acquire) is S.CLOSED
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reopen=st.floats(min_value=0.001, max_value=1e7, allow_nan=False),
+    open_duration=st.floats(min_value=0.001, max_value=3600.0, allow_nan=False),
+)
+def test_open_period_end_is_one_definition(reopen: float, open_duration: float) -> None:
+    """Item 4 for any reopen time and open duration: at ``reopen + open_duration`` (the clock
+    advanced once by the open duration) ``call()`` and ``acquire()`` both admit the probe, and
+    at the float just before it both refuse: the open period's end is one stored value that
+    every path compares with (Polly's ``_blockedUntil``)."""
+    for how in ("call", "acquire"):
+        early, early_clock = _reopened_at(reopen, open_duration)
+        before = math.nextafter(early_clock.monotonic() + open_duration, -math.inf)
+        early_clock.advance(before - early_clock.monotonic())
+        if early_clock.monotonic() == before:  # the advance itself can round: only exact
+            assert not _admitted(early, how)
+        b, clock = _reopened_at(reopen, open_duration)
+        end_at = clock.monotonic() + open_duration
+        clock.advance(open_duration)
+        assert clock.monotonic() == end_at
+        assert _admitted(b, how)
+
+
+def _admitted(b: CircuitBreaker, how: str) -> bool:
+    """Whether a call now is let through, asked through ``call()`` or ``acquire()``."""
+    if how == "acquire":
+        return b.acquire(b.clock.monotonic()) >= 0
+    try:
+        b.call(lambda: None)
+    except CircuitOpenError:
+        return False
+    return True
 
 
 def test_success_completing_minimum_calls_opens(clock: FakeClock) -> None:
@@ -199,8 +278,8 @@ def test_bulkhead_max_wait_without_a_queue_is_refused() -> None:
     contradiction it refuses at construction instead of refusing every wait silently."""
     with pytest.raises(ConfigError, match=r"max_wait=2 needs max_queue >= 1"):
         Bulkhead(max_wait=2)
-    assert Bulkhead(max_wait=2, max_queue=5).max_wait == 2.0
-    assert Bulkhead(max_wait=0).max_queue == 0
+    assert Bulkhead(max_wait=2, max_queue=5).options.max_wait == 2.0
+    assert Bulkhead(max_wait=0).options.max_queue == 0
 
 
 def test_consecutive_failures_is_pybreakers_fail_max(clock: FakeClock) -> None:
@@ -618,9 +697,11 @@ def test_should_reset_metrics(clock: FakeClock) -> None:
     assert (b.metrics().calls, b.metrics().errors) == (0, 0)
 
 
-def test_should_disable_circuit_breaker(clock: FakeClock) -> None:
-    """``R4J_SM`` shouldDisableCircuitBreaker: every call passes. Documented difference:
-    floodwall's DISABLED keeps counting (shadow mode) where resilience4j's counts nothing."""
+def test_should_record_metrics_in_metrics_only_state(clock: FakeClock) -> None:
+    """``R4J_SM`` shouldRecordMetricsInMetricsOnlyState: every call passes and is counted, and
+    the state never changes. Documented difference (docs/circuit-breaker.md), in names only:
+    resilience4j's METRICS_ONLY is floodwall's DISABLED (shadow mode, with ``would_trip``
+    events)."""
     b = r4j(clock)
     b.disable()
     for _ in range(5):
@@ -639,9 +720,10 @@ def test_should_force_open_circuit_breaker(clock: FakeClock) -> None:
     assert state(b) is S.FORCED_OPEN and b.rejected == 2
 
 
-def test_should_force_close_circuit_breaker(clock: FakeClock) -> None:
-    """``R4J_SM`` shouldForceCloseCircuitBreaker: everything passes, state stays. Documented
-    difference: FORCED_CLOSED counts nothing in floodwall (resilience4j keeps metrics)."""
+def test_should_disable_circuit_breaker(clock: FakeClock) -> None:
+    """``R4J_SM`` shouldDisableCircuitBreaker: every call passes, nothing is counted, the state
+    stays. Documented difference (docs/circuit-breaker.md), in names only: resilience4j's
+    DISABLED is floodwall's FORCED_CLOSED (floodwall's DISABLED counts: the test above)."""
     b = r4j(clock)
     b.force_closed()
     ok(b, clock, 1.0)
@@ -927,7 +1009,7 @@ def test_fail_max_reconfigured_live(clock: FakeClock) -> None:
     """``PYB`` test_fail_max_setter: the threshold changes on a live breaker."""
     b = pybreaker_like(clock, fail_max=5)
     b.reconfigure(consecutive_failures=10)
-    assert b.consecutive_failures == 10
+    assert b.options.consecutive_failures == 10
     for _ in range(9):
         with pytest.raises(NotImplementedError):
             call(b, boom)
@@ -938,7 +1020,7 @@ def test_reset_timeout_reconfigured_live(clock: FakeClock) -> None:
     """``PYB`` test_reset_timeout_setter."""
     b = pybreaker_like(clock, reset_timeout=60)
     b.reconfigure(open_duration=30.0)
-    assert b.open_duration == 30.0
+    assert b.options.open_duration == 30.0
 
 
 # == tenacity tests/test_tenacity.py: stop and wait =========================================
@@ -1053,7 +1135,8 @@ def test_bulkhead_create_with_defaults() -> None:
     resilience4j's default is 25 concurrent calls, floodwall's 10 (Hystrix's semaphore
     default); neither waits by default."""
     bulkhead = Bulkhead("test")
-    assert (bulkhead.max_concurrent, bulkhead.max_queue, bulkhead.max_wait) == (10, 0, 0.0)
+    o = bulkhead.options
+    assert (o.max_concurrent, o.max_queue, o.max_wait) == (10, 0, 0.0)
 
 
 async def test_bulkhead_entry_timeout(clock: FakeClock) -> None:
@@ -1101,10 +1184,11 @@ SENTINEL_DEGRADE = "sentinel-core/src/test/java/com/alibaba/csp/sentinel/slots/b
 
 
 def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_COUNT), given
-    the minimum request amount; floodwall's ``error_count``. Documented difference: Sentinel
-    opens when the count is exceeded (``curCount > threshold``), floodwall when it is reached
-    (``>=``, as resilience4j and Polly compare): Sentinel's ``count=3`` is ``error_count=4``."""
+    """``SENTINEL_DEGRADE`` circuitbreaker/ExceptionCircuitBreakerTest
+    (DEGRADE_GRADE_EXCEPTION_COUNT), given the minimum request amount; floodwall's
+    ``error_count``. Documented difference: Sentinel opens when the count is exceeded
+    (``curCount > threshold``), floodwall when it is reached (``>=``, as resilience4j and Polly
+    compare): Sentinel's ``count=3`` is ``error_count=4``."""
     b = CircuitBreaker(
         "s", failure_rate=None, error_count=3, minimum_calls=5, window=1.0, buckets=1, clock=clock
     )
@@ -1118,7 +1202,8 @@ def test_sentinel_exception_count_rule(clock: FakeClock) -> None:
 
 
 def test_sentinel_exception_ratio_rule(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ExceptionCircuitBreakerTest (DEGRADE_GRADE_EXCEPTION_RATIO).
+    """``SENTINEL_DEGRADE`` circuitbreaker/ExceptionCircuitBreakerTest
+    (DEGRADE_GRADE_EXCEPTION_RATIO).
     Documented difference: a ratio exactly at the threshold opens floodwall (``>=``, with
     resilience4j and Polly) where Sentinel needs it exceeded."""
     b = CircuitBreaker("s", failure_rate=0.5, minimum_calls=4, window_calls=4, clock=clock)
@@ -1130,8 +1215,8 @@ def test_sentinel_exception_ratio_rule(clock: FakeClock) -> None:
 
 
 def test_sentinel_slow_ratio_is_strict(clock: FakeClock) -> None:
-    """``SENTINEL_DEGRADE`` ResponseTimeCircuitBreakerTest: a request is slow when its RT is
-    greater than ``count`` (max allowed RT); exactly at it is not."""
+    """``SENTINEL_DEGRADE`` circuitbreaker/ResponseTimeCircuitBreakerTest: a request is slow
+    when its RT is greater than ``count`` (max allowed RT); exactly at it is not."""
     b = CircuitBreaker(
         "s",
         failure_rate=None,
@@ -1195,3 +1280,546 @@ def test_retry_on_result(clock: FakeClock) -> None:
         clock=clock,
     )
     assert policy.call(lambda: next(answers)) == 3
+
+
+# == resilience4j RetryImpl: SupplierRetryTest and IntervalFunctionTest =====================
+
+R4J_RETRY = (
+    "resilience4j-retry/src/test/java/io/github/resilience4j/retry/internal/SupplierRetryTest.java"
+)
+R4J_INTERVAL = (
+    "resilience4j-core/src/test/java/io/github/resilience4j/core/IntervalFunctionTest.java"
+)
+
+
+def r4j_retry(clock: FakeClock, **overrides: Any) -> Retry:
+    """``Retry.ofDefaults``: 3 attempts, a fixed 500 ms wait, no budget (resilience4j has none)."""
+    options: dict[str, Any] = {"attempts": 3, "backoff": Fixed(0.5), "budget": None}
+    options.update(overrides)
+    return Retry("id", clock=clock, **options)
+
+
+class Service:
+    """resilience4j's mocked HelloWorldService: answers from a script, counts its calls."""
+
+    def __init__(self, *script: object) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        step = self.script[min(self.calls, len(self.script)) - 1]
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+def test_retry_should_not_retry(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldNotRetry: a success is called once and never sleeps."""
+    service = Service("Hello world")
+    assert r4j_retry(clock).call(service) == "Hello world"
+    assert (service.calls, clock.sleeps) == (1, [])
+
+
+def test_retry_should_return_successfully_after_second_attempt(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldReturnSuccessfullyAfterSecondAttempt: one failure, one 500 ms wait
+    (``RetryConfig.DEFAULT_WAIT_DURATION``), then the answer."""
+    service = Service(ConnectionError("hello"), "Hello world")
+    assert r4j_retry(clock).call(service) == "Hello world"
+    assert (service.calls, clock.sleeps) == (2, [0.5])
+
+
+def test_retry_should_return_after_three_attempts(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldReturnAfterThreeAttempts: three failures, the last error raised,
+    two waits of 500 ms."""
+    service = Service(ConnectionError("hello"))
+    with pytest.raises(ConnectionError):
+        r4j_retry(clock).call(service)
+    assert (service.calls, clock.sleeps) == (3, [0.5, 0.5])
+
+
+def test_retry_should_return_after_one_attempt(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldReturnAfterOneAttempt: ``maxAttempts(1)`` never retries."""
+    service = Service(ConnectionError("hello"))
+    with pytest.raises(ConnectionError):
+        r4j_retry(clock, attempts=1).call(service)
+    assert (service.calls, clock.sleeps) == (1, [])
+
+
+def test_retry_should_return_after_one_attempt_and_ignore_exception(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldReturnAfterOneAttemptAndIgnoreException: an error the predicate
+    excludes is raised at once (floodwall: ``business=`` errors are never retried)."""
+
+    class HelloWorldError(Exception):
+        pass
+
+    service = Service(HelloWorldError())
+    with pytest.raises(HelloWorldError):
+        r4j_retry(clock, business=HelloWorldError).call(service)
+    assert (service.calls, clock.sleeps) == (1, [])
+
+
+def test_retry_should_retry_with_result(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldRetryWithResult: ``retryOnResult`` matching every answer with
+    ``maxAttempts(2)`` calls twice and returns the last answer (not an error)."""
+    service = Service("Hello world")
+    policy = r4j_retry(clock, attempts=2, retry_on_result=lambda s: "Hello world" in s)
+    assert policy.call(service) == "Hello world"
+    assert service.calls == 2
+
+
+def test_retry_should_return_after_three_attempts_and_recover_with_result(
+    clock: FakeClock,
+) -> None:
+    """``R4J_RETRY`` shouldReturnAfterThreeAttemptsAndRecoverWithResult: error, flagged
+    result, error: three calls and two 500 ms waits, then the last error (which the test's
+    ``recover`` turns into a value; floodwall's is a ``Fallback`` outside the retry)."""
+    service = Service(ConnectionError(), "Hello world", ConnectionError())
+    policy = fw.Pipeline(
+        fw.Fallback(value="Hello world from recovery function"),
+        r4j_retry(clock, retry_on_result=lambda s: "Hello world" in s),
+    )
+    assert policy.call(service) == "Hello world from recovery function"
+    assert (service.calls, clock.sleeps) == (3, [0.5, 0.5])
+
+
+def test_retry_should_take_into_account_backoff_function(clock: FakeClock) -> None:
+    """``R4J_RETRY`` shouldTakeIntoAccountBackoffFunction: ``ofExponentialBackoff(500, 2.0)``
+    waits 500 ms, then 1 000 ms."""
+    service = Service(ConnectionError())
+    with pytest.raises(ConnectionError):
+        r4j_retry(clock, backoff=Exponential(0.5, 2.0)).call(service)
+    assert clock.sleeps == [0.5, 1.0]
+
+
+def test_retry_interval_generates_exponential_intervals() -> None:
+    """``R4J_INTERVAL`` generatesExponentialIntervals: ``ofExponentialBackoff(100, 1.5)`` gives
+    100, 150, 225 ms."""
+    assert first(Exponential(0.1, 1.5), 3) == pytest.approx([0.1, 0.15, 0.225])
+
+
+def test_retry_interval_generates_capped_exponential_intervals() -> None:
+    """``R4J_INTERVAL`` generatesCappedExponentialIntervals: ``ofExponentialBackoff(100, 1.5,
+    200)`` gives 100, 150, 200 ms."""
+    assert first(Exponential(0.1, 1.5, cap=0.2), 3) == pytest.approx([0.1, 0.15, 0.2])
+
+
+def test_retry_interval_generates_exponential_random_intervals() -> None:
+    """``R4J_INTERVAL`` generatesExponentialRandomIntervals: ``ofExponentialRandomBackoff(100,
+    1.5, 0.5)``: retry n lies in 100 x 1.5^(n-1) x [0.5, 1.5]."""
+    rng = random.Random(7)
+    for _ in range(50):
+        delays = first(Randomized(0.1, 1.5, randomization_factor=0.5, cap=100, rng=rng), 3)
+        for n, delay in enumerate(delays):
+            middle = 0.1 * 1.5**n
+            assert 0.5 * middle <= delay <= 1.5 * middle
+
+
+def test_retry_interval_rejects_out_of_bounds_randomization_factor() -> None:
+    """``R4J_INTERVAL`` shouldRejectOutOfBoundsRandomizationFactor: resilience4j accepts
+    [0, 1]; floodwall [0, 1) (a factor of 1 could draw a zero delay: a retry storm)."""
+    with pytest.raises(ConfigError, match=r"randomization_factor must be in \[0, 1\), got 1"):
+        Randomized(0.1, randomization_factor=1)
+    with pytest.raises(ConfigError, match="randomization_factor"):
+        Randomized(0.1, randomization_factor=-0.1)
+
+
+# == resilience4j AtomicRateLimiter: AtomicRateLimiterTest ===================================
+
+R4J_RL = (
+    "resilience4j-ratelimiter/src/test/java/io/github/resilience4j/ratelimiter/internal/"
+    "AtomicRateLimiterTest.java"
+)
+CYCLE = 0.25
+"""The test's ``CYCLE_IN_NANOS``: 250 ms, one permit per cycle."""
+
+
+def test_rate_limiter_permissions_in_first_cycle(clock: FakeClock) -> None:
+    """``R4J_RL`` permissionsInFirstCycle: a fresh limiter has its whole limit available."""
+    limiter = TokenBucket(f"1/{CYCLE}s", clock=clock)
+    assert limiter.peek().remaining == 1
+
+
+def test_rate_limiter_acquire_and_refresh(clock: FakeClock) -> None:
+    """``R4J_RL`` acquireAndRefreshWithEventPublishing: one permit, then a refusal that says
+    to wait a whole cycle; a cycle later one more permit and the same refusal."""
+    limiter = TokenBucket(f"1/{CYCLE}s", clock=clock)
+    for _ in range(2):
+        assert limiter.acquire()
+        refused = limiter.acquire()
+        assert not refused
+        assert refused.retry_after == pytest.approx(CYCLE)
+        clock.advance(CYCLE)
+
+
+def test_rate_limiter_rejected_by_timeout_non_blocking(clock: FakeClock) -> None:
+    """``R4J_RL`` rejectedByTimeoutNonBlocking: with no timeout the second call is refused at
+    once; one time unit before the next cycle the wait left is that unit. resilience4j counts
+    nanoseconds; floodwall's rate steps count whole microseconds and round a wait up to the
+    next one (docs/rate-limiting.md), so the unit here is 1 µs."""
+    limiter = TokenBucket(f"1/{CYCLE}s", clock=clock)
+    assert limiter.acquire()
+    assert not limiter.acquire()
+    clock.advance(CYCLE - 1e-6)
+    assert limiter.peek().retry_after == pytest.approx(1e-6, abs=1e-12)
+
+
+async def _callers_at_once(limiter: Any, clock: FakeClock, n: int, until: float) -> list[bool]:
+    """``n`` callers of ``limiter.call_async`` at the same instant, then the clock moves on to
+    ``until`` in small steps: whether each was admitted (the waits are in ``clock.sleeps``)."""
+    start = clock.monotonic()
+
+    async def one() -> bool:
+        try:
+            await limiter.call_async(_nothing)
+        except fw.RateLimitedError:
+            return False
+        return True
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+    await asyncio.sleep(0)
+    while clock.monotonic() - start < until:
+        clock.advance(0.0005)
+        await asyncio.sleep(0)
+    return list(await asyncio.gather(*tasks))
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_rate_limiter_reserve_few_then_skip_cycles(clock: FakeClock) -> None:
+    """``R4J_RL`` reserveFewThenSkipCyclesBeforeRefresh: with a timeout of one cycle and the
+    permit taken, a caller waits for the next cycle and the one after it (two cycles away) is
+    refused at once; after six idle cycles the limiter holds its limit (one permit), not the
+    permits of every cycle it skipped."""
+    limiter = TokenBucket(f"1/{CYCLE}s", clock=clock, max_wait=CYCLE)
+    assert limiter.acquire()
+    assert await _callers_at_once(limiter, clock, 2, CYCLE + 0.01) == [True, False]
+    assert clock.sleeps == [pytest.approx(CYCLE)]
+    clock.advance(6 * CYCLE)
+    assert limiter.peek().remaining == 1
+
+
+async def test_rate_limiter_reserve_permissions_upfront(clock: FakeClock) -> None:
+    """``R4J_RL`` reservePermissionsUpfront: 3 permits per 10 ms, a 12 ms timeout, nine
+    callers at once: three go now, three wait, three are refused (their turn is past the
+    timeout). Documented difference (docs/rate-limiting.md): resilience4j refreshes whole
+    cycles, so its three waiters all wait for the next cycle (~10 ms); floodwall's token bucket
+    refills smoothly, so they wait 3.3, 6.7 and 10 ms (each rounded up to the microsecond, the
+    rate steps' unit)."""
+    limiter = TokenBucket("3/10ms", clock=clock, max_wait=0.012)
+    admitted = await _callers_at_once(limiter, clock, 9, 0.02)
+    assert admitted == [True] * 6 + [False] * 3
+    # the first three: no wait
+    assert clock.sleeps == pytest.approx([0.003334, 0.006667, 0.01], abs=1e-9)
+
+
+def test_rate_limiter_weight_greater_than_limit_per_period(clock: FakeClock) -> None:
+    """``R4J_RL`` reserveManyCyclesIfWegithgreaterThenLimitPerPeriod: resilience4j books a
+    3-permit request on a 1-per-cycle limiter several cycles ahead. Documented difference
+    (docs/rate-limiting.md): a cost above the bucket's capacity can never be paid at once, and
+    floodwall says so (``retry_after`` = inf) rather than book a debt of several cycles."""
+    limiter = TokenBucket(f"1/{CYCLE}s", clock=clock, max_wait=5 * CYCLE)
+    refused = limiter.acquire(cost=3)
+    assert not refused
+    assert refused.retry_after == math.inf
+
+
+# == Polly v8 Core: retry, hedging, fallback, timeout, manual control =======================
+
+POLLY = "Polly test/Polly.Core.Tests/"
+
+
+class FixedDraw:
+    """An rng whose every draw is ``value`` (Polly's tests replace its randomizer the same
+    way)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_polly_constant_backoff() -> None:
+    """``POLLY`` Retry/RetryHelperTests.cs Constant_Ok: a constant 1 s delay is 1 s every time."""
+    assert first(Fixed(1.0), 3) == [1.0, 1.0, 1.0]
+
+
+def test_polly_linear_backoff() -> None:
+    """``POLLY`` Retry/RetryHelperTests.cs Linear_Ok: linear from 1 s waits 1, 2, 3 s."""
+    assert first(Linear(1.0, 1.0), 3) == [1.0, 2.0, 3.0]
+
+
+def test_polly_exponential_backoff() -> None:
+    """``POLLY`` Retry/RetryHelperTests.cs Exponential_Ok: exponential from 1 s waits 1, 2, 4 s."""
+    assert first(Exponential(1.0, 2.0), 3) == [1.0, 2.0, 4.0]
+
+
+def test_polly_constant_jitter() -> None:
+    """``POLLY`` Retry/RetryHelperTests.cs Constant_Jitter_Ok: Polly's jitter on a constant
+    delay is +/- 25 % (``delay x (0.75 + r x 0.5)``): draws 0, 0.4 and 0.6 give 0.75, 0.95 and
+    1.05 s. floodwall's ``Randomized`` with multiplier 1 and factor 0.25 is the same formula."""
+    delays = [
+        next(Randomized(1.0, multiplier=1.0, randomization_factor=0.25).delays(FixedDraw(r)))
+        for r in (0.0, 0.4, 0.6)
+    ]
+    assert delays == pytest.approx([0.75, 0.95, 1.05])
+
+
+def test_polly_overflow_with_max_delay_returns_max_delay() -> None:
+    """``POLLY`` Retry/RetryHelperTests.cs GetRetryDelay_OverflowWithMaxDelay_ReturnsMaxDelay:
+    the 1 001st exponential delay from one day, capped at two days, is two days (no overflow)."""
+    day = 86400.0
+    delays = Exponential(day, 2.0, cap=2 * day).delays()
+    assert list(itertools.islice(delays, 1000, 1001)) == [2 * day]
+
+
+def test_polly_max_delay_is_respected(clock: FakeClock) -> None:
+    """``POLLY`` Retry/RetryResilienceStrategyTests.cs MaxDelay_EnsureRespected: linear from the
+    default 2 s, capped at 123 ms: three retries wait 123 ms each."""
+    service = Service(ConnectionError())
+    policy = Retry("x", attempts=4, backoff=Linear(2.0, 2.0, cap=0.123), budget=None, clock=clock)
+    with pytest.raises(ConnectionError):
+        policy.call(service)
+    assert clock.sleeps == [0.123, 0.123, 0.123]
+
+
+def test_polly_retry_count_respected(clock: FakeClock) -> None:
+    """``POLLY`` Retry/RetryResilienceStrategyTests.cs Retry_RetryCount_Respected: 12 retries of
+    a flagged result. Documented difference (docs/retries.md): Polly's ``MaxRetryAttempts``
+    counts retries, floodwall's ``attempts`` every call, so it is ``attempts=13``."""
+    service = Service(0)
+    policy = Retry(
+        "x",
+        attempts=13,
+        backoff=NoBackoff(),
+        budget=None,
+        retry_on_result=lambda value: value == 0,
+        clock=clock,
+    )
+    assert policy.call(service) == 0
+    assert service.calls == 13
+    assert policy.retries == 12
+
+
+async def _run_on(clock: FakeClock, coro: Any, step: float = 0.01, limit: float = 60.0) -> Any:
+    """Run ``coro`` while the fake clock moves on in ``step`` s increments (at most ``limit``)."""
+    task = asyncio.ensure_future(coro)
+    start = clock.monotonic()
+    while not task.done() and clock.monotonic() - start < limit:
+        for _ in range(10):  # let whatever the last step woke run before time moves again
+            await asyncio.sleep(0)
+        clock.advance(step)
+    return await task
+
+
+async def test_polly_all_attempts_fail_and_the_original_is_the_slowest(clock: FakeClock) -> None:
+    """``POLLY`` Hedging/HedgingResilienceStrategyTests.cs
+    ExecuteAsync_AllAttemptsFailAndTheOriginalCallIsTheSlowest_EnsureOriginalCallsResultReturned
+    in (nearly) parallel mode, two hedges: the hedges fail at once, the original fails last
+    after 200 ms, and its failure is the answer. Documented differences (docs/retries.md):
+    floodwall answers with the last failure, Polly with the original call's in every mode (in
+    latency mode, the original failing before the delay, they differ); and a hedge delay must
+    be > 0 (Polly's 0, "parallel mode", is 10 ms here)."""
+    calls = itertools.count(1)
+
+    async def execute() -> str:
+        number = next(calls)
+        if number == 1:
+            await clock.async_sleep(0.2)
+            raise ConnectionError("1st")
+        raise ConnectionError(str(number))
+
+    policy = Hedge(0.01, max_hedges=2, on_failure=True, budget=None, clock=clock)
+    with pytest.raises(ConnectionError, match="1st"):
+        await _run_on(clock, policy.call_async(execute))
+    assert next(calls) == 4
+
+
+async def test_polly_hedge_answers_with_the_first_success(clock: FakeClock) -> None:
+    """``POLLY`` Hedging/HedgingResilienceStrategyTests.cs
+    ExecuteAsync_EnsurePrimaryTaskCancelled_Ok: the primary hangs, the hedge started after the
+    delay answers, and the primary is cancelled."""
+    cancelled: list[int] = []
+    started: list[float] = []
+    calls = itertools.count(1)
+
+    async def execute() -> str:
+        number = next(calls)
+        started.append(clock.monotonic())
+        try:
+            await clock.async_sleep(10.0 if number == 1 else 0.05)
+        except asyncio.CancelledError:
+            cancelled.append(number)
+            raise
+        return f"attempt {number}"
+
+    policy = Hedge(1.0, budget=None, clock=clock)
+    assert await _run_on(clock, policy.call_async(execute)) == "attempt 2"
+    await asyncio.sleep(0)
+    assert cancelled == [1]
+    assert started[1] - started[0] == pytest.approx(1.0, abs=0.0101)  # the delay, one step
+
+
+def test_polly_fallback_handles_exception() -> None:
+    """``POLLY`` Fallback/FallbackResilienceStrategyTests.cs Handle_Exception_Ok: a handled
+    error answers with the fallback."""
+    policy = fw.Fallback(value="secondary", on=InvalidOperationError)
+    assert policy.call(_raise_invalid_operation) == "secondary"
+
+
+def test_polly_fallback_unhandled_exception_passes_through() -> None:
+    """``POLLY`` Fallback/FallbackResilienceStrategyTests.cs Handle_UnhandledException_Ok: an
+    error the fallback does not handle reaches the caller unchanged."""
+    policy = fw.Fallback(value="secondary", on=InvalidOperationError)
+    with pytest.raises(KeyError):
+        policy.call(_raise_key_error)
+
+
+def test_polly_fallback_handles_result() -> None:
+    """``POLLY`` Fallback/FallbackResilienceStrategyTests.cs Handle_Result_Ok: a result the
+    predicate flags answers with the fallback; others pass through."""
+    policy = fw.Fallback(value="secondary", failure_result=lambda value: value == "error")
+    assert policy.call(lambda: "error") == "secondary"
+    assert policy.call(lambda: "fine") == "fine"
+
+
+class InvalidOperationError(Exception):
+    """.NET's InvalidOperationException."""
+
+
+def _raise_invalid_operation() -> str:
+    raise InvalidOperationError
+
+
+def _raise_key_error() -> str:
+    raise KeyError("missing")
+
+
+async def test_polly_timeout(clock: FakeClock) -> None:
+    """``POLLY`` Timeout/TimeoutResilienceStrategyTests.cs Execute_Timeout: a call slower than
+    the timeout is abandoned with a timeout error (floodwall's ``TimeoutExceeded``, also a
+    ``TimeoutError``), after the timeout and not after the call."""
+
+    abandoned: list[float] = []
+
+    async def slow() -> str:
+        try:
+            await clock.async_sleep(10.0)
+        except asyncio.CancelledError:
+            abandoned.append(clock.monotonic())
+            raise
+        return "late"
+
+    policy = fw.Timeout(2.0, clock=clock)
+    with pytest.raises(fw.TimeoutExceeded):
+        await _run_on(clock, policy.call_async(slow))
+    assert abandoned[0] - 1000.0 == pytest.approx(2.0, abs=0.0101)  # the timeout, one step
+
+
+def test_polly_timeout_infinite_is_no_timeout() -> None:
+    """``POLLY`` Timeout/TimeoutResilienceStrategyTests.cs Execute_NoTimeout: Polly treats an
+    infinite timeout as none. Documented difference (docs/timeouts.md): floodwall refuses it at
+    construction; a call without a time box simply has no ``Timeout`` in its pipeline."""
+    with pytest.raises(
+        ConfigError, match="seconds must be a finite number of seconds > 0, got inf"
+    ):
+        fw.Timeout(math.inf)
+
+
+def test_polly_manual_control_isolate_then_close(clock: FakeClock) -> None:
+    """``POLLY`` CircuitBreaker/Controller/CircuitStateControllerTests.cs IsolateAsync_Ok: an
+    isolated circuit refuses every call whatever its health, with no retry-after, and closing
+    it lets calls through (floodwall: ``force_open`` and ``reset``)."""
+    b = CircuitBreaker("x", clock=clock)
+    b.force_open()
+    with pytest.raises(CircuitOpenError) as refused:
+        b.call(lambda: None)
+    assert refused.value.retry_after is None
+    assert state(b) is S.FORCED_OPEN
+    clock.advance(3600.0)
+    assert state(b) is S.FORCED_OPEN  # never times out into half-open
+    b.reset()
+    assert b.call(lambda: "ok") == "ok"
+    assert state(b) is S.CLOSED
+
+
+# == Sentinel flow control: DefaultControllerTest, ThrottlingControllerTest, WarmUpControllerTest
+
+SENTINEL_FLOW = "sentinel-core/src/test/java/com/alibaba/csp/sentinel/slots/block/flow/controller/"
+
+
+def test_sentinel_default_controller_qps(clock: FakeClock) -> None:
+    """``SENTINEL_FLOW`` DefaultControllerTest.testCanPassForQps: a QPS threshold of 10 lets the
+    request that makes 10 pass and refuses the next one in the same second (floodwall's
+    sliding-window counter, Sentinel's statistic being a sliding window too)."""
+    limiter = SlidingWindowCounter("10/s", clock=clock)
+    for _ in range(9):
+        assert limiter.acquire()
+        clock.advance(0.01)
+    assert limiter.acquire()  # passQps 9: passes
+    assert not limiter.acquire()  # passQps 10: refused
+
+
+def test_sentinel_default_controller_thread_count() -> None:
+    """``SENTINEL_FLOW`` DefaultControllerTest.testCanPassForThreadCount: a thread threshold of 8
+    admits with 7 in flight and refuses with 8 (floodwall's ``Bulkhead``)."""
+    bulkhead = Bulkhead("s", max_concurrent=8)
+    for _ in range(7):
+        bulkhead.acquire()
+    bulkhead.acquire()  # the eighth: 7 were in flight
+    with pytest.raises(fw.BulkheadFullError):
+        bulkhead.acquire()
+    assert bulkhead.in_flight == 8
+
+
+async def test_sentinel_throttling_controller_normal(clock: FakeClock) -> None:
+    """``SENTINEL_FLOW`` ThrottlingControllerTest.testThrottlingControllerNormal: 10 QPS paced,
+    500 ms of queueing allowed: six requests at once all pass, the last after 500 ms
+    (floodwall's ``LeakyBucket``: Sentinel's throttling controller is a leaky bucket). The
+    sixth slot is five 0.1 s intervals away, 0.5000000000000001 s in floats: it was refused
+    until the wait bound got the queue bound's slack (Sentinel counts whole milliseconds)."""
+    limiter = LeakyBucket("10/s", clock=clock, max_wait=0.5)
+    admitted = await _callers_at_once(limiter, clock, 6, 0.6)
+    assert admitted == [True] * 6
+    assert clock.sleeps == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+
+
+async def test_sentinel_throttling_controller_queue_timeout(clock: FakeClock) -> None:
+    """``SENTINEL_FLOW`` ThrottlingControllerTest.testThrottlingControllerQueueTimeout: ten
+    requests at once against 10 QPS with 500 ms of queueing: those whose turn is later than
+    500 ms are blocked (here exactly four: turns at 0.6-0.9 s)."""
+    limiter = LeakyBucket("10/s", clock=clock, max_wait=0.5)
+    admitted = await _callers_at_once(limiter, clock, 10, 0.6)
+    assert admitted == [True] * 6 + [False] * 4
+
+
+def test_sentinel_throttling_controller_zero_threshold() -> None:
+    """``SENTINEL_FLOW`` ThrottlingControllerTest.testThrottlingControllerZeroThreshold:
+    Sentinel builds a controller of 0 QPS that refuses every request. Documented difference
+    (docs/rate-limiting.md): floodwall refuses a zero rate at construction (a limiter that can
+    never admit is an outage of its own making; switch the call off with a degradation level
+    instead)."""
+    with pytest.raises(ConfigError, match="rate"):
+        LeakyBucket("0/s")
+
+
+def test_sentinel_warm_up_controller(clock: FakeClock) -> None:
+    """``SENTINEL_FLOW`` WarmUpControllerTest.testWarmUp (count 10, warm-up 10 s, cold factor
+    3): cold, the limiter admits about count / 3 per second, so two requests 0.1 s apart are
+    too fast; after 10 s of steady load at 10/s it admits 10/s, and no faster."""
+    limiter = WarmUp("10/s", warmup=10.0, clock=clock)
+    assert limiter.acquire()
+    clock.advance(0.1)
+    assert not limiter.acquire()  # cold: about 0.3 s between requests
+    clock.advance(0.2)
+    assert limiter.acquire()
+    for _ in range(200):  # 20 s of load, one request every 0.1 s when admitted
+        clock.advance(0.1)
+        limiter.acquire()
+    clock.advance(0.1)
+    assert limiter.acquire()  # warm: 10/s
+    clock.advance(0.05)
+    assert not limiter.acquire()  # 20/s is still too fast

@@ -252,10 +252,10 @@ def test_gcra_is_the_token_bucket_in_exact_integers(rate: str, burst: int, trace
 
 
 def test_gcra_keeps_exact_time_for_rates_floats_cannot_hold() -> None:
-    """T = 1/3 s is no float; in units of 1/3 ns it is the integer 10⁹, and stays exact."""
+    """T = 1/3 s is no float; in units of 1/3 µs it is the integer 10⁶, and stays exact."""
     clock = fw.FakeClock()
     limiter = GCRA("3/s", burst=1, clock=clock)
-    assert (limiter.scale, limiter.emission_interval) == (3, 1_000_000_000)
+    assert (limiter.scale, limiter.emission_interval) == (3, 1_000_000)
     polls = [(1, 1)] * (64 * 600)  # ten minutes of polling every 1/64 s
     results = run(limiter, clock, polls)
     expected = bucket_model([(t, c) for t, c, _ in results], Fraction(3), 2, Fraction(2))

@@ -1,8 +1,9 @@
 """One contract for every store: memory, Redis, Redis Cluster, PostgreSQL, SQLite.
 
 Each test runs once per backend (the ``store_case`` fixture in conftest.py), against real
-servers the harness starts. The ops are the ones policies use (frequency control, idempotency,
-one-time tokens), so the Lua scripts and the Python steps are held to the same behaviour.
+servers the harness starts. The ops are the ones policies use (the fixed window behind frequency
+control and global limits, idempotency, one-time tokens), so the Lua scripts and the Python steps
+are held to the same behaviour.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from conftest import StoreCase
-from floodwall.shared.frequency import COUNT, ONCE
+from conftest import ONCE, StoreCase, once
+from floodwall.shared._global_ops import FIXED, Batch
 from floodwall.shared.idempotency import (
     BEGIN,
     COMPLETE,
@@ -27,7 +28,7 @@ from floodwall.shared.idempotency import (
     TOKEN_CONSUME,
     TOKEN_ISSUE,
 )
-from floodwall.stores import KEEP, Op, Record, Store, StoreUnavailableError, Write, connect
+from floodwall.stores import KEEP, Arg, Op, Record, Store, StoreUnavailableError, Write, connect
 from floodwall.stores.redis import RedisStore
 
 TTL = 0.3
@@ -38,29 +39,40 @@ PAST = TTL + 0.1
 
 def test_once_takes_the_slot_then_refuses_until_it_expires(store_case: StoreCase) -> None:
     store = store_case.store
-    assert store.apply(ONCE, "k", [TTL_MS]) == (True, TTL_MS)
-    took, left = store.apply(ONCE, "k", [TTL_MS])
+    assert store.apply(ONCE, "k", once(TTL_MS)) == (True, TTL_MS)
+    took, left = store.apply(ONCE, "k", once(TTL_MS))
     assert not took and 0 < left <= TTL_MS
-    assert store.apply(ONCE, "other", [TTL_MS])[0], "keys are independent"
+    assert store.apply(ONCE, "other", once(TTL_MS))[0], "keys are independent"
     store_case.wait(PAST)
-    assert store.apply(ONCE, "k", [TTL_MS])[0]
+    assert store.apply(ONCE, "k", once(TTL_MS))[0]
+
+
+def _count(limit: int, cost: int = 1) -> list[Arg]:
+    """The fixed-window op's args (Frequency's): ``limit`` per ``TTL``, one request of ``cost``."""
+    return [limit, TTL_MS * 1000, cost, cost]
+
+
+def _counted(reply: Batch, limit: int) -> tuple[bool, int, int]:
+    """``(allowed, count in the window, µs until it ends)`` of a one-request reply."""
+    _, [(allowed, _, remaining, reset_us, _)] = reply
+    return allowed, limit - remaining, reset_us
 
 
 def test_count_allows_the_limit_then_refuses_until_the_window_ends(store_case: StoreCase) -> None:
     store = store_case.store
-    results = [store.apply(COUNT, "c", [3, TTL_MS, 1]) for _ in range(5)]
+    results = [_counted(store.apply(FIXED, "c", _count(3)), 3) for _ in range(5)]
     assert [r[0] for r in results] == [True, True, True, False, False]
     assert [r[1] for r in results] == [1, 2, 3, 3, 3], "refused calls do not count"
-    assert all(0 < r[2] <= TTL_MS for r in results)
+    assert all(0 < r[2] <= TTL_MS * 1000 for r in results)
     store_case.wait(PAST)
-    assert store.apply(COUNT, "c", [3, TTL_MS, 1])[:2] == (True, 1)
+    assert _counted(store.apply(FIXED, "c", _count(3)), 3)[:2] == (True, 1)
 
 
 def test_count_with_cost(store_case: StoreCase) -> None:
     store = store_case.store
-    assert store.apply(COUNT, "c", [5, TTL_MS, 3])[:2] == (True, 3)
-    assert store.apply(COUNT, "c", [5, TTL_MS, 3])[:2] == (False, 3)
-    assert store.apply(COUNT, "c", [5, TTL_MS, 2])[:2] == (True, 5)
+    assert _counted(store.apply(FIXED, "c", _count(5, 3)), 5)[:2] == (True, 3)
+    assert _counted(store.apply(FIXED, "c", _count(5, 3)), 5)[:2] == (False, 3)
+    assert _counted(store.apply(FIXED, "c", _count(5, 2)), 5)[:2] == (True, 5)
 
 
 def test_idempotency_record_lifecycle(store_case: StoreCase) -> None:
@@ -174,7 +186,7 @@ def test_concurrent_counters_never_exceed_the_limit(store_case: StoreCase) -> No
 
     def racer() -> None:
         barrier.wait()
-        allowed.extend(store.apply(COUNT, "hot", [10, 60_000, 1])[0] for _ in range(8))
+        allowed.extend(store.apply(FIXED, "hot", [10, 60_000_000, 1, 1])[1][0][0] for _ in range(8))
 
     threads = [threading.Thread(target=racer) for _ in range(4)]
     for thread in threads:
@@ -189,16 +201,16 @@ def test_concurrent_counters_never_exceed_the_limit(store_case: StoreCase) -> No
 
 async def test_async_ops_match_the_sync_contract(async_store_case: StoreCase) -> None:
     store = async_store_case.store
-    assert await store.apply_async(ONCE, "k", [TTL_MS]) == (True, TTL_MS)
-    assert not (await store.apply_async(ONCE, "k", [TTL_MS]))[0]
-    counts = [(await store.apply_async(COUNT, "c", [2, TTL_MS, 1]))[:2] for _ in range(3)]
+    assert await store.apply_async(ONCE, "k", once(TTL_MS)) == (True, TTL_MS)
+    assert not (await store.apply_async(ONCE, "k", once(TTL_MS)))[0]
+    counts = [_counted(await store.apply_async(FIXED, "c", _count(2)), 2)[:2] for _ in range(3)]
     assert counts == [(True, 1), (True, 2), (False, 2)]
     assert await store.apply_async(BEGIN, "i", ["a", "fp", 5000]) == ("started", 5000, None)
     assert (await store.apply_async(BEGIN, "i", ["b", "fp", 5000]))[0] == "in_flight"
     assert await store.apply_async(COMPLETE, "i", ["a", "fp", b"1", 60_000]) == "stored"
     assert (await store.apply_async(BEGIN, "i", ["b", "fp", 5000]))[2] == b"1"
     await async_store_case.wait_async(PAST)
-    assert (await store.apply_async(ONCE, "k", [TTL_MS]))[0]
+    assert (await store.apply_async(ONCE, "k", once(TTL_MS)))[0]
 
 
 async def test_async_concurrent_claims_have_exactly_one_winner(
@@ -247,10 +259,10 @@ def test_scripts_are_reloaded_after_script_flush(
     url = str(request.getfixturevalue(fixture))
     store = RedisStore(url, prefix="flush:")
     try:
-        assert store.apply(ONCE, "a", [60_000])[0]
+        assert store.apply(ONCE, "a", once(60_000))[0]
         store.client().script_flush()  # on a cluster: every primary
-        assert not store.apply(ONCE, "a", [60_000])[0], "NOSCRIPT: sent once with EVAL"
-        assert store.apply(ONCE, "b", [60_000])[0]
+        assert not store.apply(ONCE, "a", once(60_000))[0], "NOSCRIPT: sent once with EVAL"
+        assert store.apply(ONCE, "b", once(60_000))[0]
     finally:
         store.close()
 
@@ -278,13 +290,13 @@ async def test_backend_errors_are_wrapped_once_with_the_cause(template: str) -> 
     store = connect(url, timeout=0.2)
     try:
         with pytest.raises(StoreUnavailableError) as caught:
-            store.apply(ONCE, "k", [1000])
+            store.apply(ONCE, "k", once(1000))
         error = caught.value
         assert error.__cause__ is not None
         assert "s3cret" not in str(error) and "s3cret" not in error.url
-        assert error.op in {"frequency_once", "connect", "migrate"}
+        assert error.op in {"ratelimit_fixed", "connect", "migrate"}
         with pytest.raises(StoreUnavailableError):
-            await store.apply_async(ONCE, "k", [1000])
+            await store.apply_async(ONCE, "k", once(1000))
     finally:
         await store.aclose()
 
@@ -303,7 +315,7 @@ def test_sql_migrations_are_recorded_and_idempotent(
     assert migrate("memory://") == []
     store = connect(sqlite_url, auto_migrate=False)
     try:
-        assert store.apply(ONCE, "k", [1000])[0]
+        assert store.apply(ONCE, "k", once(1000))[0]
     finally:
         store.close()
 
@@ -323,11 +335,11 @@ def test_expired_rows_are_purged(
     store: Any = connect(url, prefix=f"purge-{kind}:")
     try:
         for n in range(20):
-            store.apply(ONCE, f"k{n}", [50])
+            store.apply(ONCE, f"k{n}", once(50))
         store.apply(TOKEN_ISSUE, "t", [50])
         time.sleep(0.1)
         assert store.purge_expired() >= 21
-        assert store.apply(ONCE, "k0", [50])[0]
+        assert store.apply(ONCE, "k0", once(50))[0]
     finally:
         store.close()
 
@@ -342,7 +354,7 @@ def test_unknown_schemes_and_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="file"):
         connect("sqlite:///:memory:")
     with pytest.raises(ConfigError, match="key"):
-        connect("memory://").apply(ONCE, "", [1])
+        connect("memory://").apply(ONCE, "", once(1))
 
 
 def test_store_repr_never_shows_a_password() -> None:
@@ -365,7 +377,7 @@ async def test_a_cluster_connection_closed_under_a_command_is_a_store_error(
 
         monkeypatch.setattr(client, "execute_command", closed_under_us)
         with pytest.raises(StoreUnavailableError) as caught:
-            await store.apply_async(ONCE, "k", [1000])
+            await store.apply_async(ONCE, "k", once(1000))
         assert isinstance(caught.value.__cause__, AttributeError)
     finally:
         await store.aclose()

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from conftest import SwitchableStore
+from conftest import ONCE, SwitchableStore, once
 from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
-from floodwall.shared.frequency import COUNT, ONCE, Frequency
+from floodwall.shared._global_ops import FIXED
+from floodwall.shared.frequency import Frequency
 from floodwall.stores import Arg, Op, R, StoreGuard, StoreTimeoutError
 
 
@@ -29,9 +30,9 @@ def test_an_outage_costs_three_calls_then_none_until_the_probe(
 ) -> None:
     events: list[Event] = []
     guard = StoreGuard(switch, on_store_error="fail_open", clock=clock, listeners=[events.append])
-    assert guard.apply(ONCE, "k", [1000]).down is None
+    assert guard.apply(ONCE, "k", once(1000)).down is None
     switch.down = True
-    results = [guard.apply(ONCE, "k", [1000]) for _ in range(10)]
+    results = [guard.apply(ONCE, "k", once(1000)) for _ in range(10)]
     assert all(r.down is not None and r.value is None for r in results)
     assert switch.calls == 1 + 3, "three failures open the breaker; the rest never reach it"
     assert guard.failures == 3 and guard.short_circuits == 7 and guard.degraded == 10
@@ -39,15 +40,15 @@ def test_an_outage_costs_three_calls_then_none_until_the_probe(
     assert guard.state == "down" and [e.kind for e in events] == ["store_down"]
 
     clock.advance(1.0)  # the open duration: one probe, which fails; open time doubles
-    assert guard.apply(ONCE, "k", [1000]).down is not None
+    assert guard.apply(ONCE, "k", once(1000)).down is not None
     assert switch.calls == 5
     clock.advance(1.0)
-    guard.apply(ONCE, "k", [1000])
+    guard.apply(ONCE, "k", once(1000))
     assert switch.calls == 5, "still open (2 s now)"
 
     switch.down = False
     clock.advance(1.0)
-    assert guard.apply(ONCE, "x", [1000]).down is None, "the probe succeeds: back by itself"
+    assert guard.apply(ONCE, "x", once(1000)).down is None, "the probe succeeds: back by itself"
     assert guard.snapshot()["state"] == "up" and guard.outages == 1 and guard.recoveries == 1
     assert [e.kind for e in events] == ["store_down", "store_up"]
     assert events[1].figures["down_for"] == pytest.approx(3.0)
@@ -59,12 +60,12 @@ async def test_async_shell_follows_the_same_rules(
 ) -> None:
     guard = StoreGuard(switch, on_store_error="fail_closed", clock=clock)
     switch.down = True
-    results = [await guard.apply_async(ONCE, "k", [1000]) for _ in range(5)]
+    results = [await guard.apply_async(ONCE, "k", once(1000)) for _ in range(5)]
     assert all(r.down is not None and r.down.mode == "fail_closed" for r in results)
     assert switch.calls == 3
     switch.down = False
     clock.advance(1.0)
-    assert (await guard.apply_async(ONCE, "k", [1000])).value == (True, 1000)
+    assert (await guard.apply_async(ONCE, "k", once(1000))).value == (True, 1000)
     assert guard.snapshot()["state"] == "up"
 
 
@@ -91,15 +92,15 @@ async def test_a_call_running_when_the_store_failed_does_not_end_the_outage(
     store = HeldStore(clock)
     events: list[Event] = []
     guard = StoreGuard(store, on_store_error="fail_open", clock=clock, listeners=[events.append])
-    straggler = asyncio.create_task(guard.apply_async(ONCE, "slow", [1000]))
+    straggler = asyncio.create_task(guard.apply_async(ONCE, "slow", once(1000)))
     await store.entered.wait()
     store.down = True
-    assert (await guard.apply_async(ONCE, "k", [1000])).down is not None
+    assert (await guard.apply_async(ONCE, "k", once(1000))).down is not None
     store.gate.set()
     assert (await straggler).down is None  # its answer stands...
     assert guard.state == "down" and guard.recoveries == 0  # ...but it ends no outage
     store.down = False
-    assert (await guard.apply_async(ONCE, "k", [1000])).down is None
+    assert (await guard.apply_async(ONCE, "k", once(1000))).down is None
     assert guard.outages == 1 and guard.recoveries == 1
     assert [e.kind for e in events] == ["store_down", "store_up"]
 
@@ -109,8 +110,9 @@ def test_local_mode_answers_from_memory_with_the_local_args(
 ) -> None:
     guard = StoreGuard(switch, on_store_error="local", clock=clock)
     switch.down = True
-    answers = [guard.apply(COUNT, "c", [100, 60_000, 1], [2, 60_000, 1]) for _ in range(3)]
-    assert [a.value[0] for a in answers if a.value] == [True, True, False]
+    store_args, local_args = [100, 60_000_000, 1, 1], [2, 60_000_000, 1, 1]
+    answers = [guard.apply(FIXED, "c", store_args, local_args) for _ in range(3)]
+    assert [a.value[1][0][0] for a in answers if a.value] == [True, True, False]
     assert all(a.down is not None for a in answers)
 
 
@@ -119,7 +121,7 @@ def test_a_bug_in_an_op_propagates_and_does_not_count(
 ) -> None:
     guard = StoreGuard(switch, clock=clock)
     with pytest.raises(ValueError, match="invalid literal"):
-        guard.apply(ONCE, "k", ["not-a-number"])
+        guard.apply(ONCE, "k", [1, "not-a-number", 1, 1])
     assert guard.failures == 0 and guard.state == "up"
 
 
@@ -167,10 +169,10 @@ def test_one_timed_out_call_opens_the_breaker_and_counts_its_callers(clock: Fake
     events: list[Event] = []
     guard = StoreGuard(store, on_store_error="fail_open", clock=clock, listeners=[events.append])
     store.frozen = True
-    first = guard.apply(ONCE, "k", [1000], callers=16)
+    first = guard.apply(ONCE, "k", once(1000), callers=16)
     assert first.down is not None and isinstance(first.down.error, StoreTimeoutError)
     assert guard.breaker.state.name == "OPEN", "a timeout proves the store down: no second wait"
-    later = [guard.apply(ONCE, "k", [1000]) for _ in range(5)]
+    later = [guard.apply(ONCE, "k", once(1000)) for _ in range(5)]
     assert store.calls == 1 and all(isinstance(r.down.error, CircuitOpenError) for r in later)  # type: ignore[union-attr]
     assert guard.failures == 1 and guard.failed_callers == 16 and guard.short_circuits == 5
     assert guard.snapshot()["failed_callers"] == 16
@@ -178,7 +180,7 @@ def test_one_timed_out_call_opens_the_breaker_and_counts_its_callers(clock: Fake
 
     store.frozen = False
     clock.advance(1.0)
-    assert guard.apply(ONCE, "x", [1000]).down is None and guard.state == "up"
+    assert guard.apply(ONCE, "x", once(1000)).down is None and guard.state == "up"
 
 
 def test_refused_connections_still_take_three_failures(
@@ -187,10 +189,10 @@ def test_refused_connections_still_take_three_failures(
     """Only a timeout opens at once: a refused connection costs nothing to find out again."""
     guard = StoreGuard(switch, on_store_error="fail_open", clock=clock)
     switch.down = True
-    guard.apply(ONCE, "k", [1000])
+    guard.apply(ONCE, "k", once(1000))
     assert guard.breaker.state.name == "CLOSED"
-    guard.apply(ONCE, "k", [1000])
-    guard.apply(ONCE, "k", [1000])
+    guard.apply(ONCE, "k", once(1000))
+    guard.apply(ONCE, "k", once(1000))
     assert guard.breaker.state.name == "OPEN" and guard.failures == 3
 
 
@@ -199,13 +201,13 @@ async def test_callers_that_gave_up_get_the_mode_answer_and_are_counted(
 ) -> None:
     store = FrozenStore(clock)
     local = StoreGuard(store, on_store_error="local", clock=clock)
-    took = await local.gave_up_async(ONCE, "k", [1000], callers=3)
+    took = await local.gave_up_async(ONCE, "k", once(1000), callers=3)
     assert took.value == (True, 1000), "the local store answered"
     assert isinstance(took.down.error, StoreTimeoutError)  # type: ignore[union-attr]
     assert isinstance(took.down.error.__cause__, TimeoutError)  # type: ignore[union-attr]
     assert local.failed_callers == 3 and local.degraded == 1 and local.failures == 0
     assert store.calls == 0, "giving up never touches the store"
     closed = StoreGuard(store, on_store_error="fail_closed", clock=clock)
-    refused = await closed.gave_up_async(ONCE, "k", [1000])
+    refused = await closed.gave_up_async(ONCE, "k", once(1000))
     assert refused.value is None and refused.down is not None
     assert refused.down.mode == "fail_closed"

@@ -1,4 +1,4 @@
-"""Issue 19, item 4: WriteBehind ``close(timeout)`` drains and reports what it dropped.
+"""Issue 19, item 8: WriteBehind ``close(timeout)`` drains and reports what it dropped.
 
 ``stop()`` right after 400 submits used to apply none and lose all 400 silently; ``close``
 drains within its timeout and reports anything left by count (event, log line, return value).
@@ -28,7 +28,7 @@ class Sink:
         self.rows.append(payload)
 
 
-def test_write_behind_close_drains_every_queued_write(clock: fw.FakeClock) -> None:
+def test_item8_write_behind_close_drains_every_queued_write(clock: fw.FakeClock) -> None:
     sink = Sink()
     events: list[fw.Event] = []
     writer = WriteBehind(sink, clock=clock, listeners=[events.append])
@@ -40,7 +40,7 @@ def test_write_behind_close_drains_every_queued_write(clock: fw.FakeClock) -> No
     assert "closed" not in [e.kind for e in events]
 
 
-def test_write_behind_close_reports_what_it_dropped(
+def test_item8_write_behind_close_reports_what_it_dropped(
     clock: fw.FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     sink = Sink()
@@ -62,13 +62,13 @@ def test_write_behind_close_reports_what_it_dropped(
     assert "400 writes not applied (dropped)" in caplog.text
 
 
-def test_write_behind_close_validates_its_timeout(clock: fw.FakeClock) -> None:
+def test_item8_write_behind_close_validates_its_timeout(clock: fw.FakeClock) -> None:
     writer = WriteBehind(Sink(), clock=clock)
     with pytest.raises(fw.ConfigError, match="timeout must be a finite number"):
         writer.close(timeout=-1)
 
 
-def test_write_behind_exit_logs_writes_left_in_memory(
+def test_item8_write_behind_exit_logs_writes_left_in_memory(
     clock: fw.FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = WriteBehind(Sink(), name="audit", clock=clock)

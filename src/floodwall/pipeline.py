@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.drivers import (
     Metered,
@@ -29,10 +30,14 @@ from floodwall._core.events import EventListener
 from floodwall._core.meter import Metering
 from floodwall._core.policy import Policy
 
-__all__ = ["Pipeline"]
+__all__ = ["ANSWERING", "Pipeline", "answering"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+"""Kinds of policy that can answer without the dependency: what still runs when it must not be
+called (its level is shed, or the request's deadline passed before it was sent)."""
 
 
 class Pipeline(Policy):
@@ -45,7 +50,7 @@ class Pipeline(Policy):
             if not isinstance(policy, Policy):
                 raise ConfigError(f"policies[{index}] must be a floodwall Policy, got {policy!r}")
         self.policies: tuple[Policy, ...] = policies
-        self.name = name
+        self.name = validate.text("name", name)
         self._stages, self._async_stages = _stages(policies)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -62,6 +67,12 @@ class Pipeline(Policy):
         for runner, stage in self._async_stages:
             call = partial(runner, stage, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
+
+    def answering(self) -> Pipeline:
+        """The policies that can answer without the dependency (:data:`ANSWERING`), in order:
+        what runs around a call that must not be made."""
+        flat = [p for policy in self.policies for p in _stages_of(policy)]
+        return Pipeline(*(p for p in flat if p.kind in ANSWERING), name=self.name)
 
     def add_listener(self, listener: EventListener) -> None:
         """Subscribe ``listener`` to the events of every policy in the pipeline."""
@@ -80,6 +91,15 @@ class Pipeline(Policy):
 
     def __len__(self) -> int:
         return len(self.policies)
+
+
+def answering(policy: Policy) -> Policy | None:
+    """What of ``policy`` can answer without the dependency: a pipeline's answering policies
+    (:meth:`Pipeline.answering`; a config resource's include its meter), the policy itself if it
+    is one of :data:`ANSWERING`, else ``None``."""
+    if isinstance(policy, Pipeline):
+        return policy.answering()
+    return policy if policy.kind in ANSWERING else None
 
 
 _Stage = tuple[Callable[..., Any], Any]

@@ -1,4 +1,4 @@
-"""WSGI middleware (Flask, Django, any WSGI app): the inbound guard in front of the app.
+"""WSGI middleware (Flask, any WSGI app): the inbound guard in front of the app.
 
 ::
 
@@ -8,7 +8,16 @@
     app = Flask(__name__)
     app.wsgi_app = FloodwallMiddleware(app.wsgi_app, limits=[RateLimit("100/s", key="ip")])
 
-Django: ``application = FloodwallMiddleware(get_wsgi_application(), ...)`` in ``wsgi.py``.
+Django has an app of its own, :mod:`floodwall.django` (the same guard as Django middleware).
+
+A :class:`~floodwall.RejectedError` the app raises (an open breaker, a full bulkhead, a timeout
+deep in a handler) is answered as the guard answers its own refusals (503 with
+``Retry-After``, 429, 504; problem+json). Flask answers a handler's exception itself, with a 500
+page, before any WSGI middleware sees it: ``guard.register_error_handler(app)`` gives Flask the
+guard's answer instead::
+
+    app.wsgi_app = guard = FloodwallMiddleware(app.wsgi_app)
+    guard.register_error_handler(app)
 
 The same guard as the ASGI middleware (:mod:`floodwall.integrations._inbound`); handlers read the
 :class:`~floodwall.integrations._inbound.Admission` as ``environ["floodwall"]`` (Flask:
@@ -23,9 +32,10 @@ import io
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
+from floodwall._core.errors import RejectedError
 from floodwall.integrations._inbound import (
     Admission,
     Captured,
@@ -144,6 +154,22 @@ class FloodwallMiddleware:
                     raise
                 return _answer(start_response, answer.status, answer.headers, answer.body)
             return _Body(body, admitted, status)
+
+    def register_error_handler(self, app: Any) -> None:
+        """Answer a :class:`~floodwall.RejectedError` raised in a handler of the Flask ``app``
+        as this guard does (Flask turns it into a 500 page before the middleware sees it); the
+        guard's headers are added by the middleware as for any answer. Nothing is registered
+        with ``answer_rejections`` off."""
+        guard = self.guard
+        if not guard.answer_rejections:
+            return
+
+        def answer(error: RejectedError) -> tuple[bytes, int, Headers]:
+            refused = guard.rejection_answer(error)
+            assert refused is not None  # a RejectedError, with answer_rejections on
+            return refused.body, refused.status, refused.headers
+
+        app.register_error_handler(RejectedError, answer)
 
     def _idempotent(
         self,

@@ -80,7 +80,8 @@ def test_an_algorithm_with_no_global_form_is_refused_by_name(
     redis_url: str, algorithm: str
 ) -> None:
     with pytest.raises(
-        Exception, match=rf"resources\.x\.rate_limit.*algorithm '{algorithm}' has no global"
+        Exception,
+        match=rf"resources\.x\.rate_limit.*algorithm '{algorithm}' has no shared form",
     ):
         Registry(_document(redis_url, "x", algorithm=algorithm))
 

@@ -34,30 +34,49 @@ def test_the_quick_demo_shows_the_avalanche_and_its_containment(
             assert set(DEMO_KEYS) <= set(mode)
 
     notes = {s: {m: f["notes"] for m, f in modes.items()} for s, modes in figures.items()}
-    page = figures["product_page"]
-    bare, guarded = page["unprotected"], page["protected"]
-    # unprotected: reviews hang, and product and price die with them
-    assert bare["healthy_success_rate"] < 0.5
-    assert bare["detection_time_s"] is None
-    # protected: healthy routes unharmed, the fault noticed fast, recovery within the breaker
-    assert guarded["healthy_success_rate"] >= 0.99, (guarded, notes)
-    assert guarded["healthy_p99_ms_during"] <= 1.5 * guarded["healthy_p99_ms_before"], (
-        guarded,
-        notes,
-    )
-    assert guarded["detection_time_s"] <= 2.0
-    assert guarded["recovery_time_s"] is not None
-    assert guarded["recovery_time_s"] <= REVIEWS_OPEN_DURATION + 2.0
-    for mode in (bare, guarded):
-        assert mode["doubled_writes"] is None and mode["lost_writes"] is None
-
-    pay = figures["payments"]
-    assert pay["unprotected"]["doubled_writes"] > 0  # blind retries charged twice
-    assert pay["protected"]["doubled_writes"] == 0
-    assert pay["protected"]["lost_writes"] == 0
-    assert pay["protected"]["detection_time_s"] <= 2.0
-    assert pay["protected"]["amplification"] >= 1.0  # retries happened, under the budget
-
     out = capsys.readouterr().out
     assert "HTML report:" in out and str(tmp_path / "report.html") in out
     assert (tmp_path / "report.html").stat().st_size > 10_000
+    # A story whose load generator or event loop fell behind (a busy machine) says so instead
+    # of a verdict (issue 19, item 7); its figures measured the machine and are not judged.
+    void = {
+        story: [m["void"] for m in modes.values() if m["void"]] for story, modes in figures.items()
+    }
+    for story, reasons in void.items():
+        if reasons:
+            assert f"no verdict ({story}): the comparison is void" in out, out
+            print(f"{story}: void on this machine, figures not judged: {reasons}")
+        else:
+            assert f"verdict ({story}): unprotected: healthy routes" in out, out
+
+    page = figures["product_page"]
+    bare, guarded = page["unprotected"], page["protected"]
+    for mode in (bare, guarded):
+        assert mode["doubled_writes"] is None and mode["lost_writes"] is None
+        assert mode["audit"] == {}
+    if not void["product_page"]:
+        # unprotected: reviews hang, and product and price die with them
+        assert bare["healthy_success_rate"] < 0.5
+        assert bare["detection_time_s"] is None and bare["first_action_s"] is None
+        # protected: healthy routes unharmed, the fault noticed and the breaker open fast,
+        # recovery (held for its windows) within the breaker's open duration
+        assert guarded["healthy_success_rate"] >= 0.99, (guarded, notes)
+        assert guarded["healthy_p99_ms_during"] <= 1.5 * guarded["healthy_p99_ms_before"], (
+            guarded,
+            notes,
+        )
+        assert guarded["first_action_s"] <= guarded["detection_time_s"] <= 2.0
+        assert guarded["recovery_time_s"] is not None
+        assert guarded["recovery_time_s"] <= REVIEWS_OPEN_DURATION + 2.0
+
+    pay = figures["payments"]
+    if not void["payments"]:
+        assert pay["unprotected"]["doubled_writes"] > 0  # blind retries charged twice
+        assert (
+            pay["unprotected"]["audit"]["payments"]["doubled"]
+            == pay["unprotected"]["doubled_writes"]
+        )
+        assert pay["protected"]["doubled_writes"] == 0
+        assert pay["protected"]["lost_writes"] == 0
+        assert pay["protected"]["first_action_s"] <= 2.0  # its timeouts; no breaker opens
+        assert pay["protected"]["amplification"] >= 1.0  # retries happened, under the budget

@@ -65,8 +65,10 @@ def test_a_running_service_takes_its_fault_and_reports_its_calls(tmp_path: Path)
     assert figures.amplification_by_dependency["real"] == pytest.approx(1.0, abs=0.02)
     assert figures.healthy_routes == ("/mock",)
     assert figures.healthy_success_rate is not None and figures.healthy_success_rate >= 0.99
-    assert figures.detection_time_s is not None and figures.detection_time_s <= 0.5
-    assert figures.detected_by is not None and "timeout" in figures.detected_by
+    # a timeout and a fallback, no breaker: the fault is acted on, never cut out of the path
+    assert figures.first_action_s is not None and figures.first_action_s <= 0.5
+    assert figures.first_action_by is not None and "timeout" in figures.first_action_by
+    assert figures.detection_time_s is None
     # the agent's clock lines up with the run's: calls are slow inside the fault window only
     calls = [
         (c.start, c.end - c.start)

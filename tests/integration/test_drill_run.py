@@ -14,7 +14,7 @@ import yaml
 
 from floodwall.drill import compute, load_scenario
 from floodwall.drill.cli import drill
-from floodwall.drill.report import ScenarioReport, html_report, to_json
+from floodwall.drill.report import ScenarioReport, html_report, to_json, verdict
 from floodwall.drill.runner import Job, run_jobs
 from floodwall.drill.services import read_ledger
 
@@ -125,13 +125,8 @@ def test_a_short_drill_side_by_side(scenario_file: Path, tmp_path: Path) -> None
     u, p = unprotected.figures, protected.figures
     assert u.faulty == p.faulty == ("pay", "slow")
     assert u.healthy_routes == p.healthy_routes == ("/a",)
-    assert u.detection_time_s is None  # nothing at the edge noticed anything
-    assert p.detection_time_s is not None and p.detection_time_s <= 1.0
-    assert p.healthy_success_rate is not None and p.healthy_success_rate >= 0.99
-    assert u.doubled_writes is not None and u.doubled_writes > 0  # blind retries, no keys
-    assert (p.doubled_writes, p.lost_writes) == (0, 0)
-    assert p.accepted_writes is not None and p.accepted_writes > 100
-    assert p.amplification_by_dependency["a"] == 1.0
+    assert u.detection_time_s is None and u.first_action_s is None  # nothing at the edge acted
+    assert (p.doubled_writes, p.lost_writes) == (0, 0)  # idempotency keys, whatever the load
     assert protected.protection["slow"].startswith("Fallback(value=[])")
     assert unprotected.protection == {
         "a": "unprotected",
@@ -144,6 +139,18 @@ def test_a_short_drill_side_by_side(scenario_file: Path, tmp_path: Path) -> None
     assert set(data["short"]) == {"unprotected", "protected"}
     json.dumps(data)
     assert "drill-data" in html_report([report])
+    if u.void or p.void:  # the machine set the pace (issue 19, item 7): no verdict on timing
+        assert verdict(report).startswith("no verdict (short): the comparison is void")
+        print(f"void on this machine, timing figures not judged: {u.void or p.void}")
+        return
+    assert verdict(report).startswith("verdict (short): unprotected: healthy routes")
+    assert p.first_action_s is not None and p.first_action_s <= 1.0  # a timeout or a fallback
+    assert p.detection_time_s is not None  # then the slow dependency's breaker opened
+    assert p.first_action_s <= p.detection_time_s <= 3.0
+    assert p.healthy_success_rate is not None and p.healthy_success_rate >= 0.99
+    assert u.doubled_writes is not None and u.doubled_writes > 0  # blind retries, no keys
+    assert p.accepted_writes is not None and p.accepted_writes > 100
+    assert p.amplification_by_dependency["a"] == 1.0
 
 
 def test_the_drill_command(scenario_file: Path, tmp_path: Path) -> None:
@@ -159,8 +166,12 @@ def test_the_drill_command(scenario_file: Path, tmp_path: Path) -> None:
         drill(str(path), str(out / "d.json"), str(out / "d.html"))
     assert exit_status.value.code == 1
     data = json.loads((out / "d.json").read_text())
+    assert (out / "d.html").read_text().startswith("<!doctype html>")
+    if data["expect"]["void"]:  # a machine too busy to judge: no verdict, and no pass either
+        assert data["expect"]["failed"] == []
+        assert data["short"]["protected"]["void"]
+        return
     assert data["expect"]["failed"] == [
         f"protected: detection_time_s = {data['short']['protected']['detection_time_s']!r}, "
         "expected > 5"
     ]
-    assert (out / "d.html").read_text().startswith("<!doctype html>")

@@ -170,3 +170,77 @@ def test_dashboard_follows_traffic_and_faults(
     finally:
         stop.set()
         thread.join()
+
+
+def test_item3_the_dashboard_shows_an_outage_answered_by_fallbacks(
+    browser: Any,
+    upstreams: Callable[..., list[Upstream]],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    """Issue 19, item 3: every request to a hanging upstream is answered by the route's
+    fallback (200s only): the dashboard still reads 0 % errors for what clients got, but 100 %
+    dependency errors and 100 % degraded answers for the route and its upstream, whose tries
+    all failed (per-try timeouts count)."""
+    from selenium.webdriver.common.by import By
+
+    (hanging,) = upstreams("reviews")
+    hanging.state.delay = 5.0
+    gw = gateways(
+        {
+            "upstreams": {"reviews": {"endpoints": [hanging.url], "outlier_detection": False}},
+            "resources": {
+                "reviews": {
+                    "timeout": "200ms",
+                    "retry": False,
+                    "circuit_breaker": {"minimum_calls": 5, "open_duration": "1s"},
+                    "fallback": {"value": []},
+                }
+            },
+            "routes": [
+                {
+                    "name": "reviews",
+                    "match": {"path_prefix": "/reviews"},
+                    "upstream": "reviews",
+                    "resource": "reviews",
+                }
+            ],
+        }
+    )
+    browser.get(gw.admin_url + "/dashboard")
+    browser.find_element(By.ID, "token").send_keys(GATEWAY_TOKEN)
+    browser.find_element(By.ID, "login").click()
+    _wait(browser, "the reviews route", lambda: _cell(browser, "reviews", "name") == "reviews")
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def traffic() -> None:
+        with httpx.Client(base_url=gw.url, timeout=5) as client:
+            while not stop.is_set():
+                codes.append(client.get("/reviews/42").status_code)
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        _wait(
+            browser,
+            "100 % dependency errors",
+            lambda: _number(_cell(browser, "reviews", "dependency")) >= 99.0,
+        )
+        _wait(
+            browser,
+            "100 % degraded",
+            lambda: _number(_cell(browser, "reviews", "degraded")) >= 99.0,
+        )
+        assert _number(_cell(browser, "reviews", "errors")) == 0.0  # what clients got: 200s
+        rates = _text(browser, '[data-upstream="reviews"] .rates')
+        assert "dependency errors 100.0 %" in rates and "degraded 100.0 %" in rates, rates
+    finally:
+        stop.set()
+        thread.join()
+    assert codes and set(codes) == {200}
+    status = gw.admin("GET", "/status").json()
+    route = status["routes"]["reviews"]["stats"]
+    assert route["dependency"]["success"] == 0
+    assert route["answers"] == {"answer": 0, "fallback": len(codes), "error": 0}
+    assert status["upstreams"]["reviews"]["tries"]["failures"] >= 1

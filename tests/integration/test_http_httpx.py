@@ -214,6 +214,43 @@ def test_a_passed_deadline_sends_nothing(upstream: Upstream, client: Send) -> No
     assert upstream.calls == 0
 
 
+def test_item4_a_passed_deadline_still_answers_from_the_resources_fallback(
+    upstream: Upstream, client: Send
+) -> None:
+    """Issue 19, item 4: a request whose deadline passed before it was sent is answered by its
+    resource's fallback (nothing is sent, the breaker and the retry never see it, the meter
+    counts a timeout answered by the fallback); without a fallback it still raises."""
+    registry = Registry(
+        {
+            "resources": {
+                "things": {
+                    "circuit_breaker": {"minimum_calls": 1, "failure_rate": 0.5},
+                    "retry": {"attempts": 3, "backoff": {"kind": "none"}},
+                    "fallback": {"value": {"items": []}},
+                },
+                "bare": {"retry": {"attempts": 3, "backoff": {"kind": "none"}}},
+            }
+        }
+    )
+    things = registry.get("things")
+    with fw.deadline(0.0):
+        answer = client(None, "GET", upstream.url + "/thing", options={"routes": {"*": things}})
+    assert upstream.calls == 0
+    assert answer.status_code == 200
+    assert answer.json() == {"items": []}
+    assert answer.headers["x-degraded"] == "things.fallback; reason=timeout"
+    assert things.meter is not None and things.breaker is not None and things.retry is not None
+    assert things.meter.read_both()[("timeout", "fallback")] == 1
+    assert things.breaker.metrics().calls == 0  # the dependency did nothing: nothing to count
+    assert things.retry.calls == 0
+    bare = registry.get("bare")
+    with fw.deadline(0.0), pytest.raises(fw.TimeoutExceeded, match="before the request was sent"):
+        client(None, "GET", upstream.url + "/thing", options={"routes": {"*": bare}})
+    assert upstream.calls == 0
+    assert bare.meter is not None
+    assert bare.meter.read_both()[("timeout", "error")] == 1
+
+
 def test_early_shedding_by_the_reported_admission_level(upstream: Upstream, client: Send) -> None:
     upstream.script = [(200, {"X-Admission-Level": "2:10"})] * 3
 

@@ -36,7 +36,7 @@ import psycopg
 import pytest
 import redis.cluster
 
-from floodwall.shared.frequency import ONCE
+from conftest import ONCE, once
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.stores import Store, StoreTimeoutError, connect
 from servers import FAULT_OPEN, PostgresServer, RedisCluster, RedisServer, store_breaker
@@ -284,13 +284,13 @@ def test_a_postgres_op_stuck_on_a_row_lock_ends_on_both_sides(
     (statement_timeout), so nothing of the caller's keeps waiting on the lock."""
     prefix = f"lock-{shell}-{os.getpid()}:"
     store = connect(postgres_dsn, prefix=prefix, timeout=TIMEOUT)
-    store.apply(ONCE, "k", [60_000])  # the row exists, and the store has answered once
+    store.apply(ONCE, "k", once(60_000))  # the row exists, and the store has answered once
     with psycopg.connect(postgres_dsn) as holder:
         holder.execute("SELECT 1 FROM floodwall_kv WHERE key = %s FOR UPDATE", (f"{prefix}{{k}}",))
 
         def call() -> object:
             if shell == "sync":
-                return store.apply(ONCE, "k", [60_000])
+                return store.apply(ONCE, "k", once(60_000))
             return asyncio.run(_apply_async_then_close(store))
 
         start = time.monotonic()
@@ -320,6 +320,6 @@ def test_a_postgres_op_stuck_on_a_row_lock_ends_on_both_sides(
 
 async def _apply_async_then_close(store: Store) -> None:
     try:
-        await store.apply_async(ONCE, "k", [60_000])
+        await store.apply_async(ONCE, "k", once(60_000))
     finally:
         await store.aclose()

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ONCE, once
 from floodwall import Event
-from floodwall.shared.frequency import ONCE
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, StoreClosedError, StoreUnavailableError, connect
@@ -78,7 +78,7 @@ def _sync_caller(store: Store, n: int, outcomes: Outcomes, stop: threading.Event
         count += 1
         started = time.monotonic()
         try:
-            store.apply(ONCE, f"t{n}-{count}", [60_000])
+            store.apply(ONCE, f"t{n}-{count}", once(60_000))
         except BaseException as exc:
             outcomes.record(started, exc)
         else:
@@ -92,7 +92,7 @@ def _async_callers(store: Store, outcomes: Outcomes, stop: threading.Event) -> N
             count += 1
             started = time.monotonic()
             try:
-                await store.apply_async(ONCE, f"a{n}-{count}", [60_000])
+                await store.apply_async(ONCE, f"a{n}-{count}", once(60_000))
             except BaseException as exc:
                 outcomes.record(started, exc)
             else:
@@ -111,7 +111,7 @@ def test_a_store_closed_under_load_raises_only_store_errors(
     request: pytest.FixtureRequest, kind: str, tmp_path: Path
 ) -> None:
     store = connect(_url(request, kind, tmp_path), prefix=f"close-{uuid.uuid4().hex[:8]}:")
-    store.apply(ONCE, "warm", [60_000])
+    store.apply(ONCE, "warm", once(60_000))
     outcomes = Outcomes()
     stop = threading.Event()
     workers = [
@@ -138,7 +138,7 @@ def test_a_store_closed_under_load_raises_only_store_errors(
     assert outcomes.seen["ok"] > 0
     assert set(outcomes.after_close) == {"StoreClosedError"}, outcomes.after_close
     with pytest.raises(StoreClosedError):
-        store.apply(ONCE, "later", [60_000])
+        store.apply(ONCE, "later", once(60_000))
 
 
 @pytest.mark.parametrize("kind", ["redis", "postgres"])
@@ -187,12 +187,12 @@ def test_short_lived_threads_leave_no_sqlite_descriptors_behind(tmp_path: Path) 
 
     def one(n: int) -> None:
         try:
-            store.apply(ONCE, f"k{n}", [60_000])
+            store.apply(ONCE, f"k{n}", once(60_000))
         except BaseException as exc:
             errors.append(exc)
 
     try:
-        store.apply(ONCE, "warm", [60_000])
+        store.apply(ONCE, "warm", once(60_000))
         before = _open_descriptors()
         peak = before
         for wave in range(60):  # 6 000 threads, 100 alive at a time

@@ -18,6 +18,10 @@ BREAKER_MAX_OPEN_DURATION = 60.0
 BREAKER_PROBE_TIMEOUT = 10.0
 """A half-open probe not back after this many seconds counts as failed, so it cannot wedge."""
 
+MAX_SLOTS = 1_000_000
+"""Buckets, counted calls or levels one rolling structure allocates at most: a bound that keeps
+a mistyped option (``buckets=10**9``) a clear error at construction, not a ``MemoryError``."""
+
 TIMEOUT_THREAD_LIMIT = 8
 """Sync ``Timeout(mode="thread")``: abandoned, still-running worker threads allowed at once."""
 
@@ -84,13 +88,22 @@ GRADIENT_BACKOFF_RATIO = 0.9
 GRADIENT2_INITIAL_LIMIT = 20
 GRADIENT2_MIN_LIMIT = 1
 """Java's builder says 20, which is also the floor under overload: on a small service (one
-core, 2 ms a request) 20 in flight is a 40 ms queue. With ``queue_size`` 4 and smoothing 0.2 the
-limit still cannot fall below 8 (``queue / (1 - 0.5)``), so 1 only lets the latency decide."""
+core, 2 ms a request) 20 in flight is a 40 ms queue; 1 lets the latency decide."""
 GRADIENT2_COLD_LIMIT = 100
 """In flight admitted before the first sample (floodwall's; Java starts at ``initial_limit``)."""
 GRADIENT2_MAX_CONCURRENCY = 200
 GRADIENT2_SMOOTHING = 0.2
-GRADIENT2_QUEUE_SIZE = 4
+"""How far a growing limit moves towards its target per sample (Java's builder)."""
+GRADIENT2_DECREASE_SMOOTHING = 0.5
+"""How far a shrinking limit moves per sample (Java: ``smoothing`` both ways). Behind the
+recommended 1 s window, 0.2 walks a limit down a tenth of the way per second at the gradient's
+0.5 floor (``e → 0.9 e + 0.2 q``): ten seconds of a queue the latency already shows; 0.5 halves
+the time constant. Growth stays careful (TCP's rule): a limit growing as fast as it shrinks
+outruns a baseline learned under load."""
+# Gradient2's queue_size defaults to a function, floodwall.adaptive.square_root (Java's Gradient
+# v1 default, and the seeds' "queue_size is usually the square root of the limit"; Java's
+# Gradient2 says a constant 4). Under overload the limit tends to 2 x queue_size (the gradient's
+# 0.5 floor): 8 in flight with 4, 4 with the square root, a few requests of queue on one worker.
 GRADIENT2_LONG_WINDOW = 600
 GRADIENT2_WARMUP = 10
 GRADIENT2_RTT_TOLERANCE = 1.5
@@ -129,6 +142,13 @@ DAGOR_EARLY_WINDOW = 0.1
 early, so the level moves ten times a second until the queue is calm again..."""
 DAGOR_EARLY_REQUESTS = 50
 """...and a quiet server keeps the paper's 1 s window (too few samples to judge sooner)."""
+DAGOR_MAX_WAIT_RATIO = 4.0
+"""An arrival that would wait longer than 4 mean service times to start is refused (floodwall's
+wait rule; the p99 of what is admitted stays within about five service times)."""
+DAGOR_OVERFLOW_SHARE = 0.2
+"""A window in which the wait rule refused more than 20 % of the arrivals counts as overloaded:
+the level (whole users) then takes the sustained excess, the rule only the bursts. Lower shares
+shed more by priority and fill the queue less: on one worker, 5 % keeps ~85 % of capacity."""
 DAGOR_USER_LEVELS = 128
 DAGOR_BUSINESS_LEVELS = 64
 DAGOR_ALPHA = 0.05
@@ -257,3 +277,17 @@ TIMESLICE_STALE_SLICES = 2
 """An instance's report counts towards the global QPS for this many slices."""
 TIMESLICE_LEASE_SLICES = 3
 """Slices the elected instance's lease (and the published drop rate) lasts without renewal."""
+
+# -- task queues (issue 21) ---
+
+TASK_MAX_DEFER = 3600.0
+"""Seconds a task may be deferred in all (open breaker, rate limit, claim held elsewhere) before
+it fails with the refusal: an hour outlives most outages without keeping a message forever."""
+TASK_DEFER = 5.0
+"""Seconds a task waits after a refusal that names no ``retry_after`` (a breaker forced open by
+an operator): the breaker's default open duration."""
+TASK_DEFER_JITTER = 0.5
+"""A deferral waits ``retry_after × (1 + U(0, 0.5))``: tasks refused together come back spread
+over half the wait, not in one burst at the breaker's half-open moment."""
+TASK_MIN_DELAY = 0.05
+"""Seconds a deferred or retried task waits at least: never a tight loop through the broker."""

@@ -25,12 +25,23 @@ import contextvars
 import threading
 from bisect import bisect_right
 from collections.abc import Callable
+from typing import Protocol
 
 from floodwall._core.errors import RejectedError
 from floodwall._core.tally import Tally, values
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS, latency_bin_bounds
 
-__all__ = ["ANSWERS", "EDGES", "OUTCOMES", "Degradation", "Meter", "Metering", "note_degraded"]
+__all__ = [
+    "ANSWERS",
+    "EDGES",
+    "LATENCY_BUCKETS",
+    "OUTCOMES",
+    "CallObserver",
+    "Degradation",
+    "Meter",
+    "Metering",
+    "note_degraded",
+]
 
 EDGES = _EDGES
 """Upper edges of the latency bins (seconds); a duration's bin is ``bisect_right(EDGES, d)``."""
@@ -52,6 +63,9 @@ OUTCOMES = (
 
 ANSWERS = ("answer", "fallback", "error")
 """What a caller can get: the dependency's answer, a degraded answer, or an error."""
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds (seconds) of the latency buckets every adapter publishes (plus +Inf)."""
 
 _NOT_CALLED = frozenset({"sampled", "read_only"})
 """Degradation reasons for which the dependency was deliberately not called."""
@@ -205,3 +219,24 @@ class Metering:
         outcome = self.meter.failure(error, duration)
         if outcome not in ("error", "cancelled"):
             self.rejected(outcome, error)
+
+
+class CallObserver(Protocol):
+    """Watches every call through a resource, per call (a tracer, a latency histogram that
+    needs each duration): installed with ``Registry.add_observer``. ``begin`` runs when the call
+    enters the resource (outermost, beside the meter) and returns what ``end`` gets back;
+    ``end`` learns what the dependency did (``outcome``) and what the caller got (``answer``).
+    Neither may raise: an observer that fails is logged and skipped, never the call's failure."""
+
+    def begin(self, resource: str) -> object: ...
+
+    def end(
+        self,
+        resource: str,
+        begun: object,
+        *,
+        duration: float,
+        outcome: str,
+        answer: str,
+        error: BaseException | None,
+    ) -> None: ...

@@ -24,6 +24,18 @@ SoCC 2018; the seeds' 3.5.2):
   requests); until a calm window, windows close after ``early_window`` (0.1 s) once they have
   50 arrivals; the first calm window goes straight back to the measured rate less ``alpha``.
   Around the threshold (no surge) the paper's 1 s windows and 5 % / 1 % steps are unchanged.
+* **The wait rule** (floodwall's addition, issue 18: a level admits a *share* of a Poisson
+  stream, itself a Poisson stream, and a one-worker service fed 90 % of its capacity that way
+  has a p99 near 10× its unloaded latency whatever the level does). When the server reports
+  starts and ends (:meth:`~QueueingTimeAdmission.on_start`,
+  :meth:`~QueueingTimeAdmission.on_finish`), an arrival is also refused when the requests
+  admitted ahead of it and not yet started would take longer than ``max_wait_ratio`` (4) mean
+  service times to start (``pending × interval between starts``): no admitted request waits much
+  longer than four of its own service times, and the queue refills at once from the excess, so
+  the worker never idles. A window in which this rule refused more than ``overflow_share`` (20 %)
+  of the arrivals counts as overloaded, and as a surge: the level, which sheds whole users, takes
+  the sustained excess, and the rule only the Poisson bursts. Without reported starts and ends
+  the rule stays off; ``max_wait_ratio=None`` turns it off (the paper's DAGOR).
 * **Collaboration.** The level rides back to callers (:attr:`QueueingTimeAdmission.level`);
   a caller holding :class:`UpstreamLevels` sheds below-level sub-requests before sending them.
 
@@ -41,10 +53,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.validate import PLAIN_INT
 from floodwall.adaptive._base import check_float, check_int, check_positive
 
 __all__ = [
@@ -55,6 +68,10 @@ __all__ = [
     "UserPriority",
     "user_priority",
 ]
+
+
+_LEVELS = 1 << 16
+"""Priority levels a DAGOR histogram holds at most per axis (the paper uses 128 and 64)."""
 
 
 class AdmissionLevel(NamedTuple):
@@ -114,9 +131,11 @@ _PERMIT = DagorPermit()
 class QueueingTimeAdmission:
     """DAGOR's overload detection and priority admission for one server (see the module doc).
 
-    The pure core is :meth:`admit` (at arrival, counts the request and decides) and
-    :meth:`on_start` (when processing starts, with the queueing time); both take ``now``.
-    :meth:`acquire` combines them on ``clock`` for the load-shedding guard. Thread-safe.
+    The pure core is :meth:`admit` (at arrival, counts the request and decides),
+    :meth:`on_start` (when processing starts, with the queueing time), and, for the wait rule,
+    :meth:`on_finish` (when it ends, with the service time) and :meth:`on_abandon` (an admitted
+    request that will never start); all take ``now``. :meth:`acquire` combines the first two on
+    ``clock`` for the load-shedding guard. Thread-safe.
     """
 
     kind = "dagor"
@@ -135,10 +154,12 @@ class QueueingTimeAdmission:
         user_levels: int = defaults.DAGOR_USER_LEVELS,
         alpha: float = defaults.DAGOR_ALPHA,
         beta: float = defaults.DAGOR_BETA,
+        max_wait_ratio: float | None = defaults.DAGOR_MAX_WAIT_RATIO,
+        overflow_share: float = defaults.DAGOR_OVERFLOW_SHARE,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.threshold = check_positive("threshold", threshold)
         self.window = check_positive("window", window)
         self.window_requests = check_int("window_requests", window_requests)
@@ -148,13 +169,11 @@ class QueueingTimeAdmission:
                 f"early_window must be <= window ({window!r} s), got {early_window!r}"
             )
         self.early_requests = check_int("early_requests", early_requests)
-        self.business_levels = check_int("business_levels", business_levels)
-        self.user_levels = check_int("user_levels", user_levels)
-        for label, value in (("alpha", alpha), ("beta", beta)):
-            if not 0 < value < 1:
-                raise ConfigError(f"{label} must be in (0, 1), got {value!r}")
-        self.alpha = float(alpha)
-        self.beta = float(beta)
+        self.business_levels = validate.count("business_levels", business_levels, 1, _LEVELS)
+        self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
+        self.alpha = validate.number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
+        self.beta = validate.number("beta", beta, 0.0, 1.0, low_open=True, high_open=True)
+        self._init_wait_rule(max_wait_ratio, overflow_share)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._lock = threading.Lock()
@@ -178,6 +197,30 @@ class QueueingTimeAdmission:
         self._surge_above = self.surge * self.threshold
         self._surge = False
         """In a surge (a window's queueing past ``surge`` x threshold) and not yet calm again."""
+
+    def _init_wait_rule(self, max_wait_ratio: float | None, overflow_share: float) -> None:
+        self.max_wait_ratio = (
+            None
+            if max_wait_ratio is None
+            else validate.number("max_wait_ratio", max_wait_ratio, 0.0, low_open=True)
+        )
+        self.overflow_share = check_float(
+            "overflow_share", overflow_share, 0.0, 1.0, open_high=True
+        )
+        self._pending = 0
+        """Admitted at arrival and not yet started (nor abandoned)."""
+        self._admitted_before = 0
+        """Admitted in the previous window (``_pending`` never exceeds two windows' worth)."""
+        self._window_admitted = 0
+        self._interval = 0.0
+        """Average seconds between starts while requests wait (1 / service rate); 0 unknown."""
+        self._service = 0.0
+        """Average service time (start to end), seconds; 0 unknown."""
+        self._last_start = -math.inf
+        self._overflowed = 0
+        """Arrivals this window refused by the wait rule."""
+        self.wait_refused = 0
+        """Arrivals refused by the wait rule since construction (also counted in ``rejected``)."""
 
     # -- levels -----------------------------------------------------------------------------
 
@@ -208,19 +251,55 @@ class QueueingTimeAdmission:
             self._histogram[index] += 1
             self._arrivals += 1
             if index <= self._level:
+                if self._would_wait_too_long():
+                    self._overflowed += 1
+                    self.wait_refused += 1
+                    self.rejected += 1
+                    return False
+                self._pending += 1
+                self._window_admitted += 1
                 self.admitted += 1
                 return True
             self.rejected += 1
             return False
 
+    def _would_wait_too_long(self) -> bool:
+        """Under the lock: the wait rule (off until starts and ends have been measured)."""
+        ratio = self.max_wait_ratio
+        if ratio is None or self._interval <= 0.0 or self._service <= 0.0:
+            return False
+        return self._pending * self._interval > ratio * self._service
+
     def on_start(self, now: float, queueing_time: float) -> None:
         """An admitted request started processing at ``now`` after waiting ``queueing_time``."""
         with self._lock:
             self._roll(now)
+            if self._pending:
+                self._pending -= 1
+            last = self._last_start
+            if last < now and now - queueing_time <= last:
+                # it was waiting when the previous one started: the gap is one service interval
+                gap = now - last
+                self._interval = gap if self._interval <= 0 else _smooth(self._interval, gap)
+            self._last_start = now
             self._queued_total += max(0.0, queueing_time)
             self._queued_count += 1
             if self._queued_count >= self.window_requests:
                 self._close(now)
+
+    def on_finish(self, now: float, service_time: float) -> None:
+        """A started request ended at ``now`` after ``service_time`` seconds of service."""
+        if service_time > 0:
+            with self._lock:
+                old = self._service
+                self._service = service_time if old <= 0 else _smooth(old, service_time)
+
+    def on_abandon(self, now: float) -> None:
+        """An admitted request will never start (it was dropped, or its client left, while it
+        waited): it no longer counts as waiting."""
+        with self._lock:
+            if self._pending:
+                self._pending -= 1
 
     def _roll(self, now: float) -> None:
         start = self._window_start
@@ -231,7 +310,11 @@ class QueueingTimeAdmission:
         if elapsed >= self.window or (
             elapsed >= self.early_window
             and self._arrivals >= self.early_requests
-            and (self._surge or self._queued_total > self._surge_above * self._queued_count)
+            and (
+                self._surge
+                or self._queued_total > self._surge_above * self._queued_count
+                or self._overflowed > self.overflow_share * self._arrivals
+            )
         ):
             # early only in a surge (this window's average already past surge x threshold, or
             # a surge not yet recovered from): a steady level keeps the paper's 1 s windows and
@@ -244,11 +327,13 @@ class QueueingTimeAdmission:
         average = self._queued_total / count if count else 0.0
         elapsed = now - self._window_start if self._window_start is not None else 0.0
         self.last_queueing_time = average
-        self.overloaded = average > self.threshold
+        overflowed = self._overflowed > self.overflow_share * self._arrivals
+        self.overloaded = average > self.threshold or overflowed
         old = self._level
         if self.overloaded:
             entering = False
-            if average > self._surge_above and count >= self.early_requests and not self._surge:
+            surging = average > self._surge_above or overflowed
+            if surging and count >= self.early_requests and not self._surge:
                 # A surge: requests started per second while saturated are the service rate,
                 # which the admitted load must fall below for the queue to drain (a window of
                 # a few stragglers says nothing about the rate, so it needs early_requests).
@@ -262,6 +347,13 @@ class QueueingTimeAdmission:
         self._queued_total = 0.0
         self._queued_count = 0
         self._arrivals = 0
+        # a request admitted and never reported (started nor abandoned) is forgotten when the
+        # window after the next one closes: a queue holding more than two windows' arrivals
+        # would have shown in the average long before
+        self._pending = min(self._pending, self._window_admitted + self._admitted_before)
+        self._admitted_before = self._window_admitted
+        self._window_admitted = 0
+        self._overflowed = 0
         self._window_start = now
         if old != self._level and self.listeners:
             self.listeners.emit(
@@ -296,7 +388,7 @@ class QueueingTimeAdmission:
             # backlog (Little's law: the requests queued beyond the threshold). Later windows
             # of the surge take the paper's steps again: requests with fan-out would be cut
             # half-way by repeated deep cuts.
-            backlog = (average - self.threshold) * started / elapsed
+            backlog = max(0.0, average - self.threshold) * started / elapsed
             target = min(target, started * (1 - self.alpha) - backlog)
         return min(level - 1, self._level_for(target)) if level > 0 else 0
 
@@ -328,6 +420,11 @@ class QueueingTimeAdmission:
         self, queueing_time: float | None = None, business: int = 0, user: int = 0
     ) -> DagorPermit | None:
         """Admit a request now, recording its ``queueing_time`` when known; ``None`` = shed."""
+        if business.__class__ is not PLAIN_INT or user.__class__ is not PLAIN_INT:
+            validate.integer("business", business, error=ValueError)
+            validate.integer("user", user, error=ValueError)
+        if queueing_time is not None:
+            validate.seconds("queueing_time", queueing_time, error=ValueError)
         now = self.clock.monotonic()
         if not self.admit(now, business, user):
             return None
@@ -339,6 +436,11 @@ class QueueingTimeAdmission:
         return f"QueueingTimeAdmission(level={tuple(self.level)}, overloaded={self.overloaded})"
 
 
+def _smooth(average: float, sample: float) -> float:
+    """An exponential average moved a tenth of the way to ``sample``."""
+    return average * 0.9 + sample * 0.1
+
+
 class UpstreamLevels:
     """A caller's memory of each downstream's reported admission level, for early shedding.
 
@@ -347,13 +449,19 @@ class UpstreamLevels:
     """
 
     def __init__(self, user_levels: int = defaults.DAGOR_USER_LEVELS) -> None:
-        self.user_levels = check_int("user_levels", user_levels)
+        self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
         self._levels: dict[str, AdmissionLevel] = {}
 
     def update(self, service: str, level: AdmissionLevel | tuple[int, int]) -> None:
-        self._levels[service] = AdmissionLevel(*level)
+        validate.text("service", service, error=ValueError)
+        business, user = level
+        self._levels[service] = AdmissionLevel(
+            validate.integer("level[0]", business, error=ValueError),
+            validate.integer("level[1]", user, error=ValueError),
+        )
 
     def get(self, service: str) -> AdmissionLevel | None:
+        validate.text("service", service, error=ValueError)
         return self._levels.get(service)
 
     def admits(self, service: str, business: int, user: int) -> bool:

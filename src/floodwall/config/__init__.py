@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError as _missing:  # the extra is not installed
     raise missing_extra(_missing, "floodwall.config", "config") from _missing
 
-from floodwall.config.loader import LEVEL_RULES, load, loads, parse, resolve
+from floodwall.config.loader import LEVEL_RULES, inherit, load, loads, parse
 from floodwall.config.registry import Override, Registry, Resource, build, build_backoff
 from floodwall.config.schema import (
     BackoffConfig,
@@ -51,10 +51,10 @@ __all__ = [
     "build",
     "build_backoff",
     "format_duration",
+    "inherit",
     "load",
     "loads",
     "parse",
     "parse_duration",
     "parse_rate",
-    "resolve",
 ]

@@ -31,11 +31,16 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
+from floodwall._core import validate
+from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.meter import Meter, Metering
+from floodwall._core.meter import DEGRADED as _DEGRADED
+from floodwall._core.meter import CallObserver, Degradation, Meter, Metering
+from floodwall._core.options import kwargs
 from floodwall._core.policy import Policy
+from floodwall._core.validate import PLAIN_INT
 from floodwall.adaptive import (
     AdaptiveLimiter,
     AIMDLimit,
@@ -47,14 +52,6 @@ from floodwall.adaptive import (
 from floodwall.adaptive.windowed import WindowedLimit
 from floodwall.backoff import (
     Backoff,
-    DecorrelatedJitter,
-    EqualJitter,
-    Exponential,
-    Fixed,
-    FullJitter,
-    Linear,
-    NoBackoff,
-    Uniform,
 )
 from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
@@ -71,7 +68,7 @@ from floodwall.config.schema import (
 )
 from floodwall.degrade.sampled import SampledDrop
 from floodwall.fallback import Fallback
-from floodwall.pipeline import Pipeline, _stages, chain
+from floodwall.pipeline import ANSWERING, Pipeline, _stages, chain
 from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
@@ -99,25 +96,9 @@ _log = logging.getLogger("floodwall.config")
 
 
 def build_backoff(config: BackoffConfig) -> Backoff:
-    """The backoff object a ``backoff:`` section describes."""
-    kind, base, cap, mult = config.kind, config.base, config.cap, config.multiplier
-    if kind == "none":
-        return NoBackoff()
-    if kind == "fixed":
-        return Fixed(base, cap=cap)
-    if kind == "linear":
-        return Linear(base, cap=cap)
-    if kind == "random":
-        low = config.low if config.low is not None else 0.0
-        high = config.high if config.high is not None else base
-        return Uniform(low, high, cap=cap)
-    if kind == "decorrelated":
-        return DecorrelatedJitter(base, cap=cap)
-    if config.jitter == "full":
-        return FullJitter(base, multiplier=mult, cap=cap)
-    if config.jitter == "equal":
-        return EqualJitter(base, multiplier=mult, cap=cap)
-    return Exponential(base, multiplier=mult, cap=cap)
+    """The backoff object a ``backoff:`` section describes (:meth:`BackoffConfig.backoff`)."""
+    validate.instance("config", config, BackoffConfig, "a BackoffConfig")
+    return config.backoff()
 
 
 def _new_budget(
@@ -212,14 +193,7 @@ def build_bulkhead(
             clock=clock,
             listeners=listeners,
         )
-    return Bulkhead(
-        name,
-        max_concurrent=config.max_concurrent,
-        max_queue=config.max_queue,
-        max_wait=config.max_wait,
-        clock=clock,
-        listeners=listeners,
-    )
+    return Bulkhead(name, clock=clock, listeners=listeners, **kwargs(config.options()))
 
 
 @dataclass(frozen=True)
@@ -320,7 +294,7 @@ def build(
         )
         policies.append(cache)
     if config.circuit_breaker is not None:
-        options = config.circuit_breaker.model_dump()
+        options = kwargs(config.circuit_breaker.options())
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
         policies.append(breaker)
     if config.bulkhead is not None:
@@ -364,12 +338,7 @@ def build(
         policies.append(retry)
     if config.timeout is not None:
         timeout = Timeout(
-            config.timeout.seconds,
-            name=name,
-            mode=config.timeout.mode,
-            thread_limit=config.timeout.thread_limit,
-            clock=clock,
-            listeners=listeners,
+            name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
         )
         policies.append(timeout)
     chaos = None
@@ -424,7 +393,7 @@ class Resource(Pipeline):
     kind = "resource"
 
     def __init__(self, name: str, config: ResourceConfig, registry: Registry) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.config = config
         self.level = config.level
         self._registry = registry
@@ -448,14 +417,21 @@ class Resource(Pipeline):
         or the new ones, never a mix)."""
         self.policies = policies
         self.pipeline = Pipeline(*policies, name=self.name)
-        answering = tuple(p for p in policies if p.kind in self._ANSWERING)
+        answering = tuple(p for p in policies if p.kind in ANSWERING)
+        metering = self._metering
+        outermost: tuple[Policy, ...] = ()
+        observers = self._registry._observers
+        if metering is not None and observers:
+            # observers see each call begin and end: the meter runs as a gate that calls them
+            metering, outermost = None, (_Observed(self, observers),)
+        now = self._registry._now
         refuse = (_refuse, self), (_refuse_async, self)
         # The meter is outermost in both plans: a shed call is counted (as shed, or as a
         # degraded answer), so an operator's shed shows in the metrics as it is.
-        now = self._registry._now
-        shed_sync, shed_async = _stages(answering, self._metering, now)
+        self._answering = _Answering(self.name, (*outermost, *answering), metering, now)
+        shed_sync, shed_async = self._answering._stages, self._answering._async_stages
         self._plans = (
-            _stages(policies, self._metering, now),
+            _stages((*outermost, *policies), metering, now),
             ([refuse[0], *shed_sync], [refuse[1], *shed_async]),
         )
         self.watch(self._registry._attention)
@@ -469,7 +445,11 @@ class Resource(Pipeline):
         else:
             self._stages, self._async_stages = self._plans[0]
 
-    _ANSWERING = frozenset({"fallback", "cache", "fallback_source"})
+    def answering(self) -> Pipeline:
+        """The resource's meter and the policies that answer without the dependency (fallback,
+        cache, backup source): what runs while its level is shed, or when a request's deadline
+        passed before it was sent, so such a call is answered and counted all the same."""
+        return self._answering
 
     def _rejected(self, outcome: str, error: BaseException) -> None:
         self._registry._rejected(self, outcome, error)
@@ -479,6 +459,101 @@ class Resource(Pipeline):
 
     def describe(self) -> str:
         return f"Resource({self.name!r}, level={self.level}: {self.pipeline})"
+
+
+class _Answering(Pipeline):
+    """:meth:`Resource.answering`: the answering policies with the resource's meter outermost,
+    in its own runner (``metering``) or as the gate :class:`_Observed` (the first policy)."""
+
+    def __init__(
+        self,
+        name: str,
+        policies: tuple[Policy, ...],
+        metering: Metering | None,
+        now: Callable[[], float],
+    ) -> None:
+        super().__init__(*policies, name=name)
+        self._metered = metering is not None
+        if metering is not None:
+            self._stages, self._async_stages = _stages(policies, metering, now)
+
+    def answering(self) -> Pipeline:
+        return self  # already the answering part, its meter included
+
+    def __str__(self) -> str:
+        inner = super().__str__()
+        return f"Meter({self.name!r}) -> {inner}" if self._metered else inner
+
+    def describe(self) -> str:
+        return f"Pipeline({self.name!r}: {self})"
+
+
+class _Observed(Gate):
+    """A resource's meter as its outermost gate, with :class:`~floodwall._core.meter.CallObserver`
+    s: each sees every call begin and end (tracing, per-call histograms). Only built while
+    observers are installed; the plain meter runs in its own runner (``Metering``), whose
+    success path this gate would slow."""
+
+    kind = "meter"
+
+    def __init__(self, resource: Resource, observers: tuple[CallObserver, ...]) -> None:
+        assert resource.meter is not None
+        self.name = resource.name
+        self.listeners = Listeners()
+        self._meter = resource.meter
+        self._rejected = resource._rejected
+        self._now = resource._registry._now
+        self._observers = observers
+
+    def admit(
+        self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Degradation | None, list[object]]:
+        begun = []
+        for observer in self._observers:
+            try:
+                begun.append(observer.begin(self.name))
+            except Exception:  # noqa: BLE001 - an observer never fails the call
+                _log.exception("observer %r failed to begin a call of %s", observer, self.name)
+                begun.append(None)
+        # the marker before the call: a new one after it means a fallback answered
+        return _DEGRADED.get(), begun
+
+    def record(
+        self,
+        permit: tuple[Degradation | None, list[object]],
+        now: float,
+        duration: float,
+        error: BaseException | None,
+        result: Any,
+    ) -> None:
+        marker, begun = permit
+        meter = self._meter
+        if error is None:
+            current = _DEGRADED.get()
+            if current is marker or current is None or current.claimed:
+                meter.success(duration)
+                outcome, answer = "success", "answer"
+            else:
+                outcome, answer = meter.degraded(current, duration), "fallback"
+        else:
+            outcome, answer = meter.failure(error, duration), "error"
+            if outcome not in ("error", "cancelled"):
+                self._rejected(outcome, error)
+        for observer, token in zip(self._observers, begun, strict=True):
+            try:
+                observer.end(
+                    self.name,
+                    token,
+                    duration=duration,
+                    outcome=outcome,
+                    answer=answer,
+                    error=error,
+                )
+            except Exception:  # noqa: BLE001 - an observer never fails the call
+                _log.exception("observer %r failed to end a call of %s", observer, self.name)
+
+    def describe(self) -> str:
+        return f"Meter({self.name!r}, observed)"
 
 
 def _checked_sync(resource: Resource, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -558,7 +633,7 @@ class Registry:
     ) -> None:
         from floodwall.config.loader import parse
 
-        self.metrics = metrics
+        self.metrics = validate.flag("metrics", metrics)
         """Whether resources keep a :class:`~floodwall.observe.Meter` (cumulative outcomes and
         latency, what the Prometheus and OpenTelemetry adapters read)."""
         self.clock = clock
@@ -579,6 +654,7 @@ class Registry:
         """True while any override is in force: only then does a call check for shedding."""
         self._now = clock.monotonic
         self._sampled: dict[tuple[str, str], list[float]] = {}
+        self._observers: tuple[CallObserver, ...] = ()
         for name, config in self.document.resources.items():
             resource = Resource(name, config, self)
             self._build(resource, config)
@@ -588,6 +664,8 @@ class Registry:
 
     def get(self, name: str) -> Resource:
         """The resource called ``name`` (a policy: call it, await it, decorate with it)."""
+        if name.__class__ is not str:
+            validate.text("name", name, error=TypeError)
         try:
             return self._resources[name]
         except KeyError:
@@ -645,7 +723,7 @@ class Registry:
         """Swap ``built`` into ``resource``, keeping the live breaker's state (its window, open
         timer and counts), a live-tuned sampled drop and an unchanged cache's entries."""
         if built.breaker is not None and resource.breaker is not None:
-            resource.breaker.reconfigure(**built.breaker.options())
+            resource.breaker.reconfigure(built.breaker.options)
             built = built.replace(built.breaker, resource.breaker, "breaker")
         if built.sampled is not None and resource.sampled is not None and config.sampled_drop:
             # A live-tuned ratio (the config centre's knob) keeps the policy and its counters.
@@ -693,6 +771,8 @@ class Registry:
         invalid one (it is what a file caught mid-write looks like); ``allow_empty=True``
         drops every resource on purpose.
         """
+        validate.text("source", source)
+        validate.flag("allow_empty", allow_empty)
         refused: ConfigError | None = None
         with self._lock:  # one reload at a time, and no operator change between stage and swap
             try:
@@ -837,6 +917,9 @@ class Registry:
         self._breaker_override(name, "force_closed", ttl, reason)
 
     def _breaker_override(self, name: str, action: str, ttl: float | None, reason: str) -> None:
+        validate.text("reason", reason, empty=True)
+        if ttl is not None:
+            validate.seconds("ttl", ttl, positive=True)
         breaker = self.get(name).breaker
         if breaker is None:
             raise ConfigError(f"resources.{name} has no circuit_breaker to {action}")
@@ -858,6 +941,9 @@ class Registry:
         The configured limit comes back when the override ends; a reload in the meantime keeps
         the override in force.
         """
+        validate.text("reason", reason, empty=True)
+        if burst is not None:
+            validate.count("burst", burst, 0)
         resource = self.get(name)
         current = resource.config.rate_limit
         if current is None:
@@ -880,8 +966,9 @@ class Registry:
 
     def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
         """Shed dependency level ``level`` (2 or 3): its calls answer from their fallback."""
-        if level not in (2, 3):
+        if isinstance(level, bool) or not isinstance(level, int) or level not in (2, 3):
             raise ConfigError(f"level must be 2 or 3 (level 1 is never shed), got {level!r}")
+        validate.text("reason", reason, empty=True)
         text = reason or f"level {level} shed by operator"
         with self._lock:
             self._shed_levels = self._shed_levels | {level}
@@ -889,6 +976,9 @@ class Registry:
 
     def clear(self, target: str, action: str | None = None) -> None:
         """End the overrides on ``target`` (a resource name or ``"level:N"``)."""
+        validate.text("target", target)
+        if action is not None:
+            validate.text("action", action)
         with self._lock:
             ended = [k for k in self._overrides if k[0] == target and action in (None, k[1])]
             for key in ended:
@@ -897,9 +987,7 @@ class Registry:
     def _until(self, ttl: float | None) -> float | None:
         if ttl is None:
             return None
-        if not ttl > 0:
-            raise ConfigError(f"ttl must be > 0 seconds, got {ttl!r}")
-        return self.clock.monotonic() + ttl
+        return self.clock.monotonic() + validate.seconds("ttl", ttl, positive=True)
 
     def _set_override(self, override: Override) -> None:
         with self._lock:
@@ -949,6 +1037,8 @@ class Registry:
 
     def is_shed(self, level: int) -> bool:
         """Whether calls at ``level`` are being shed now (cheap: checked on every call)."""
+        if level.__class__ is not PLAIN_INT:  # resources pass ints; any other query is checked
+            validate.count("level", level, 1, 3, error=ValueError)
         if self.clock.monotonic() >= self._next_expiry:
             self.expire()
         return level in self._shed_levels
@@ -983,7 +1073,7 @@ class Registry:
                 entry["bulkhead"] = {
                     "in_flight": resource.bulkhead.in_flight,
                     "queued": resource.bulkhead.queued,
-                    "max_concurrent": resource.bulkhead.max_concurrent,
+                    "max_concurrent": resource.bulkhead.options.max_concurrent,
                     "scope": "host" if isinstance(resource.bulkhead, HostBulkhead) else "local",
                 }
             limiter = resource.limiter
@@ -1042,3 +1132,16 @@ class Registry:
 
     def add_listener(self, listener: EventListener) -> None:
         self.listeners.add(listener)
+
+    def add_observer(self, observer: CallObserver) -> None:
+        """Show ``observer`` every call through every resource, from the next call on (and
+        every resource a reload adds): what a tracer or a per-call histogram needs. Costs each
+        call the observer's work; the registry's plain meter costs nothing extra."""
+        if not all(callable(getattr(observer, m, None)) for m in ("begin", "end")):
+            raise TypeError(f"observer must be a CallObserver (begin, end), got {observer!r}")
+        if not self.metrics:
+            raise ConfigError("add_observer needs a registry with metrics=True (the meter gate)")
+        with self._lock:
+            self._observers = (*self._observers, observer)
+            for resource in self._resources.values():
+                resource.use(resource.policies)

@@ -1,9 +1,11 @@
 """The ``floodwall drill`` and ``floodwall demo`` commands (wired into :mod:`floodwall.cli`).
 
-Both print a progress bar per run while the drill runs, then the comparison table and the path
-of the HTML report; ``json_out`` also writes every figure as JSON. ``drill`` checks the
-scenario's ``expect`` section and exits with status 1 when a figure misses it; an invalid
-scenario raises :class:`~floodwall.ConfigError` (its message names the path in the file).
+Both print a progress bar per run while the drill runs, then the comparison table, the verdict
+and the path of the HTML report; ``json_out`` also writes every figure as JSON. ``drill`` checks
+the scenario's ``expect`` section and exits with status 1 when a figure misses it, or when a
+run's load generator or event loop fell behind (the comparison is void: no verdict, and
+no pass either); an invalid scenario raises :class:`~floodwall.ConfigError` (its message names
+the path in the file).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from floodwall.drill.demo import run_demo, show
-from floodwall.drill.report import ScenarioReport, print_table, to_json, write_html
+from floodwall.drill.report import ScenarioReport, print_table, to_json, verdict, write_html
 from floodwall.drill.runner import Job, JobProgress, run_jobs
 from floodwall.drill.scenario import Scenario, check_expectation, load_scenario
 
@@ -125,14 +127,19 @@ def drill(path: str, json_out: str | None, html_out: str | None) -> None:
     for run in results:
         for note in run.notes:
             _say(f"[yellow]note ({run.mode}):[/] {note}")
+    said = verdict(report)
+    void = said.startswith("no verdict")
+    _say(f"[red]{said}[/]" if void else said)
     written = write_html(html, [report], title=f"floodwall drill: {scenario.name}")
     _say(f"HTML report: {written}")
-    failed = _expectations(scenario, report)
+    failed = [] if void else _expectations(scenario, report)
     if json_out is not None:
         data: dict[str, Any] = to_json([report])
-        data["expect"] = {"failed": failed, "checked": scenario.expect}
+        data["expect"] = {"failed": failed, "checked": scenario.expect, "void": void}
         _write_json(json_out, data)
         _say(f"JSON: {Path(json_out).resolve()}")
+    if void:  # the figures measured the machine: no verdict, so no pass (exit 1)
+        sys.exit(1)
     for line in failed:
         _say(f"[red]expectation missed:[/] {line}")
     if failed:

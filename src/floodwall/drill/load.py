@@ -6,8 +6,9 @@ front from the scenario's profile and seed (``constant``, ``ramp`` or ``spike``;
 gaps), bounded by the load's ``duration`` and ``max_requests``. :class:`LoadGenerator` sends each
 arrival at its time, never more than ``max_in_flight`` at once (an arrival beyond that is
 recorded as failed with status ``-2``, not queued), and records every answer as a
-:class:`~floodwall.drill.metrics.Request`: status, latency, ``X-Degraded``, and for writes the
-order id it carried.
+:class:`~floodwall.drill.metrics.Request`: status, latency, ``X-Degraded``, for writes the
+order id it carried, and how late it left (a generator that falls behind its schedule voids the
+run's comparison: :func:`~floodwall.drill.metrics.void_reason`).
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ class LoadGenerator:
                     await asyncio.sleep(delay)
                 if self.in_flight >= self.max_in_flight:
                     now = self.recorder.now()
-                    self._record(Request(arrival.id, arrival.route.path, now, now, NOT_SENT))
+                    late = max(0.0, now - arrival.t)
+                    path = arrival.route.path
+                    self._record(Request(arrival.id, path, now, now, NOT_SENT, late=late))
                     continue
                 task = asyncio.create_task(self._one(session, arrival))
                 tasks.add(task)
@@ -148,7 +151,8 @@ class LoadGenerator:
         if degraded and self.observe_degraded:
             for dependency in route.calls:
                 self.recorder.action(Action(end, "fallback", "edge", dependency))
-        self._record(Request(arrival.id, route.path, start, end, status, degraded, order))
+        late = max(0.0, start - arrival.t)
+        self._record(Request(arrival.id, route.path, start, end, status, degraded, order, late))
 
     def _record(self, request: Request) -> None:
         self.recorder.request(request)

@@ -15,42 +15,63 @@ contract (docs/drills.md repeats them):
 * **p99**: nearest-rank 99th percentile of the latencies of all requests in the window, failed
   ones included (a request without an answer counts the caller's timeout);
 * **blast radius**: healthy routes' success rate and p99, before vs during;
-* **detection time**: first fault start → the first protective action at the edge about a
-  faulty dependency at or after it: a breaker opening, a fallback answering, a rejection (full
-  bulkhead, rate limit, shed) or a timeout firing. ``None``: nothing noticed;
+* **first protective action** (``first_action_s``): first fault start → the first action of the
+  protection at the edge about a faulty dependency at or after it, of any kind: a fallback
+  answering, a rejection (open breaker, full bulkhead, rate limit, shed), a timeout firing, a
+  breaker opening. ``None``: nothing at all;
+* **detection time** (``detection_time_s``): first fault start → the first time the protection
+  took the faulty dependency out of the path: a breaker about it opening (``OPEN`` or
+  ``FORCED_OPEN``) or load shed (a dependency level shed, an adaptive shedder refusing).
+  ``None``: it never did;
 * **recovery time**: last fault end → the earliest ``t`` (0.1 s steps) such that the full-answer
-  rate of all requests arriving in ``[end + t, end + t + 2 s)`` is within 1 percentage point of
-  its *before* value. ``None``: not within the run;
-* **data consistency** (the ledger audit), per write (an order id): *doubled* = applied more
-  than once; *lost* = the caller was told it succeeded but it was never applied; *unconfirmed*
-  = the caller saw a failure but it was applied (the money moved, the answer did not);
+  rate of the requests arriving in each of :data:`RECOVERY_HOLD` back-to-back windows of
+  :data:`RECOVERY_WINDOW` seconds from ``end + t`` on is within 1 percentage point of its
+  *before* value (back, and staying back). ``None``: not within the run;
+* **data consistency** (the ledger audit), per ledger (a service that received writes) and per
+  order id (the write's key) on it: *doubled* = applied more than once on that ledger; *lost* =
+  the caller was told the order succeeded but that ledger never applied it; *unconfirmed*
+  (charged, told failed) = the caller saw a failure but that ledger applied it (the money moved,
+  the answer did not). An order written once to each of two ledgers is neither; the run's
+  ``doubled_writes``, ``lost_writes`` and ``unconfirmed_writes`` add the ledgers' up;
 * **amplification** of a dependency: calls that reached it carrying the id of an edge request,
   per edge request whose route uses it (arrivals *during* the fault for ``amplification``, the
   whole run for ``amplification_by_dependency``); 1.0 = one call per request, above = retries,
   below = calls the protection kept away;
 * **resources**: peaks of the samples (threads, open sockets, resident memory, edge workers
   busy and queued), process-wide, and the event loop's worst lag (how late a 0.25 s sleep
-  woke up: the machine's share of the latency figures).
+  woke up: the machine's share of the latency figures);
+* **void**: the run measured the machine, not the system, when the load generator sent its
+  arrivals late (the 99th percentile of how late each arrival left, ``send_lag_p99_ms``, above
+  :data:`VOID_SEND_LAG` of the caller's timeout) or the event loop stalled
+  (``peak_loop_lag_ms`` above :data:`VOID_LOOP_LAG` of the caller's timeout): ``void`` says
+  why, and a comparison with such a run gives no verdict.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "CONTAINING",
+    "DEFINITIONS",
     "DETECTING",
+    "RECOVERY_HOLD",
     "RECOVERY_STEP",
     "RECOVERY_TOLERANCE",
     "RECOVERY_WINDOW",
+    "VOID_LOOP_LAG",
+    "VOID_SEND_LAG",
     "Action",
     "Call",
     "EventLog",
     "FaultWindow",
     "Figures",
+    "LedgerAudit",
     "Request",
     "Sample",
     "Series",
@@ -58,17 +79,60 @@ __all__ = [
     "compute",
     "percentile",
     "series",
+    "void_reason",
 ]
 
 RECOVERY_WINDOW = 2.0
 """Seconds of arrivals whose full-answer rate must be back for recovery to count."""
+RECOVERY_HOLD = 2
+"""Back-to-back windows the full-answer rate must stay back for (so 4 s): a rate back for one
+window and lost again is no recovery."""
 RECOVERY_TOLERANCE = 0.01
 """How far below its *before* value the full-answer rate may be and count as recovered."""
 RECOVERY_STEP = 0.1
 """Resolution of the recovery time, seconds."""
-DETECTING = frozenset({"fallback", "rejected", "timeout", "shed"})
-"""Event kinds that count as the protection noticing (plus a breaker opening)."""
+DETECTING = frozenset({"fallback", "rejected", "timeout", "shed", "level_shed"})
+"""Event kinds that count as a protective action (plus a breaker opening)."""
+CONTAINING = frozenset({"level_shed", "shed"})
+"""Event kinds that take a dependency out of the path like a breaker opening does (plus a
+shedder's refusal: a ``rejected`` event of a ``load_shedder``)."""
 _OPEN_STATES = frozenset({"OPEN", "FORCED_OPEN"})
+DEFINITIONS = (
+    (
+        "first protective action",
+        "fault start to the protection's first action about the faulty dependency, of any "
+        "kind (a fallback, a rejection, a timeout, a breaker opening)",
+    ),
+    (
+        "detection",
+        "fault start to the faulty dependency taken out of the path (its breaker opening, or "
+        "load shed)",
+    ),
+    (
+        "recovery",
+        "fault end to full answers back within 1 point of their rate before the fault, and "
+        "staying back for 2 windows of 2 s",
+    ),
+    (
+        "doubled / lost / charged, told failed",
+        "per ledger and per order: applied twice or more; told success, never applied; told "
+        "failure, applied",
+    ),
+    (
+        "void",
+        "the load left later than 10 % of the caller's timeout (p99), or the event loop fell "
+        "25 % of it behind: the run measured the machine, and its comparison gives no verdict",
+    ),
+)
+"""One line per figure, the same words as docs/drills.md: printed under the command line's
+table and in the HTML report, so every place that shows a figure says what it is."""
+VOID_SEND_LAG = 0.1
+"""Share of the caller's timeout: a run whose load generator sent its arrivals later than this
+at the 99th percentile is void (the modes did not get the same load; 200 ms for a 2 s
+timeout)."""
+VOID_LOOP_LAG = 0.25
+"""Share of the caller's timeout: a run whose event loop fell further behind than this is void
+(its timeouts and latencies measured the machine; 500 ms for a 2 s timeout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +150,8 @@ class Request:
     status: int
     degraded: bool = False
     order: str | None = None
+    late: float = 0.0
+    """Seconds the load generator sent it after its scheduled time."""
 
     @property
     def ok(self) -> bool:
@@ -193,6 +259,8 @@ class Figures:
     healthy_failures: dict[str, int]
     """What the healthy routes' failed requests during the fault got: HTTP status -> count
     (``"0"``: no answer before the caller's timeout, ``"-1"``: connection failed)."""
+    first_action_s: float | None
+    first_action_by: str | None
     detection_time_s: float | None
     detected_by: str | None
     recovery_time_s: float | None
@@ -202,6 +270,9 @@ class Figures:
     doubled_writes: int | None
     lost_writes: int | None
     unconfirmed_writes: int | None
+    audit: dict[str, dict[str, Any]]
+    """The ledger audit per ledger (service): ``orders`` (write requests it was part of),
+    ``applied`` (its lines), ``doubled``, ``lost``, ``unconfirmed`` and the order ids of each."""
     amplification: float | None
     amplification_by_dependency: dict[str, float]
     peak_threads: int | None
@@ -212,6 +283,10 @@ class Figures:
     peak_loop_lag_ms: float | None
     """How far behind the run's event loop fell at worst: above ~100 ms the machine was too
     busy for the latency figures to be the system's alone."""
+    send_lag_p99_ms: float | None
+    """How late the load generator sent its arrivals, 99th percentile."""
+    void: str | None
+    """Why this run's figures cannot be compared (see the module), or ``None``."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (floats rounded to what the table shows and a bit more)."""
@@ -274,21 +349,31 @@ def _relates(name: str, targets: Iterable[str]) -> bool:
     return any(name == t or name.startswith(t + ".") for t in targets)
 
 
-def detection(log: EventLog) -> tuple[float | None, str | None]:
-    """Seconds from the first fault's start to the first protective action about a faulty
-    dependency (see [Chaos drills][guide-drills]), and a description of that action."""
+def _opens(action: Action) -> bool:
+    return action.kind == "state_change" and action.to_state in _OPEN_STATES
+
+
+def _acts(action: Action) -> bool:
+    return action.kind in DETECTING or _opens(action)
+
+
+def _contains(action: Action) -> bool:
+    shedder = action.kind == "rejected" and action.source == "load_shedder"
+    return _opens(action) or action.kind in CONTAINING or shedder
+
+
+def _first(log: EventLog, counts: Any) -> tuple[float | None, str | None]:
+    """Seconds from the first fault's start to the first action ``counts`` accepts about a
+    faulty dependency, and a description of that action."""
     span = fault_span(log)
     if span is None:
         return None, None
     start = span[0]
     targets = [t for t in faulty_dependencies(log) if t != "edge"]
     for action in sorted(log.actions, key=lambda a: a.time):
-        if action.time < start:
+        if action.time < start or action.source == "chaos" or not counts(action):
             continue
-        noticed = action.kind in DETECTING or (
-            action.kind == "state_change" and action.to_state in _OPEN_STATES
-        )
-        if noticed and (not targets or _relates(action.name, targets)):
+        if not targets or _relates(action.name, targets) or action.kind == "level_shed":
             what = f"{action.kind} {action.source}[{action.name}]"
             if action.to_state:
                 what += f" -> {action.to_state}"
@@ -296,55 +381,117 @@ def detection(log: EventLog) -> tuple[float | None, str | None]:
     return None, None
 
 
+def first_action(log: EventLog) -> tuple[float | None, str | None]:
+    """Seconds from the first fault's start to the first protective action of any kind about a
+    faulty dependency (see [Chaos drills][guide-drills]), and what it was."""
+    return _first(log, _acts)
+
+
+def detection(log: EventLog) -> tuple[float | None, str | None]:
+    """Seconds from the first fault's start until the protection took a faulty dependency out
+    of the path (a breaker opening, load shed; see [Chaos drills][guide-drills]), and how."""
+    return _first(log, _contains)
+
+
 def recovery(log: EventLog, baseline: float | None) -> float | None:
-    """Seconds from the last fault's end until the full-answer rate is back (see
-    [Chaos drills][guide-drills])."""
+    """Seconds from the last fault's end until the full-answer rate is back and stays back for
+    :data:`RECOVERY_HOLD` windows (see [Chaos drills][guide-drills])."""
     span = fault_span(log)
     if span is None or baseline is None:
         return None
     end = span[1]
     ordered = sorted(log.requests, key=lambda r: r.start)
     starts = [r.start for r in ordered]
-    steps = int((log.load_end - end - RECOVERY_WINDOW) / RECOVERY_STEP + 1e-9)
-    from bisect import bisect_left
+    held = RECOVERY_WINDOW * RECOVERY_HOLD
+    steps = int((log.load_end - end - held) / RECOVERY_STEP + 1e-9)
+
+    def back(t: float) -> bool:
+        lo, hi = bisect_left(starts, t), bisect_left(starts, t + RECOVERY_WINDOW)
+        if hi == lo:
+            return False
+        rate = sum(r.full for r in ordered[lo:hi]) / (hi - lo)
+        return rate >= baseline - RECOVERY_TOLERANCE - 1e-12
 
     for step in range(max(steps, -1) + 1):
         t = end + step * RECOVERY_STEP
-        lo, hi = bisect_left(starts, t), bisect_left(starts, t + RECOVERY_WINDOW)
-        if hi == lo:
-            continue
-        rate = sum(r.full for r in ordered[lo:hi]) / (hi - lo)
-        if rate >= baseline - RECOVERY_TOLERANCE - 1e-12:
+        if all(back(t + k * RECOVERY_WINDOW) for k in range(RECOVERY_HOLD)):
             return round(step * RECOVERY_STEP, 6)
     return None
 
 
 @dataclass(frozen=True)
-class Audit:
-    """The ledger audit (``None`` fields when the run made no writes)."""
+class LedgerAudit:
+    """One ledger's audit: the orders (write keys) it was part of, and which of them it applied
+    twice or more (``doubled``), never although the caller was told success (``lost``), or
+    although the caller was told failure (``unconfirmed``: charged, told failed)."""
 
-    accepted: int | None
-    applied: int | None
-    doubled: int | None
-    lost: int | None
-    unconfirmed: int | None
+    service: str
+    orders: int
+    applied: int
+    doubled: tuple[str, ...]
+    lost: tuple[str, ...]
+    unconfirmed: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "orders": self.orders,
+            "applied": self.applied,
+            "doubled": len(self.doubled),
+            "lost": len(self.lost),
+            "unconfirmed": len(self.unconfirmed),
+            "doubled_orders": list(self.doubled),
+            "lost_orders": list(self.lost),
+            "unconfirmed_orders": list(self.unconfirmed),
+        }
 
 
-def audit(log: EventLog) -> Audit:
-    """Compare what callers were told with what the ledgers applied, per order id."""
-    writes = [(r.order, r.ok) for r in log.requests if r.order is not None]
-    if not writes:
-        return Audit(None, None, None, None, None)
-    applied = Counter(w.order for w in log.writes)
-    accepted = {order for order, ok in writes if ok}
-    failed = {order for order, ok in writes if not ok} - accepted
-    return Audit(
-        accepted=len(accepted),
-        applied=sum(applied.values()),
-        doubled=sum(1 for count in applied.values() if count > 1),
-        lost=sum(1 for order in accepted if applied[order] == 0),
-        unconfirmed=sum(1 for order in failed if applied[order] > 0),
-    )
+def audit(log: EventLog) -> dict[str, LedgerAudit]:
+    """Compare what callers were told with what each ledger applied, per ledger and per order
+    id: a write request is part of the ledger of every dependency its route calls."""
+    told: dict[str, bool] = {}
+    routes: dict[str, str] = {}
+    for request in log.requests:
+        if request.order is not None:
+            told[request.order] = told.get(request.order, False) or request.ok
+            routes[request.order] = request.route
+    applied: dict[str, Counter[str]] = defaultdict(Counter)
+    for write in log.writes:
+        applied[write.service][write.order] += 1
+    ledgers = {d for order, route in routes.items() for d in log.routes.get(route, ())}
+    out = {}
+    for service in sorted(ledgers | set(applied)):
+        lines = applied.get(service, Counter())
+        mine = sorted(o for o, r in routes.items() if service in log.routes.get(r, ()))
+        out[service] = LedgerAudit(
+            service,
+            orders=len(mine),
+            applied=sum(lines.values()),
+            doubled=tuple(sorted(o for o, n in lines.items() if n > 1)),
+            lost=tuple(o for o in mine if told[o] and not lines[o]),
+            unconfirmed=tuple(o for o in mine if not told[o] and lines[o]),
+        )
+    return out
+
+
+def void_reason(log: EventLog) -> str | None:
+    """Why the run's figures cannot be compared with another run's, or ``None`` (see the
+    module: the load generator sent late, or the event loop stalled)."""
+    late = percentile([r.late for r in log.requests], 0.99)
+    bound = VOID_SEND_LAG * log.timeout
+    if late is not None and late > bound:
+        return (
+            f"the load generator sent its arrivals late ({late * 1000:.0f} ms at the 99th "
+            f"percentile, more than {bound * 1000:.0f} ms): the machine, not the system, set "
+            "the pace"
+        )
+    lag = max((s.loop_lag for s in log.samples), default=0.0)
+    bound = VOID_LOOP_LAG * log.timeout
+    if lag > bound:
+        return (
+            f"the event loop fell {lag * 1000:.0f} ms behind (more than {bound * 1000:.0f} "
+            "ms): timeouts and latencies measured the machine"
+        )
+    return None
 
 
 def amplification(log: EventLog, window: tuple[float, float] | None = None) -> dict[str, float]:
@@ -377,9 +524,13 @@ def compute(log: EventLog) -> Figures:
     during = _between(log.requests, *span) if span else []
     healthy_before = [r for r in before if r.route in healthy]
     healthy_during = [r for r in during if r.route in healthy]
+    acted, action = first_action(log)
     detected, how = detection(log)
     full_before = _rate(before, full=True)
     books = audit(log)
+    wrote = any(r.order is not None for r in log.requests)
+    accepted = {r.order for r in log.requests if r.order is not None and r.ok}
+    late = percentile([r.late for r in log.requests], 0.99)
     amp_during = amplification(log, span) if span else {}
     faulty_amp = [amp_during[d] for d in faulty if d in amp_during]
     samples = log.samples
@@ -395,15 +546,18 @@ def compute(log: EventLog) -> Figures:
         healthy_p99_ms_before=_p99_ms(healthy_before),
         healthy_p99_ms_during=_p99_ms(healthy_during) if span else None,
         healthy_failures=dict(Counter(str(r.status) for r in healthy_during if not r.ok)),
+        first_action_s=acted,
+        first_action_by=action,
         detection_time_s=detected,
         detected_by=how,
         recovery_time_s=recovery(log, full_before),
         full_rate_before=full_before,
-        accepted_writes=books.accepted,
-        applied_writes=books.applied,
-        doubled_writes=books.doubled,
-        lost_writes=books.lost,
-        unconfirmed_writes=books.unconfirmed,
+        accepted_writes=len(accepted) if wrote else None,
+        applied_writes=len(log.writes) if wrote else None,
+        doubled_writes=sum(len(b.doubled) for b in books.values()) if wrote else None,
+        lost_writes=sum(len(b.lost) for b in books.values()) if wrote else None,
+        unconfirmed_writes=sum(len(b.unconfirmed) for b in books.values()) if wrote else None,
+        audit={service: b.as_dict() for service, b in books.items()},
         amplification=max(faulty_amp) if faulty_amp else None,
         amplification_by_dependency=amplification(log),
         peak_threads=max((s.threads for s in samples), default=None),
@@ -412,6 +566,8 @@ def compute(log: EventLog) -> Figures:
         peak_workers_busy=max((s.workers_busy for s in samples), default=None),
         peak_queued=max((s.queued for s in samples), default=None),
         peak_loop_lag_ms=max((s.loop_lag * 1000 for s in samples), default=None),
+        send_lag_p99_ms=None if late is None else late * 1000,
+        void=void_reason(log),
     )
 
 

@@ -23,17 +23,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from floodwall.drill.metrics import Figures, series
+from floodwall.drill.metrics import DEFINITIONS, RECOVERY_HOLD, RECOVERY_WINDOW, Figures, series
 from floodwall.drill.runner import RunResult
 
 __all__ = [
     "CHART_KINDS",
     "ScenarioReport",
+    "definitions",
     "html_report",
     "print_table",
     "render_text",
     "table_rows",
     "to_json",
+    "verdict",
     "write_html",
 ]
 
@@ -79,6 +81,21 @@ def _writes(f: Figures) -> str:
     return f"{f.doubled_writes} / {f.lost_writes}"
 
 
+def _ledgers(f: Figures) -> str:
+    """Doubled / lost per ledger: ``analytics 0 / 57 · inventory 0 / 0``."""
+    if not f.audit:
+        return "—"
+    return " · ".join(f"{name} {b['doubled']} / {b['lost']}" for name, b in f.audit.items())
+
+
+def _verdict(f: Figures) -> str:
+    return "VOID" if f.void else "valid"
+
+
+def _send_lag(f: Figures) -> str:
+    return "—" if f.send_lag_p99_ms is None else f"{f.send_lag_p99_ms:.0f} ms"
+
+
 def _count(value: int | None) -> str:
     return "—" if value is None else str(value)
 
@@ -106,18 +123,25 @@ def _lag(f: Figures) -> str:
 
 
 ROWS: tuple[tuple[str, Callable[[Figures, int | None], str]], ...] = (
+    ("comparison", lambda f, _: _verdict(f)),
     ("healthy success, fault", lambda f, _: _pct(f.healthy_success_rate)),
     ("healthy success, before", lambda f, _: _pct(f.healthy_success_rate_before)),
     ("healthy p99 before → fault", lambda f, _: _p99(f)),
-    ("detection", lambda f, _: _seconds(f.detection_time_s, "never")),
-    ("recovery", lambda f, _: _seconds(f.recovery_time_s, "not in run")),
+    ("first protective action", lambda f, _: _seconds(f.first_action_s, "never")),
+    ("detection (open / shed)", lambda f, _: _seconds(f.detection_time_s, "never")),
+    (
+        f"recovery (held {RECOVERY_WINDOW * RECOVERY_HOLD:g} s)",
+        lambda f, _: _seconds(f.recovery_time_s, "not in run"),
+    ),
     ("doubled / lost writes", lambda f, _: _writes(f)),
+    ("doubled / lost per ledger", lambda f, _: _ledgers(f)),
     ("charged, told failed", lambda f, _: _count(f.unconfirmed_writes)),
     ("calls/request, faulty dep.", lambda f, _: _amp(f.amplification)),
     ("success, all requests", lambda f, _: _pct(f.success_rate)),
     ("edge workers, peak", _peaks),
     ("process, peak", lambda f, _: _process(f)),
     ("event-loop lag, peak", lambda f, _: _lag(f)),
+    ("load sent late, p99", lambda f, _: _send_lag(f)),
 )
 """The comparison table: label and formatter per row."""
 
@@ -131,8 +155,13 @@ def table_rows(reports: Sequence[ScenarioReport]) -> tuple[list[str], list[list[
     return header, rows
 
 
+def definitions() -> list[str]:
+    """The figures' definitions, one line each (shown under every table)."""
+    return [f"{name}: {text}" for name, text in DEFINITIONS]
+
+
 def render_text(reports: Sequence[ScenarioReport]) -> str:
-    """The comparison table as plain text (fixed-width columns)."""
+    """The comparison table as plain text (fixed-width columns), then the definitions."""
     header, rows = table_rows(reports)
     header = [cell.replace("\n", " · ") for cell in header]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -141,7 +170,7 @@ def render_text(reports: Sequence[ScenarioReport]) -> str:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *definitions()])
 
 
 def print_table(reports: Sequence[ScenarioReport], title: str = "drill results") -> None:
@@ -160,7 +189,28 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(*row)
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    console.print(table)
+    for line in definitions():
+        console.print(f"[dim]{line}[/]", soft_wrap=True)
+
+
+def verdict(report: ScenarioReport) -> str:
+    """One line on what the runs compare to, or why there is no verdict: a run whose load
+    generator or event loop fell behind voids the comparison (its figures measured the
+    machine), and the line says so instead."""
+    void = [f"{run.mode}: {run.figures.void}" for run in report.runs if run.figures.void]
+    if void:
+        return f"no verdict ({report.name}): the comparison is void; " + "; ".join(void)
+    parts = []
+    for run in report.runs:
+        f = run.figures
+        part = f"{run.mode}: healthy routes {_pct(f.healthy_success_rate)} during the fault"
+        part += f", detection {_seconds(f.detection_time_s, 'never')}"
+        if f.doubled_writes is not None:
+            part += f", doubled / lost writes {_writes(f)}"
+        parts.append(part)
+    return f"verdict ({report.name}): " + "; ".join(parts)
 
 
 # -- JSON --------------------------------------------------------------------------------------
@@ -205,7 +255,14 @@ def _figures_table(report: ScenarioReport) -> str:
             f"<td>{html.escape(show(run.figures, report.workers))}</td>" for run in report.runs
         )
         body.append(f"<tr><th scope='row'>{html.escape(label)}</th>{cells}</tr>")
-    return f"<table class='figures'><tr><th></th>{head}</tr>{''.join(body)}</table>"
+    terms = "".join(
+        f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>" for name, text in DEFINITIONS
+    )
+    return (
+        f"<table class='figures'><tr><th></th>{head}</tr>{''.join(body)}</table>"
+        f"<details class='definitions'><summary>what the figures mean</summary>"
+        f"<dl>{terms}</dl></details>"
+    )
 
 
 def _protection(report: ScenarioReport) -> str:
@@ -238,9 +295,12 @@ def html_report(
     payload = payload.replace("</", "<\\/")  # never close the script element early
     sections = []
     for index, report in enumerate(reports):
+        said = verdict(report)
+        kind = "void" if said.startswith("no verdict") else "verdict"
         sections.append(
             f"<section><h2>{html.escape(report.name)}</h2>"
             f"<p>{html.escape(report.description)}</p>{_faults(report)}"
+            f"<p class='{kind}'>{html.escape(said)}</p>"
             f"{_figures_table(report)}<div class='charts' id='charts-{index}'></div>"
             f"<details><summary>protection per dependency</summary>{_protection(report)}"
             f"</details></section>"
@@ -289,6 +349,8 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{margin:0 0 4px}h2{margin:32px 0 4px;border-bottom:1px solid #ddd}
 .stamp{color:#777;margin:0}
+.void{background:#fdecea;border-left:4px solid #c62828;padding:6px 10px;font-weight:bold}
+.verdict{color:#333}
 table.figures{border-collapse:collapse;margin:12px 0}
 table.figures th,table.figures td{border:1px solid #ddd;padding:3px 10px;text-align:right}
 table.figures th[scope=row]{text-align:left;font-weight:normal;color:#444}

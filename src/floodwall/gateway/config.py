@@ -24,6 +24,7 @@ are checked when the file is read, never when the first request arrives.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import ssl
 from pathlib import Path
@@ -42,8 +43,9 @@ from pydantic import (
 )
 from yarl import URL
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
-from floodwall.config.loader import _path, loads, resolve
+from floodwall.config.loader import _path, inherit, loads
 from floodwall.config.schema import Document, RateLimitConfig
 from floodwall.config.units import Duration
 from floodwall.gateway._tls import ClientTls, build_client_tls
@@ -71,6 +73,8 @@ __all__ = [
 ]
 
 KIB = 1024
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class _Model(BaseModel):
@@ -362,6 +366,11 @@ class RouteFallbackConfig(_Model):
             raise ValueError(
                 f"on: unknown failure kinds {sorted(unknown)}; known: {FALLBACK_KINDS}"
             )
+        for name, value in self.headers.items():  # written as they are into every such answer
+            if _TOKEN.fullmatch(name) is None:
+                raise ValueError(f"headers: {name!r} is not a field name (an RFC 9110 token)")
+            if _FIELD_CONTROL.search(value) is not None:
+                raise ValueError(f"headers.{name}: control characters in {value!r}")
         return self
 
     @property
@@ -623,8 +632,9 @@ def _check_route_extras(doc: GatewayDocument, route: RouteConfig, where: str) ->
 def parse_gateway(raw: dict[str, Any], source: str = "<gateway>") -> GatewayDocument:
     """Validate a raw mapping into a :class:`GatewayDocument` (inheritance and level rules
     applied to ``resources`` first); :class:`~floodwall.ConfigError` names the path on error."""
+    validate.text("source", source)
     try:
-        resolved = resolve(raw)
+        resolved = inherit(raw)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:
@@ -656,6 +666,8 @@ def parse_gateway_text(text: str, source: str = "<gateway>") -> GatewayDocument:
 
 def load_gateway(path: str | Path) -> tuple[GatewayDocument, str]:
     """Read and validate a gateway file: the document and its text."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"path must be a file path, got {path!r}")
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")

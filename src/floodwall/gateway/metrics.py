@@ -7,6 +7,11 @@ state, retries, bulkheads, …; see :mod:`floodwall.observe.prometheus`)::
     floodwall_gateway_requests_total{route, code}          counter (code: 1xx…5xx, aborted)
     floodwall_gateway_outcomes_total{route, outcome}       counter (rate_limited, overloaded,
                                                            circuit_open, timeout, fallback, …)
+    floodwall_gateway_dependency_outcomes_total{route, outcome}  counter: what the upstream did
+                                                           per request (success, error, timeout,
+                                                           circuit_open, …)
+    floodwall_gateway_answers_total{route, answer}         counter: what the client got (answer,
+                                                           fallback, error)
     floodwall_gateway_request_duration_seconds{route}      histogram
     floodwall_gateway_in_flight{route}                     gauge
     floodwall_gateway_endpoint_requests_total{upstream, endpoint}  counter
@@ -95,6 +100,16 @@ class GatewayCollector(Collector):
             "Requests refused, degraded or failed, by why.",
             labels=["route", "outcome"],
         )
+        dependency = CounterMetricFamily(
+            "floodwall_gateway_dependency_outcomes",
+            "Requests by what the upstream did (success, or why it did not answer).",
+            labels=["route", "outcome"],
+        )
+        answers = CounterMetricFamily(
+            "floodwall_gateway_answers",
+            "Requests by what the client got: answer, fallback or error.",
+            labels=["route", "answer"],
+        )
         latency = HistogramMetricFamily(
             "floodwall_gateway_request_duration_seconds",
             "Time from the request head to the last byte of the answer.",
@@ -109,11 +124,15 @@ class GatewayCollector(Collector):
                 requests.add_metric([route.name, f"{index}xx" if index else "aborted"], count)
             for outcome, count in stats.outcomes.items():
                 outcomes.add_metric([route.name, outcome], count)
+            for outcome, count in stats.dependency.items():
+                dependency.add_metric([route.name, outcome], count)
+            for answer, count in stats.answers.items():
+                answers.add_metric([route.name, answer], count)
             bins = {i: n for i, n in enumerate(stats.bins) if n}
             buckets, total = histogram_buckets(bins)
             latency.add_metric([route.name], buckets, total)
             in_flight.add_metric([route.name], stats.in_flight)
-        yield from (requests, outcomes, latency, in_flight)
+        yield from (requests, outcomes, dependency, answers, latency, in_flight)
 
     def _endpoints(self) -> Iterator[Metric]:
         labels = ["upstream", "endpoint"]

@@ -22,13 +22,16 @@ counts by outcome and a latency histogram in the library's log-linear bins (±12
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from floodwall._core.clock import Clock
-from floodwall._core.errors import ConfigError
+from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Listeners
+from floodwall._core.meter import ANSWERS
+from floodwall._core.meter import OUTCOMES as METER_OUTCOMES
 from floodwall._core.window import _EDGES, HISTOGRAM_BINS
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -42,6 +45,7 @@ from floodwall.adaptive import (
 )
 from floodwall.adaptive._base import Limit
 from floodwall.config.registry import Registry, Resource, build_limiter
+from floodwall.gateway._headers import RESPONSE_DROPPED
 from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimitConfig
 from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
 from floodwall.gateway.routing import Matcher
@@ -49,9 +53,19 @@ from floodwall.gateway.upstream import UpstreamPool
 from floodwall.integrations._inbound import Inbound, InboundGuard
 from floodwall.integrations._wire import parse_level
 from floodwall.ratelimit import Keyed, RateLimiter
+from floodwall.ratelimit._base import Decision
 from floodwall.shared.global_limit import GlobalLimiter
 
-__all__ = ["OUTCOMES", "Route", "RouteStats", "build_route", "build_shedder"]
+__all__ = [
+    "ANSWERS",
+    "DEPENDENCY_OUTCOMES",
+    "OUTCOMES",
+    "Route",
+    "RouteStats",
+    "build_route",
+    "build_shedder",
+    "rejection_outcome",
+]
 
 OUTCOMES = (
     "rate_limited",
@@ -67,14 +81,49 @@ OUTCOMES = (
 )
 """What a route's answers are counted under besides their status class."""
 
+RATE_FIELDS = frozenset(
+    {"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy"}
+)
+"""Lower-case names of the fields a route's rate limit writes into every answer."""
+RATE_FIELDS_KEPT = 1024
+"""Distinct ``RateLimit-*`` field sets a route keeps made (past it, the table starts over)."""
+DEPENDENCY_OUTCOMES = (*METER_OUTCOMES, "upstream_unavailable")
+"""What the upstream did for a request, as a resource's meter says it (``success``, ``error``,
+``timeout``, or the rejection that kept it from being called), plus ``upstream_unavailable``:
+no endpoint of the upstream could take it (all unhealthy or ejected)."""
+
+
+def rejection_outcome(error: RejectedError) -> str:
+    """The dependency outcome of a request refused with ``error``."""
+    kind = error.kind
+    return kind if kind in DEPENDENCY_OUTCOMES else "rejected"
+
+
 KeyFunc = Callable[[str | None, Mapping[str, str], Mapping[str, str]], Hashable]
 """``key(client_ip, headers, path_params)`` of a rate limit."""
 
 
 class RouteStats:
-    """Cumulative figures of one route (read by the admin API; one event loop writes them)."""
+    """Cumulative figures of one route (read by the admin API; one event loop writes them).
 
-    __slots__ = ("bins", "classes", "in_flight", "outcomes", "requests")
+    Each request the route's protection handled is counted twice, as a resource's meter
+    counts calls: by what the upstream did (:attr:`dependency`, :data:`DEPENDENCY_OUTCOMES`)
+    and by what the client got (:attr:`answers`: ``answer`` from the upstream, ``fallback``
+    from the resource's or the route's fallback, ``error``). An outage answered by fallbacks
+    thus reads 100 % dependency errors and 100 % degraded answers, however green the status
+    codes are. Requests refused for the client's own fault (a body too large or too slow, an
+    unsupported ``Expect``) are in neither."""
+
+    __slots__ = (
+        "_answers",
+        "_dependency",
+        "answered",
+        "bins",
+        "classes",
+        "in_flight",
+        "outcomes",
+        "requests",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -83,6 +132,26 @@ class RouteStats:
         """Answers by status class: index 1 = 1xx … 5 = 5xx (0: the client went away)."""
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.bins = [0] * HISTOGRAM_BINS
+        self.answered = 0
+        """Requests the upstream answered and the client got that answer (the hot path's
+        one increment; the other pairs go through :meth:`settle`)."""
+        self._dependency: dict[str, int] = {}
+        self._answers: dict[str, int] = {"fallback": 0, "error": 0}
+
+    def settle(self, outcome: str, answer: str) -> None:
+        """A request the upstream did not answer (``outcome``), the client got ``answer``."""
+        self._dependency[outcome] = self._dependency.get(outcome, 0) + 1
+        self._answers[answer] += 1
+
+    @property
+    def dependency(self) -> dict[str, int]:
+        """Requests by what the upstream did."""
+        return {"success": self.answered, **self._dependency}
+
+    @property
+    def answers(self) -> dict[str, int]:
+        """Requests by what the client got."""
+        return {"answer": self.answered, **self._answers}
 
     def done(self, status: int, duration: float) -> None:
         """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
@@ -98,6 +167,8 @@ class RouteStats:
             "in_flight": self.in_flight,
             "classes": {f"{i}xx" if i else "aborted": n for i, n in enumerate(self.classes)},
             "outcomes": dict(self.outcomes),
+            "dependency": self.dependency,
+            "answers": self.answers,
             "bins": {str(i): n for i, n in enumerate(self.bins) if n},
         }
 
@@ -196,6 +267,7 @@ class Route:
         limiter: RateLimiter[Any] | GlobalLimiter | None,
         cache: LastGood | None,
         stats: RouteStats,
+        request_id: str = "X-Request-Id",
     ) -> None:
         self.name = name
         self.config = config
@@ -206,6 +278,11 @@ class Route:
         self.limiter = limiter
         self.global_limit = isinstance(limiter, GlobalLimiter)
         self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
+        own = {request_id.lower(), *(RATE_FIELDS if limiter is not None else ())}
+        self.answer_dropped = RESPONSE_DROPPED | own
+        """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
+        those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
+        self._rate_fields: dict[tuple[float, float, int], tuple[tuple[str, str], ...]] = {}
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -231,6 +308,28 @@ class Route:
         key = self.key
         return None if key is None else key(ip, headers, params)
 
+    def rate_fields(self, decision: Decision) -> tuple[tuple[str, str], ...]:
+        """The ``RateLimit-*`` fields of an admitted answer (what
+        :func:`~floodwall.ratelimit.headers.rate_limit_headers` writes, with
+        ``RateLimit-Policy``), kept per (limit, remaining, reset) seen (a bounded table:
+        a busy route repeats a few)."""
+        _, left, reset, _, limit = decision
+        key = (limit, left, math.ceil(reset - 1e-9))
+        fields = self._rate_fields.get(key)
+        if fields is None:
+            if len(self._rate_fields) >= RATE_FIELDS_KEPT:
+                self._rate_fields.clear()
+            window = self.limiter.window if self.limiter is not None else None
+            made: tuple[tuple[str, str], ...] = (
+                ("RateLimit-Limit", str(limit)),
+                ("RateLimit-Remaining", str(max(0, left))),
+                ("RateLimit-Reset", str(max(0, key[2]))),
+            )
+            if window is not None:
+                made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
+            fields = self._rate_fields[key] = made
+        return fields
+
     def snapshot(self) -> dict[str, Any]:
         resource = self.resource
         entry: dict[str, Any] = {
@@ -254,7 +353,7 @@ class Route:
                 entry["bulkhead"] = {
                     "in_flight": bulkhead.in_flight,
                     "queued": bulkhead.queued,
-                    "max_concurrent": bulkhead.max_concurrent,
+                    "max_concurrent": bulkhead.options.max_concurrent,
                     "rejected": bulkhead.rejected,
                 }
             chaos = resource.chaos
@@ -366,4 +465,5 @@ def build_route(
         limiter=limiter,
         cache=cache,
         stats=prev.stats if prev is not None else RouteStats(),
+        request_id=doc.proxy.request_id_header,
     )

@@ -60,6 +60,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Protocol, TypedDict
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
@@ -249,8 +250,7 @@ class RateLimit:
             key = _key_named(key, trusted_proxies)
         if key is not None and not isinstance(limiter, Keyed):
             limiter = Keyed(limiter)
-        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
-            raise ConfigError(f"cost must be an integer >= 0, got {cost!r}")
+        validate.count("cost", cost, 0)
         self.limiter: RateLimiter[Any] = limiter
         self.key = key
         self.cost = cost
@@ -590,8 +590,8 @@ class InboundGuard:
         if idempotency is not None and not isinstance(idempotency, Idempotency):
             raise ConfigError(f"idempotency must be an Idempotency policy, got {idempotency!r}")
         for name, value in (("deadline", deadline), ("max_deadline", max_deadline)):
-            if value is not None and not 0 < value < INF:
-                raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+            if value is not None:
+                validate.seconds(name, value, positive=True)
         self.limits = tuple(limits)
         self._quiet_limits = () if rate_limit_headers else self.limits
         """The limits taken without figures (all of them, unless answers report figures)."""
@@ -762,6 +762,14 @@ class InboundGuard:
             out = dict(self._refused)
         out["admitted", "admitted"] = self._admitted.value
         return out
+
+    def rejection_answer(self, error: BaseException) -> Refusal | None:
+        """The problem+json answer to a :class:`~floodwall.RejectedError` the app raised
+        (counted as ``app_rejected``), for a framework that answers a handler's exception
+        itself (Flask); ``None`` for anything else, or with ``answer_rejections`` off."""
+        if not self.answer_rejections or not isinstance(error, RejectedError):
+            return None
+        return self._refuse(error, [], "app_rejected")
 
     def answer_error(self, error: BaseException, admitted: Admission) -> Refusal | None:
         """The answer to ``error`` raised by the app before it answered: a problem+json

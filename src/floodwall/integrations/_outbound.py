@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
 from floodwall._core.policy import Policy
@@ -66,6 +67,7 @@ from floodwall.integrations._wire import (
     parse_level,
     parse_pushback,
 )
+from floodwall.pipeline import answering
 from floodwall.retry import _RECORD, gave_up
 
 __all__ = [
@@ -165,9 +167,7 @@ class AdmissionLevels:
     plus an expiry so a recovered server is asked again)."""
 
     def __init__(self, *, ttl: float = ADMISSION_TTL, clock: Clock = SYSTEM_CLOCK) -> None:
-        if not ttl > 0:
-            raise ConfigError(f"admission_ttl must be > 0 seconds, got {ttl!r}")
-        self.ttl = float(ttl)
+        self.ttl = validate.seconds("admission_ttl", ttl, positive=True)
         self.clock = clock
         self._levels: dict[str, tuple[tuple[int, int], float]] = {}
 
@@ -252,8 +252,7 @@ class Outbound:
         clock = options.get("clock", SYSTEM_CLOCK)
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a floodwall Policy, got {policy!r}")
-        if not 0 <= margin < float("inf"):
-            raise ConfigError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
+        validate.seconds("margin", margin)
         self.policy = policy
         self.registry = registry
         self.margin = float(margin)
@@ -447,12 +446,30 @@ class Call(CallContext):
 
     # -- the drivers -----------------------------------------------------------------------------
 
-    def _before(self) -> contextlib.AbstractContextManager[Any]:
+    def _expired(self) -> bool:
+        """Whether the request's deadline passed before it was sent: it is not sent, and only
+        what can answer without the dependency runs (:meth:`_stand_in`)."""
         left = remaining()
-        if left is not None and left <= 0:
-            raise TimeoutExceeded(
-                self.service, 0.0, "the deadline passed before the request was sent"
-            )
+        return left is not None and left <= 0
+
+    def _stand_in(self) -> Policy:
+        """What answers a request that is not sent: the policy's fallback, cache or backup
+        source (with a resource's meter); raises the deadline's error when there is none."""
+        stand_in = answering(self.policy) if self.policy is not None else None
+        if stand_in is None:
+            raise self._late()
+        return stand_in
+
+    def _late(self) -> TimeoutExceeded:
+        return TimeoutExceeded(self.service, 0.0, "the deadline passed before the request was sent")
+
+    def _raise_late(self) -> Any:
+        raise self._late()
+
+    async def _raise_late_async(self) -> Any:
+        raise self._late()
+
+    def _before(self) -> contextlib.AbstractContextManager[Any]:
         levels = self.core.levels
         if levels is not None:
             level = current_priority()
@@ -464,7 +481,16 @@ class Call(CallContext):
         return contextlib.nullcontext()
 
     def run(self, attempt: Callable[[], R]) -> R | Any:
-        """Send with ``attempt`` under the policy; the answer, a fallback value, or raise."""
+        """Send with ``attempt`` under the policy; the answer, a fallback value, or raise.
+
+        A request whose deadline already passed is not sent: the policy's fallback (cache,
+        backup source; see :func:`~floodwall.pipeline.answering`) answers it if it has one,
+        else :class:`~floodwall.TimeoutExceeded` is raised. Breakers, bulkheads and retries do
+        not see it (the dependency did nothing); a resource's meter counts it as a timeout."""
+        if self._expired():
+            stand_in = self._stand_in()
+            with self._answering():
+                return stand_in.call(self._raise_late)
         with self._before():
             policy = self.policy
             try:
@@ -482,6 +508,10 @@ class Call(CallContext):
 
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
+        if self._expired():
+            stand_in = self._stand_in()
+            with self._answering():
+                return await stand_in.call_async(self._raise_late_async)
         with self._before():
             policy = self.policy
             try:
@@ -496,6 +526,17 @@ class Call(CallContext):
                         self._pass_on()
             except _AttemptError as failure:
                 return self._settle(failure)
+
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """This call as the open call context while a stand-in answers (``X-Degraded``)."""
+        token = _CALL.set((self, _REQUEST.get()))
+        try:
+            yield
+        finally:
+            _CALL.reset(token)
+            if self.degraded_by is not None:
+                self._pass_on()
 
     def _pass_on(self) -> None:
         """Say why in the gateway's words, and tell the call around this one (the inbound

@@ -50,10 +50,13 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from floodwall._core import validate
 from floodwall._core.extras import missing_extra
+from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
+from floodwall.observe._read import InboundGuard, rate_limit_decisions, shedder_figures
 
 try:
     from prometheus_client.core import (
@@ -78,7 +81,7 @@ __all__ = [
     "register_guard",
 ]
 
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BUCKETS = LATENCY_BUCKETS
 """Upper bounds of the published latency buckets, in seconds (plus +Inf)."""
 
 STATES = tuple(CircuitState)
@@ -217,17 +220,10 @@ class FloodwallCollector(Collector):
                 in_flight.add_metric([resource.name], bulkhead.in_flight)
                 queued.add_metric([resource.name], bulkhead.queued)
                 full.add_metric([resource.name], bulkhead.rejected)
-            if resource.limiter is not None and resource.meter is not None:
-                counts, _, _ = resource.meter.read()
-                rejected = counts.get("rate_limited", 0)
-                # The pipeline order is fixed (breaker, bulkhead, limiter, …): every call not
-                # refused before or by the limiter was admitted by it.
-                before = sum(
-                    counts.get(k, 0) for k in ("circuit_open", "bulkhead_full", "degraded")
-                )
-                admitted = sum(counts.values()) - before - rejected
-                decisions.add_metric([resource.name, "admitted"], admitted)
-                decisions.add_metric([resource.name, "rejected"], rejected)
+            made = rate_limit_decisions(resource)
+            if made is not None:
+                for decision, count in made.items():
+                    decisions.add_metric([resource.name, decision], count)
         limit = GaugeMetricFamily(
             "floodwall_adaptive_limit",
             "Current concurrency limit of a resource's adaptive limiter.",
@@ -277,22 +273,13 @@ def register(registry: Registry, into: CollectorRegistry = REGISTRY) -> Floodwal
     return collector
 
 
-class InboundGuard(Protocol):
-    """What the collector reads of an inbound guard (``floodwall.integrations``' guard; named
-    structurally, since observe sits below the integrations layer)."""
-
-    shedder: Any
-
-    def decisions(self) -> dict[tuple[str, str], int]: ...
-
-
 class InboundCollector(Collector):
     """A ``prometheus_client`` collector over an inbound guard (ASGI, WSGI or gRPC): its
     decisions by outcome and reason, and its shedder's limit and in-flight count."""
 
     def __init__(self, guard: InboundGuard, name: str) -> None:
         self.guard = guard
-        self.name = name
+        self.name = validate.text("name", name)
 
     def describe(self) -> list[Metric]:
         return []
@@ -306,23 +293,21 @@ class InboundCollector(Collector):
         for (outcome, reason), count in sorted(self.guard.decisions().items()):
             decisions.add_metric([self.name, outcome, reason], count)
         yield decisions
-        shedder = self.guard.shedder
-        limiter = None if shedder is None else shedder.limiter
-        limit = getattr(limiter, "limit", None)
-        inflight = getattr(limiter, "inflight", None)
-        if isinstance(limit, int | float) and isinstance(inflight, int | float):
+        figures = shedder_figures(self.guard)
+        if figures is not None:
+            limit, inflight = figures
             gauge = GaugeMetricFamily(
                 "floodwall_inbound_shedder_limit",
                 "Concurrency the inbound load shedder allows now.",
                 labels=["guard"],
             )
-            gauge.add_metric([self.name], float(limit))
+            gauge.add_metric([self.name], limit)
             held = GaugeMetricFamily(
                 "floodwall_inbound_shedder_in_flight",
                 "Inbound requests holding a shedding ticket.",
                 labels=["guard"],
             )
-            held.add_metric([self.name], float(inflight))
+            held.add_metric([self.name], inflight)
             yield gauge
             yield held
 

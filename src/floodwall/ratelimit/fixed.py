@@ -12,7 +12,11 @@ within ``period`` seconds (``count`` at the end of one window, ``count`` at the 
 next). Use :class:`~floodwall.ratelimit.SlidingLog` when that matters.
 
 Per key: the window's end and its count; O(1) per decision. A key is fresh again when its
-window has closed (its TTL is the window's end).
+window has closed (its TTL is the window's end). The decision is
+:class:`~floodwall.ratelimit._steps.FixedWindowStep`, the same arithmetic the store op behind
+``GlobalLimiter("fixed_window")`` and :class:`~floodwall.Frequency` runs (and
+``lua/ratelimit_fixed.lua`` mirrors), in whole-µs ticks: ``reset_after`` and ``retry_after``
+are rounded up to the microsecond.
 """
 
 from __future__ import annotations
@@ -22,22 +26,13 @@ from collections.abc import Iterable
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
-from floodwall.ratelimit._base import INF, Decision, RateLike, RateLimiter, _new, parse_rate
+from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit._steps import US, FixedWindowStep, Window, period_ticks
 
 __all__ = ["FixedWindow"]
 
 
-class _Window:
-    """Per-key state: the total cost admitted in the window that closes at ``end``."""
-
-    __slots__ = ("count", "end")
-
-    def __init__(self, count: float, end: float) -> None:
-        self.count = count
-        self.end = end
-
-
-class FixedWindow(RateLimiter[_Window]):
+class FixedWindow(RateLimiter[Window], FixedWindowStep):
     """``count`` permits per window of ``period`` seconds, opened by a key's first request.
 
     As a gate (:class:`~floodwall.ratelimit.RateLimiter`): ``admit`` counts the call in the
@@ -57,49 +52,19 @@ class FixedWindow(RateLimiter[_Window]):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.rate = parse_rate(rate)
-        self.limit = self.rate.count
         self.period = self.rate.period
         self.window = self.period
+        FixedWindowStep.__init__(self, self.rate.count, float(period_ticks(self.rate)), US)
         super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
 
-    # -- the pure core ----------------------------------------------------------------------
+    # -- the pure core: the step's --------------------------------------------------------
 
-    def _new_state(self, now: float) -> _Window:
-        return _Window(0, -INF)
-
-    def _check(self, st: _Window, now: float, cost: float) -> bool:
-        if now >= st.end:
-            st.end = now + self.period
-            st.count = 0
-        return st.count + cost <= self.limit
-
-    def _commit(self, st: _Window, now: float, cost: float) -> None:
-        st.count += cost
-
-    def _decide(self, st: _Window, now: float, cost: float) -> bool:
-        # check and commit in one: about a fifth of the `floodwall try_acquire()` row of
-        # benchmarks/bench_ratelimit.py (fixed window; A/B against the base _decide)
-        if now >= st.end:
-            st.end = now + self.period
-            st.count = 0
-        count = st.count + cost
-        if count <= self.limit:
-            st.count = count
-            return True
-        return False
-
-    def _figures(self, st: _Window, now: float, cost: float, allowed: bool) -> Decision:
-        left = st.end - now
-        if allowed:
-            retry = 0.0
-        elif cost > self.limit:
-            retry = INF
-        else:
-            retry = left
-        return _new(Decision, (allowed, int(self.limit - st.count), left, retry, self.limit))
-
-    def _idle_at(self, st: _Window) -> float:
-        return st.end
+    _new_state = FixedWindowStep.fresh
+    _check = FixedWindowStep.check
+    _commit = FixedWindowStep.commit
+    _decide = FixedWindowStep.decide
+    _figures = FixedWindowStep.figures
+    _idle_at = FixedWindowStep.idle_at
 
     def describe(self) -> str:
         return f"FixedWindow({self.name!r}, {self.rate})"

@@ -41,7 +41,8 @@ from floodwall.ratelimit._base import (
 __all__ = ["LeakyBucket"]
 
 _SLACK = 1e-9
-"""Relative slack on the queue bound, so float sums of intervals do not refuse the last slot."""
+"""Relative slack on the queue bound and on ``max_wait``, so float sums of intervals do not
+refuse the last slot."""
 
 
 class _Queue:
@@ -105,7 +106,9 @@ class LeakyBucket(RateLimiter[_Queue]):
     def _reserve(self, st: _Queue, now: float, cost: float, max_wait: float) -> float:
         start = max(now, st.free)
         delay = start - now
-        if delay > self._max_delay or delay > max_wait:
+        # the same slack as the queue bound: five 0.1 s intervals add up to 0.5000000000000001,
+        # and the slot exactly max_wait away must not be refused for it
+        if delay > self._max_delay or delay > max_wait * (1 + _SLACK):
             return -1.0
         st.free = start + cost * self.interval
         return delay

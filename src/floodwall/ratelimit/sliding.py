@@ -14,7 +14,10 @@ estimates the sliding count by assuming the previous window's requests were spre
     estimate = previous × (period - elapsed) / period + current      elapsed = now - window start
 
 and admits a request of cost ``c`` when ``estimate + c <= count`` (evaluated as
-``previous × (end - now) + (current + c) × period <= count × period``, free of division).
+``previous × (end - now) + (current + c) × period <= count × period``, free of division). The
+decision is :class:`~floodwall.ratelimit._steps.SlidingCounterStep`, the arithmetic the store op
+behind ``GlobalLimiter("sliding_window_counter")`` runs (``lua/ratelimit_sliding.lua`` mirrors
+it), in whole-µs ticks: ``reset_after`` and ``retry_after`` are rounded up to the microsecond.
 **Promise**: at most ``count`` per grid window (the estimate is at least ``current``), and
 exactly the estimate above; over an arbitrary ``period``-long interval it is an approximation,
 exact for evenly spread traffic and at worst admitting just under ``2 × count`` (the previous
@@ -27,7 +30,6 @@ scaling to millions of domains" (2017).
 from __future__ import annotations
 
 import bisect
-import math
 from array import array
 from collections.abc import Iterable
 
@@ -35,10 +37,9 @@ from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
 from floodwall.ratelimit._base import INF, Decision, RateLike, RateLimiter, _new, parse_rate
+from floodwall.ratelimit._steps import US, Counts, SlidingCounterStep, period_ticks
 
 __all__ = ["SlidingLog", "SlidingWindowCounter"]
-
-_floor = math.floor
 
 
 # -- the exact log ----------------------------------------------------------------------------
@@ -157,18 +158,7 @@ class SlidingLog(RateLimiter[_Log]):
 # -- the weighted counter ---------------------------------------------------------------------
 
 
-class _Counts:
-    """Per-key state: the previous and current grid windows' totals; the current ends at ``end``."""
-
-    __slots__ = ("cur", "end", "prev")
-
-    def __init__(self) -> None:
-        self.prev: float = 0
-        self.cur: float = 0
-        self.end = -INF
-
-
-class SlidingWindowCounter(RateLimiter[_Counts]):
+class SlidingWindowCounter(RateLimiter[Counts], SlidingCounterStep):
     """The weighted two-window estimate of a sliding window (see
     [Rate limiting][guide-rate-limiting]).
 
@@ -188,74 +178,23 @@ class SlidingWindowCounter(RateLimiter[_Counts]):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.rate = parse_rate(rate)
-        self.limit = self.rate.count
         self.period = self.rate.period
         self.window = self.period
-        self._budget = float(self.limit) * self.period
+        SlidingCounterStep.__init__(self, self.rate.count, float(period_ticks(self.rate)), US)
         super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
 
-    def _roll(self, st: _Counts, now: float) -> None:
-        """Move ``st`` to the grid window holding ``now``."""
-        period = self.period
-        if now < st.end + period:
-            st.prev = st.cur
-        else:
-            st.prev = 0
-        st.cur = 0
-        st.end = (_floor(now / period) + 1) * period
-
-    def estimate(self, st: _Counts, now: float) -> float:
+    def estimate(self, st: Counts, now: float) -> float:
         """The weighted sliding count of ``st`` at ``now`` (``st`` already at ``now``)."""
-        return st.prev * (st.end - now) / self.period + st.cur
+        return st.prev * (st.end - now * self.us_per_now) / self.period_us + st.cur
 
-    # -- the pure core ----------------------------------------------------------------------
+    # -- the pure core: the step's --------------------------------------------------------
 
-    def _new_state(self, now: float) -> _Counts:
-        return _Counts()
-
-    def _check(self, st: _Counts, now: float, cost: float) -> bool:
-        if now >= st.end:
-            self._roll(st, now)
-        return st.prev * (st.end - now) + (st.cur + cost) * self.period <= self._budget
-
-    def _commit(self, st: _Counts, now: float, cost: float) -> None:
-        st.cur += cost
-
-    def _decide(self, st: _Counts, now: float, cost: float) -> bool:
-        if now >= st.end:
-            self._roll(st, now)
-        cur = st.cur + cost
-        if st.prev * (st.end - now) + cur * self.period <= self._budget:
-            st.cur = cur
-            return True
-        return False
-
-    def _figures(self, st: _Counts, now: float, cost: float, allowed: bool) -> Decision:
-        period, prev, cur, end = self.period, st.prev, st.cur, st.end
-        used = prev * (end - now) / period + cur
-        if allowed:
-            retry = 0.0
-        elif cost > self.limit:
-            retry = INF
-        else:
-            room = self.limit - cost
-            if cur <= room:  # the previous window's share decays within this window
-                retry = end - period * (room - cur) / prev - now
-            else:  # wait for the current window to become the previous one and decay
-                retry = end + period - period * room / cur - now
-        reset = (end + period if cur else end) - now if cur or prev else 0.0
-        left = int(self.limit - used + 1e-9)
-        return _new(
-            Decision,
-            (allowed, max(0, left), reset, retry if retry > 0 else 0.0, self.limit),
-        )
-
-    def _idle_at(self, st: _Counts) -> float:
-        if st.cur:
-            return st.end + self.period
-        if st.prev:
-            return st.end
-        return -INF
+    _new_state = SlidingCounterStep.fresh
+    _check = SlidingCounterStep.check
+    _commit = SlidingCounterStep.commit
+    _decide = SlidingCounterStep.decide
+    _figures = SlidingCounterStep.figures
+    _idle_at = SlidingCounterStep.idle_at
 
     def describe(self) -> str:
         return f"SlidingWindowCounter({self.name!r}, {self.rate})"

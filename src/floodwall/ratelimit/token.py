@@ -12,7 +12,11 @@ the admitted rate is at most ``rate``. Nothing is admitted that the bucket could
 the moment of the decision: refills are applied, and capped, at every decision (a bucket that
 refills only when it runs dry, as some limiters do, admits ``2 × capacity`` after an idle spell).
 
-Per key: two floats (tokens, time of the last refill); O(1) per decision. ``wait`` books ahead:
+Per key: two numbers (tokens, time of the last refill); O(1) per decision. The decision is
+:class:`~floodwall.ratelimit._steps.TokenBucketStep` (tokens counted in units of ``1 / period``
+µs of a token, time in whole-µs ticks), the arithmetic the store op behind
+``GlobalLimiter("token_bucket")`` runs and ``lua/ratelimit_token.lua`` mirrors; ``reset_after``
+and ``retry_after`` are rounded up to the microsecond. ``wait`` books ahead:
 a waiter takes its tokens at once, letting the bucket go negative, and sleeps until they are
 paid for, so waiters are served in arrival order (Go's ``rate.Limiter.Reserve``).
 
@@ -23,34 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.validate import count as _count
-from floodwall.ratelimit._base import (
-    INF,
-    Decision,
-    RateLike,
-    RateLimiter,
-    _new,
-    parse_rate,
-)
+from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit._steps import US, Bucket, TokenBucketStep, period_ticks
 
 __all__ = ["TokenBucket"]
 
 
-class _Bucket:
-    """Per-key state: ``tokens`` as of ``stamp`` (may be negative while waiters are booked)."""
-
-    __slots__ = ("stamp", "tokens")
-
-    def __init__(self, tokens: float, stamp: float) -> None:
-        self.tokens = tokens
-        self.stamp = stamp
-
-
-class TokenBucket(RateLimiter[_Bucket]):
+class TokenBucket(RateLimiter[Bucket], TokenBucketStep):
     """Token bucket of ``capacity = 1 + burst`` tokens refilled at ``rate`` (see
     [Rate limiting][guide-rate-limiting]).
 
@@ -79,73 +66,23 @@ class TokenBucket(RateLimiter[_Bucket]):
         self.window = self.capacity / self.rate.per_second
         if initial is None:
             initial = self.capacity
-        if isinstance(initial, bool) or not 0 <= initial <= self.capacity:
-            raise ConfigError(
-                f"initial must be a number of tokens in [0, capacity={self.capacity:g}], "
-                f"got {initial!r}"
-            )
-        self.initial = float(initial)
-        self._per_second = self.rate.per_second
+        self.initial = validate.number("initial", initial, 0.0, self.capacity)
+        # floats: the clock's ticks are floats, and a float meets a large int the slow way
+        unit = float(period_ticks(self.rate))  # units per token: one per tick of the period
+        TokenBucketStep.__init__(
+            self, self.limit * unit, unit, float(self.rate.count), self.initial * unit, US
+        )
         super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
 
-    # -- the pure core ----------------------------------------------------------------------
+    # -- the pure core: the step's --------------------------------------------------------
 
-    def _new_state(self, now: float) -> _Bucket:
-        return _Bucket(self.initial, now)
-
-    def _check(self, st: _Bucket, now: float, cost: float) -> bool:
-        tokens = min(st.tokens + (now - st.stamp) * self._per_second, self.capacity)
-        st.tokens = tokens
-        st.stamp = now
-        return tokens >= cost
-
-    def _commit(self, st: _Bucket, now: float, cost: float) -> None:
-        st.tokens -= cost
-
-    def _decide(self, st: _Bucket, now: float, cost: float) -> bool:
-        tokens = st.tokens + (now - st.stamp) * self._per_second
-        if tokens > self.capacity:  # noqa: PLR1730 - cheaper than calling min() (hot path)
-            tokens = self.capacity
-        st.stamp = now
-        if tokens >= cost:
-            st.tokens = tokens - cost
-            return True
-        st.tokens = tokens
-        return False
-
-    def _reserve(self, st: _Bucket, now: float, cost: float, max_wait: float) -> float:
-        if self._check(st, now, cost):
-            st.tokens -= cost
-            return 0.0
-        if cost > self.capacity:
-            return -1.0
-        delay = (cost - st.tokens) / self._per_second
-        if delay > max_wait:
-            return -1.0
-        st.tokens -= cost
-        return delay
-
-    def _figures(self, st: _Bucket, now: float, cost: float, allowed: bool) -> Decision:
-        tokens = st.tokens
-        if allowed:
-            retry = 0.0
-        elif cost > self.capacity:
-            retry = INF
-        else:
-            retry = (cost - tokens) / self._per_second
-        return _new(
-            Decision,
-            (
-                allowed,
-                int(tokens) if tokens > 0 else 0,
-                (self.capacity - tokens) / self._per_second,
-                retry,
-                self.limit,
-            ),
-        )
-
-    def _idle_at(self, st: _Bucket) -> float:
-        return st.stamp + (self.capacity - st.tokens) / self._per_second
+    _new_state = TokenBucketStep.fresh
+    _check = TokenBucketStep.check
+    _commit = TokenBucketStep.commit
+    _decide = TokenBucketStep.decide
+    _reserve = TokenBucketStep.reserve
+    _figures = TokenBucketStep.figures
+    _idle_at = TokenBucketStep.idle_at
 
     def describe(self) -> str:
         return f"TokenBucket({self.name!r}, {self.rate}, burst={self.burst})"

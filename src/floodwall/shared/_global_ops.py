@@ -1,4 +1,4 @@
-"""The four rate-limit algorithms as store ops: ``lua/ratelimit_*.lua`` and their Python twins.
+"""The four rate-limit algorithms as store ops: one step each, run on a key's record.
 
 Each op decides a **batch** of requests on one key in one atomic step (one round trip on every
 store): ``args`` are the algorithm's parameters followed by one ``(cost_min, cost_max)`` pair per
@@ -6,37 +6,50 @@ request, in arrival order. A request is admitted when at least ``cost_min`` perm
 and then takes ``min(cost_max, available)``: ``cost_min == cost_max`` is a plain decision,
 ``cost_min < cost_max`` a token lease. Every request of a batch is decided at the same instant.
 
-Time is the store's clock rounded to **whole microseconds** (Redis ``TIME``), and all arithmetic
-is on integers (Lua holds them exactly below 2^53, which :func:`plan` checks), so the Lua scripts
-and the :meth:`~floodwall.stores.Op.step` methods below compute the same answers bit for bit, and
-the same answers as the in-memory limiters of :mod:`floodwall.ratelimit` at whole-microsecond
-times (``tests/test_global_limit_model.py`` holds all three to it):
+The arithmetic is not here: it is the algorithm's step in :mod:`floodwall.ratelimit._steps`,
+the same code the in-memory limiters of :mod:`floodwall.ratelimit` run, given the store's clock
+rounded to **whole microseconds** (Redis ``TIME``) as an integer, so every number stays an
+integer (below 2^53, which :func:`plan` checks, so Lua holds them exactly). An op only reads the
+key's record into the step's state, runs the requests through the step and writes the state
+back with an expiry; ``lua/ratelimit_*.lua`` mirror the steps and these records:
 
-* **fixed window** (:class:`~floodwall.ratelimit.FixedWindow`): ``"<count> <end_us>"``; a window
-  opens at the first request after the last one closed;
-* **sliding window counter** (:class:`~floodwall.ratelimit.SlidingWindowCounter`):
-  ``"<previous> <current> <end_us>"`` on a grid aligned to multiples of the period;
-* **token bucket** (:class:`~floodwall.ratelimit.TokenBucket`): ``"<tokens> <stamp_us>"`` with
-  tokens counted in units of ``1 / period_us`` token, so refilling ``count`` tokens per period
-  adds exactly ``count`` units per microsecond;
-* **GCRA** (:class:`~floodwall.ratelimit.GCRA`): ``"<tat_us> <frac>"``, the theoretical arrival
-  time in units of ``1 / scale`` µs with ``scale`` chosen so that the emission interval is whole.
+* **fixed window** (:class:`~floodwall.ratelimit._steps.FixedWindowStep`): ``"<count> <end_us>"``;
+* **sliding window counter** (:class:`~floodwall.ratelimit._steps.SlidingCounterStep`):
+  ``"<previous> <current> <end_us>"``;
+* **token bucket** (:class:`~floodwall.ratelimit._steps.TokenBucketStep`):
+  ``"<tokens> <stamp_us>"``, tokens in units of ``1 / period_us`` token;
+* **GCRA** (:class:`~floodwall.ratelimit._steps.GcraStep`): ``"<tat_us> <frac>"``, the
+  theoretical arrival time ``tat_us + frac / scale`` µs.
 
 A reply is ``(now_us, verdicts)``; a :data:`Verdict` is ``(allowed, granted, remaining,
-reset_us, retry_us)`` with ``retry_us = -1`` for "never" (the cost exceeds the limit). Records
-expire (Redis ``PX``) one millisecond after the state they hold is back to fresh, so idle keys
-vanish; decisions never depend on the expiry, only on the stored times.
+reset_us, retry_us)`` with ``retry_us = -1`` for "never" (the cost exceeds the limit).
+``tests/integration/test_rate_steps.py`` feeds one trace to a local limiter, to these ops and to
+the Lua scripts and finds the same verdicts. Records expire (Redis ``PX``) one millisecond after
+the state they hold is back to fresh, so idle keys vanish; decisions never depend on the expiry,
+only on the stored times (except a token bucket's ``initial`` below capacity: an expired key
+starts again at ``initial``, not full).
 """
 
 from __future__ import annotations
 
-import math
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.ratelimit._base import INF, Decision, Rate, _new
+from floodwall.ratelimit._steps import (
+    Bucket,
+    Counts,
+    FixedWindowStep,
+    GcraStep,
+    SlidingCounterStep,
+    Tat,
+    TokenBucketStep,
+    Window,
+)
 from floodwall.stores.base import DELETE, KEEP, Op, Record, Write
 
 __all__ = [
@@ -59,6 +72,24 @@ Verdict = tuple[bool, int, int, int, int]
 Batch = tuple[int, list[Verdict]]
 """What a rate-limit op returns: the store's ``now`` in µs and one verdict per request."""
 
+S = TypeVar("S")
+S_contra = TypeVar("S_contra", contravariant=True)
+
+
+class _Step(Protocol[S_contra]):
+    """What an op needs of a step of :mod:`floodwall.ratelimit._steps`."""
+
+    def decide(self, st: S_contra, now: float, cost: float) -> bool: ...
+    def take(self, st: S_contra, now: float, least: int, most: int) -> int: ...
+    def figures(self, st: S_contra, now: float, cost: float, allowed: bool) -> Decision: ...
+    def idle_at(self, st: S_contra) -> float: ...
+
+
+P = TypeVar("P", bound=_Step[Any])
+
+_RULES: Final = 256
+"""Steps an op keeps built (one per distinct limit in the process, usually a handful)."""
+
 EXACT: Final = 1 << 52
 """Every integer an op handles stays below this (Lua numbers are doubles)."""
 
@@ -76,27 +107,87 @@ def _us(now: float) -> int:
     return round(now * 1_000_000)
 
 
-def _ttl(now: float, ttl_us: int) -> float:
+def _ttl(now: float, ttl_us: float) -> float:
     """Expiry of a record whose state is fresh again in ``ttl_us``: 1 ms later, as in Lua."""
-    return now + (ttl_us // 1000 + 1) / 1000
+    return now + (int(ttl_us) // 1000 + 1) / 1000
 
 
-def _pairs(args: Sequence[Any], first: int) -> list[tuple[int, int]]:
-    return [(int(args[i]), int(args[i + 1])) for i in range(first, len(args), 2)]
+def _ints(record: Record | None) -> list[int] | None:
+    return None if record is None else [int(x) for x in record.value.split()]
 
 
-def _two(record: Record | None) -> tuple[int, int] | None:
-    if record is None:
-        return None
-    a, b = record.value.split()
-    return int(a), int(b)
+class _RateOp(Op[Batch], Generic[P, S]):
+    """What the four ops share: run the batch through the step, and the reply format.
 
-
-class _RateOp(Op[Batch]):
-    """What the four ops share: the reply format."""
+    Subclasses say how the leading ``params`` arguments build the step, how a record becomes
+    the step's state (``load``) and when and how the state is written back (``save``, told
+    what ``mark`` said of the state before the batch).
+    """
 
     params: int
     """How many leading arguments are the algorithm's parameters."""
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[Any, ...], P] = {}
+
+    @abstractmethod
+    def build(self, params: list[int]) -> P:
+        """The algorithm's step, in whole µs (``us_per_now = 1``)."""
+
+    @abstractmethod
+    def load(self, step: P, record: Record | None, t: int) -> S:
+        """The state a record holds (a fresh one when there is none)."""
+
+    def mark(self, st: S, record: Record | None) -> object:
+        """What ``save`` needs to know of the state as loaded (default: whether it is new)."""
+        return record is None
+
+    @abstractmethod
+    def save(self, step: P, st: S, t: int, mark: object, granted: int) -> bytes | None:
+        """The record to write after a batch that granted ``granted`` (``None``: keep what is
+        stored; ``b""``: delete it); ``mark``: what :meth:`mark` said before the batch."""
+
+    def _rule(self, params: Sequence[Any]) -> P:
+        """The step for these parameters, built once (a limiter sends the same ones every time;
+        the table is bounded)."""
+        key = tuple(params)
+        rule = self._rules.get(key)
+        if rule is None:
+            if len(self._rules) >= _RULES:
+                self._rules.clear()
+            rule = self._rules[key] = self.build([int(a) for a in params])
+        return rule
+
+    def step(
+        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
+    ) -> tuple[Sequence[Write], Batch]:
+        t = _us(now)
+        n = self.params
+        rule = self._rule(args[:n])
+        record = records[0]
+        st = self.load(rule, record, t)
+        before = self.mark(st, record)
+        out: list[Verdict] = []
+        granted = 0
+        for i in range(n, len(args), 2):
+            least, most = int(args[i]), int(args[i + 1])
+            if least == most:  # a plain request: the step's decision, as a local limiter's
+                take = least if rule.decide(st, t, least) else -1
+            else:
+                take = rule.take(st, t, least, most)
+            allowed = take >= 0
+            _, remaining, reset, retry, _ = rule.figures(st, t, least, allowed)
+            retry_us = -1 if retry == INF else int(retry)
+            out.append((allowed, take if allowed else 0, remaining, int(reset), retry_us))
+            if allowed:
+                granted += take
+        value = self.save(rule, st, t, before, granted)
+        write: Write = KEEP
+        if value == b"":
+            write = DELETE if record is not None else KEEP
+        elif value is not None:
+            write = Record(value, _ttl(now, rule.idle_at(st) - t))
+        return [write], (t, out)
 
     def parse(self, raw: Any) -> Batch:
         words = raw.split()
@@ -111,169 +202,98 @@ class _RateOp(Op[Batch]):
         ]
 
 
-class FixedWindowOp(_RateOp):
-    """``lua/ratelimit_fixed.lua``: args ``(limit, period_us, pairs…)``."""
+class FixedWindowOp(_RateOp[FixedWindowStep, Window]):
+    """``lua/ratelimit_fixed.lua``: args ``(limit, period_us, pairs…)``; written when a window
+    opened or a permit was granted."""
 
     script = "ratelimit_fixed"
     params = 2
 
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], Batch]:
-        t = _us(now)
-        limit, period = int(args[0]), int(args[1])
-        state = _two(records[0])
-        opened = state is None or t >= state[1]
-        count, end = (0, t + period) if opened or state is None else state
-        left = end - t
-        out: list[Verdict] = []
-        granted = 0
-        for cmin, cmax in _pairs(args, 2):
-            take = min(cmax, limit - count)
-            if take >= cmin:
-                count += take
-                granted += take
-                out.append((True, take, limit - count, left, 0))
-            else:
-                out.append((False, 0, limit - count, left, -1 if cmin > limit else left))
-        write: Write = KEEP
-        if opened or granted:
-            write = Record(f"{count} {end}".encode(), _ttl(now, left))
-        return [write], (t, out)
+    def build(self, params: list[int]) -> FixedWindowStep:
+        return FixedWindowStep(*params)
+
+    def load(self, step: FixedWindowStep, record: Record | None, t: int) -> Window:
+        state = _ints(record)
+        return Window(0, -INF) if state is None else Window(*state)
+
+    def mark(self, st: Window, record: Record | None) -> object:
+        return st.end
+
+    def save(
+        self, step: FixedWindowStep, st: Window, t: int, mark: object, granted: int
+    ) -> bytes | None:
+        if granted or st.end != mark:  # a window opened (a new key opens one)
+            return f"{st.count} {st.end}".encode()
+        return None
 
 
-class SlidingWindowOp(_RateOp):
-    """``lua/ratelimit_sliding.lua``: args ``(limit, period_us, pairs…)``."""
+class SlidingWindowOp(_RateOp[SlidingCounterStep, Counts]):
+    """``lua/ratelimit_sliding.lua``: args ``(limit, period_us, pairs…)``; written when the
+    grid window rolled or a permit was granted, deleted when both windows are empty."""
 
     script = "ratelimit_sliding"
     params = 2
 
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], Batch]:
-        t = _us(now)
-        limit, period = int(args[0]), int(args[1])
-        prev = cur = 0
-        end: int | None = None
-        if records[0] is not None:
-            prev, cur, end = (int(x) for x in records[0].value.split())
-        rolled = end is None or t >= end
-        if rolled:
-            prev = cur if end is not None and t < end + period else 0
-            cur, end = 0, (t // period + 1) * period
-        assert end is not None
-        w = end - t
-        room = (limit * period - prev * w) // period
-        out: list[Verdict] = []
-        granted = 0
-        for cmin, cmax in _pairs(args, 2):
-            take = min(cmax, room - cur)
-            allowed = take >= cmin
-            if allowed:
-                cur += take
-                granted += take
-                retry = 0
-            else:
-                take = 0
-                retry = _sliding_retry(limit, period, (prev, cur, w), cmin)
-            out.append((allowed, take, max(0, room - cur), _idle(prev, cur, w, period), retry))
-        write: Write = KEEP
-        if granted or rolled:
-            if cur or prev:
-                idle = _idle(prev, cur, w, period)
-                write = Record(f"{prev} {cur} {end}".encode(), _ttl(now, idle))
-            elif records[0] is not None:
-                write = DELETE
-        return [write], (t, out)
+    def build(self, params: list[int]) -> SlidingCounterStep:
+        return SlidingCounterStep(*params)
+
+    def load(self, step: SlidingCounterStep, record: Record | None, t: int) -> Counts:
+        state = _ints(record)
+        return Counts(0, 0, -INF) if state is None else Counts(*state)
+
+    def mark(self, st: Counts, record: Record | None) -> object:
+        return st.end
+
+    def save(
+        self, step: SlidingCounterStep, st: Counts, t: int, mark: object, granted: int
+    ) -> bytes | None:
+        if not (granted or st.end != mark):  # the grid window rolled (a new key rolls)
+            return None
+        return f"{st.prev} {st.cur} {st.end}".encode() if st.cur or st.prev else b""
 
 
-def _sliding_retry(limit: int, period: int, state: tuple[int, int, int], cost: int) -> int:
-    """µs until ``cost`` fits if nothing else arrives (ceil), as ``SlidingWindowCounter``;
-    ``state`` is ``(previous, current, µs left in the current window)``."""
-    prev, cur, w = state
-    if cost > limit:
-        return -1
-    spare = limit - cost
-    if cur <= spare:  # the previous window's weight decays within this window
-        retry = w - period * (spare - cur) // prev
-    else:  # the current window must become the previous one and decay
-        retry = w + period - period * spare // cur
-    return max(retry, 0)
-
-
-def _idle(prev: int, cur: int, w: int, period: int) -> int:
-    """µs until a sliding counter's state is fresh again."""
-    if cur:
-        return w + period
-    return w if prev else 0
-
-
-class TokenBucketOp(_RateOp):
+class TokenBucketOp(_RateOp[TokenBucketStep, Bucket]):
     """``lua/ratelimit_token.lua``: args ``(capacity, unit, refill, initial, pairs…)`` in units
-    of ``1 / unit`` token (``unit = period_us``, ``refill = count`` units per µs)."""
+    of ``1 / unit`` token (``unit = period_us``, ``refill = count`` units per µs); written when
+    a new key or a grant leaves the bucket short of full."""
 
     script = "ratelimit_token"
     params = 4
 
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], Batch]:
-        t = _us(now)
-        cap, unit, refill, tokens = (int(a) for a in args[:4])
-        state = _two(records[0])
-        fresh = state is None
-        if state is not None:
-            tokens = min(state[0] + max(0, t - state[1]) * refill, cap)
-        out: list[Verdict] = []
-        granted = 0
-        for cmin, cmax in _pairs(args, 4):
-            take = min(cmax, tokens // unit)
-            allowed = take >= cmin
-            if allowed:
-                tokens -= take * unit
-                granted += take
-                retry = 0
-            else:
-                take = 0
-                retry = -1 if cmin * unit > cap else -((tokens - cmin * unit) // refill)
-            out.append((allowed, take, tokens // unit, -((tokens - cap) // refill), retry))
-        write: Write = KEEP
-        if (granted or fresh) and tokens < cap:
-            write = Record(f"{tokens} {t}".encode(), _ttl(now, -((tokens - cap) // refill)))
-        return [write], (t, out)
+    def build(self, params: list[int]) -> TokenBucketStep:
+        return TokenBucketStep(*params)
+
+    def load(self, step: TokenBucketStep, record: Record | None, t: int) -> Bucket:
+        state = _ints(record)
+        return step.fresh(t) if state is None else Bucket(*state)
+
+    def save(
+        self, step: TokenBucketStep, st: Bucket, t: int, mark: object, granted: int
+    ) -> bytes | None:
+        if (granted or mark) and st.tokens < step.full:  # mark: a new key
+            return f"{st.tokens} {t}".encode()
+        return None
 
 
-class GcraOp(_RateOp):
-    """``lua/ratelimit_gcra.lua``: args ``(scale, T, tau, pairs…)`` in units of 1/scale µs."""
+class GcraOp(_RateOp[GcraStep, Tat]):
+    """``lua/ratelimit_gcra.lua``: args ``(scale, T, tau, pairs…)`` in units of 1/scale µs;
+    written when a permit was granted."""
 
     script = "ratelimit_gcra"
     params = 3
 
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], Batch]:
-        t = _us(now)
-        scale, emission, tau = int(args[0]), int(args[1]), int(args[2])
-        state = _two(records[0])
-        d = 0 if state is None else max(0, (state[0] - t) * scale + state[1])
-        out: list[Verdict] = []
-        granted = 0
-        for cmin, cmax in _pairs(args, 3):
-            take = min(cmax, (tau - d) // emission)
-            allowed = take >= cmin
-            if allowed:
-                d += emission * take
-                granted += take
-                retry = 0
-            else:
-                take = 0
-                retry = -1 if emission * cmin > tau else -((tau - d - emission * cmin) // scale)
-            out.append((allowed, take, (tau - d) // emission, -(-d // scale), retry))
-        write: Write = KEEP
-        if granted:
-            whole = d // scale
-            write = Record(f"{t + whole} {d - whole * scale}".encode(), _ttl(now, -(-d // scale)))
-        return [write], (t, out)
+    def build(self, params: list[int]) -> GcraStep:
+        return GcraStep(*params)
+
+    def load(self, step: GcraStep, record: Record | None, t: int) -> Tat:
+        state = _ints(record)
+        return step.fresh(t) if state is None else Tat(state[0] * step.scale + state[1])
+
+    def save(self, step: GcraStep, st: Tat, t: int, mark: object, granted: int) -> bytes | None:
+        if not granted:
+            return None
+        whole, frac = divmod(st.tat, step.scale)
+        return f"{whole} {frac}".encode()
 
 
 class ResetOp(Op[None]):
@@ -315,7 +335,7 @@ class Plan:
     ``ARGV``), ``limit`` (the quota a :class:`Decision` reports) and ``window`` (seconds)."""
 
     algorithm: str
-    op: _RateOp
+    op: _RateOp[Any, Any]
     params: tuple[bytes, ...]
     limit: int
     window: float
@@ -326,6 +346,8 @@ def _args(*values: int) -> tuple[bytes, ...]:
 
 
 def _period_us(rate: Rate) -> int:
+    """The period in whole µs, which a store's integer arithmetic needs (``ConfigError`` if it
+    is not one)."""
     exact = rate.period * 1_000_000
     period = round(exact)
     if period < 1 or abs(period - exact) > 1e-6 * max(1.0, exact):
@@ -335,11 +357,12 @@ def _period_us(rate: Rate) -> int:
     return period
 
 
-def _exact(rate: Rate, *values: int) -> None:
+def _exact(rate: Rate, *values: int, burst: int | None = None) -> None:
     if max(values) >= EXACT:
+        with_burst = "" if burst is None else f" with burst {burst}"
         raise ConfigError(
-            f"rate {rate} is too large for a global limit's exact integer arithmetic "
-            f"(count × period in µs must stay below 2^52)"
+            f"rate {rate}{with_burst} is too large for a global limit's exact integer "
+            f"arithmetic (count × period in µs, and the burst's tolerance, must stay below 2^52)"
         )
 
 
@@ -363,9 +386,12 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
     period = _period_us(rate)
     count = rate.count
     window = rate.period
+    _exact(rate, count * period)  # the documented bound, the same for every algorithm
+    if burst is not None:
+        validate.count("burst", burst, 0)
     if name in {"fixed_window", "sliding_window_counter"}:
         _exact(rate, count * period * 2)
-        op: _RateOp = FIXED if name == "fixed_window" else SLIDING
+        op: _RateOp[Any, Any] = FIXED if name == "fixed_window" else SLIDING
         return Plan(name, op, _args(count, period), count, window)
     capacity = 1 + (count - 1 if burst is None else burst)
     if name == "token_bucket":
@@ -375,7 +401,7 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
             raise ConfigError(
                 f"initial must be a number of tokens in [0, capacity={capacity}], got {initial!r}"
             )
-        _exact(rate, full * 2)
+        _exact(rate, full * 2, burst=burst)
         return Plan(
             name,
             TOKEN,
@@ -383,11 +409,8 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
             capacity,
             capacity * period / count / 1_000_000,
         )
-    common = math.gcd(period, count)
-    scale = count // common
-    emission = period // common
-    tolerance = emission * capacity
-    _exact(rate, tolerance * 2, scale * period)
+    scale, emission, tolerance = GcraStep.units_of(rate, capacity)
+    _exact(rate, tolerance * 2, scale * period, burst=burst)
     return Plan(
         name,
         GCRA_OP,

@@ -1,13 +1,15 @@
 """Frequency control on a shared store: "once per N seconds" and "at most M per N seconds".
 
-``Frequency.once(per=60, key=...)`` lets one call per key through every ``per`` seconds: Redis
-``SET key 1 PX N NX`` (the first caller takes the slot, the rest are refused until the key
-expires). ``Frequency(limit=5, per=3600, key=...)`` lets ``limit`` calls per key through per
-window: ``INCRBY`` + ``PEXPIRE`` in one Lua script, so the counter and its expiry are set
-atomically and no crash between the two can leave a counter that never expires. The window
-starts at a key's first counted call (a fixed window per key, not aligned to the clock), and a
-refused call does not count. Every store runs the same ops (``lua/frequency_*.lua`` on Redis, the
-Python ``step`` elsewhere), on the store's clock.
+``Frequency.once(per=60, key=...)`` lets one call per key through every ``per`` seconds;
+``Frequency(limit=5, per=3600, key=...)`` lets ``limit`` calls per key through per window. The
+window starts at a key's first counted call (a fixed window per key, not aligned to the clock),
+and a refused call does not count. This is the seeds' ``INCR`` + ``EXPIRE`` (and ``SET NX PX``
+for "once") frequency control, run as the fixed-window step that
+:class:`~floodwall.ratelimit.FixedWindow` and ``GlobalLimiter("fixed_window")`` run too
+(:class:`~floodwall.ratelimit._steps.FixedWindowStep`): on Redis one Lua script
+(``lua/ratelimit_fixed.lua``) counts and dates the window atomically on the server's clock, so
+no crash between two commands can leave a counter that never expires; every other store runs the
+same Python step, on the store's clock.
 
 Keys: ``key`` is a string or a callable that receives the protected call's arguments (``key=lambda
 user_id, **_: user_id``); the stored key is ``<prefix>{freq:<name>:<key>}``.
@@ -25,10 +27,11 @@ the window resets) when refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
@@ -36,69 +39,14 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps, Step
+from floodwall._core.validate import PLAIN_INT
 from floodwall.breaker import CircuitBreaker
+from floodwall.shared._global_ops import FIXED, Verdict, encode
 from floodwall.stores import resolve
-from floodwall.stores.base import KEEP, Op, Record, Store, Write
+from floodwall.stores.base import Arg, Store
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
 
 __all__ = ["Frequency", "FrequencyDecision"]
-
-
-# -- the ops ----------------------------------------------------------------------------------
-
-
-def _ms_left(record: Record, now: float) -> int:
-    if record.expires_at is None:
-        return 0
-    return max(0, round((record.expires_at - now) * 1000))
-
-
-class OnceOp(Op[tuple[bool, int]]):
-    """``SET NX PX``: args ``(ttl_ms,)`` → ``(took_the_slot, ms_until_free)``."""
-
-    script = "frequency_once"
-
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], tuple[bool, int]]:
-        ttl_ms = int(args[0])
-        record = records[0]
-        if record is not None:
-            return [KEEP], (False, _ms_left(record, now))
-        return [Record(b"1", now + ttl_ms / 1000)], (True, ttl_ms)
-
-    def parse(self, raw: Any) -> tuple[bool, int]:
-        return bool(raw[0]), int(raw[1])
-
-
-class CountOp(Op[tuple[bool, int, int]]):
-    """``INCRBY`` + ``PEXPIRE``: args ``(limit, ttl_ms, cost)`` → ``(allowed, count, ms_left)``."""
-
-    script = "frequency_count"
-
-    def step(
-        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
-    ) -> tuple[Sequence[Write], tuple[bool, int, int]]:
-        limit, ttl_ms, cost = int(args[0]), int(args[1]), int(args[2])
-        record = records[0]
-        count = 0 if record is None else int(record.value)
-        if count + cost > limit:
-            left = 0 if record is None else _ms_left(record, now)
-            return [KEEP], (False, count, left)
-        expires_at = now + ttl_ms / 1000 if record is None else record.expires_at
-        updated = Record(str(count + cost).encode(), expires_at)
-        left = ttl_ms if record is None else _ms_left(record, now)
-        return [updated], (True, count + cost, left)
-
-    def parse(self, raw: Any) -> tuple[bool, int, int]:
-        return bool(raw[0]), int(raw[1]), int(raw[2])
-
-
-ONCE = OnceOp()
-COUNT = CountOp()
-
-
-# -- the policy -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,20 +97,15 @@ class Frequency(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ConfigError(f"limit must be an integer >= 1, got {limit!r}")
-        if not 0.001 <= per < float("inf"):
-            raise ConfigError(f"per must be a finite number of seconds >= 0.001, got {per!r}")
-        if not isinstance(expected_instances, int) or expected_instances < 1:
-            raise ConfigError(
-                f"expected_instances must be an integer >= 1, got {expected_instances!r}"
-            )
+        validate.count("limit", limit)
+        validate.seconds("per", per, minimum=0.001)
+        validate.count("expected_instances", expected_instances)
         if key is not None and not (callable(key) or (isinstance(key, str) and key)):
             raise ConfigError(f"key must be a non-empty string or a callable, got {key!r}")
         self.limit = limit
         self.per = float(per)
         self.key = key
-        self.name = name
+        self.name = validate.text("name", name)
         self.expected_instances = expected_instances
         self.local_limit = max(1, limit // expected_instances)
         self.clock = clock
@@ -176,45 +119,50 @@ class Frequency(Gate):
             clock=clock,
             listeners=self.listeners,
         )
-        self._ttl_ms = max(1, round(self.per * 1000))
+        period = encode(max(1, round(self.per * 1_000_000)))  # the window, in whole µs
+        self._params: list[Arg] = [encode(limit), period]
+        self._local_params: list[Arg] = [encode(self.local_limit), period]
+        self._one: list[Arg] = [*self._params, b"1", b"1"]  # one call: the usual request
+        self._local_one: list[Arg] = [*self._local_params, b"1", b"1"]
         self._now = clock.monotonic
 
     @classmethod
     def once(cls, per: float, **options: Any) -> Frequency:
-        """One call per key every ``per`` seconds (``SET NX PX``)."""
+        """One call per key every ``per`` seconds (the seeds' ``SET NX PX``)."""
         return cls(1, per, **options)
 
     # -- the decision core --------------------------------------------------------------------
 
-    def _request(self, key: str | None, cost: int) -> tuple[Op[Any], str, list[int], list[int]]:
-        if not isinstance(cost, int) or not 1 <= cost <= self.limit:
-            raise ConfigError(f"cost must be an integer in [1, limit={self.limit}], got {cost!r}")
+    def _request(self, key: str | None, cost: int) -> tuple[str, list[Arg], list[Arg]]:
+        """The fixed-window op's key and arguments, on the store and for the local fallback."""
+        if cost.__class__ is not PLAIN_INT or not 1 <= cost <= self.limit:
+            validate.count("cost", cost, 1, self.limit)
+        given: object = key  # a caller's argument: any object may arrive
+        if given is not None and not isinstance(given, str):
+            validate.text("key", given, error=ValueError)
         full = f"freq:{self.name}" if key is None else f"freq:{self.name}:{key}"
-        if self.limit == 1:
-            return ONCE, full, [self._ttl_ms], [self._ttl_ms]
+        if cost == 1:
+            return full, self._one, self._local_one
+        local = encode(min(cost, self.local_limit))
         return (
-            COUNT,
             full,
-            [self.limit, self._ttl_ms, cost],
-            [self.local_limit, self._ttl_ms, min(cost, self.local_limit)],
+            [*self._params, encode(cost), encode(cost)],
+            [*self._local_params, local, local],
         )
 
     def _decide(self, guarded: Guarded[Any]) -> FrequencyDecision:
         down = guarded.down
-        value = guarded.value
         if down is not None and down.mode != "local":
             if down.mode == "fail_open":
                 return FrequencyDecision(True, 0, self.limit, None, down.mode)
             retry = down.error.retry_after if isinstance(down.error, CircuitOpenError) else None
             return FrequencyDecision(False, 0, self.limit, retry, down.mode)
         limit = self.limit if down is None else self.local_limit
+        assert guarded.value is not None
+        verdict: Verdict = guarded.value[1][0]
+        allowed, _, remaining, reset_us, _ = verdict
         mode = None if down is None else down.mode
-        assert value is not None
-        if self.limit == 1:
-            took, ms = value
-            return FrequencyDecision(took, 1, 1, ms / 1000, mode)
-        allowed, count, ms = value
-        return FrequencyDecision(allowed, count, limit, ms / 1000, mode)
+        return FrequencyDecision(allowed, limit - remaining, limit, reset_us / 1_000_000, mode)
 
     def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         key = self.key
@@ -242,8 +190,8 @@ class Frequency(Gate):
         return RateLimitedError(self.name, reason, decision.retry_after)
 
     def _allow_steps(self, key: str | None, cost: int) -> FlowSteps:
-        op, full, args, local_args = self._request(key, cost)
-        return self._decide((yield GuardedApply(self.guard, op, full, args, local_args)))
+        full, args, local_args = self._request(key, cost)
+        return self._decide((yield GuardedApply(self.guard, FIXED, full, args, local_args)))
 
     # -- the shells ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ planning from a YAML file (``floodwall simulate scenario.yaml``). Same seed, sam
 
 from floodwall.sim.clients import ClosedLoop, FanOut, OpenLoop, Phase, phase_bounds
 from floodwall.sim.engine import SimClock, Simulation
-from floodwall.sim.metrics import OUTCOMES, Recorder, Summary, percentile
+from floodwall.sim.metrics import OUTCOMES, Recorder, Summary
 from floodwall.sim.models import (
     BBRGuard,
     Constant,
@@ -65,7 +65,6 @@ __all__ = [
     "build_limit",
     "distribution",
     "format_report",
-    "percentile",
     "phase_bounds",
     "read_scenario",
     "run_scenario",

@@ -11,20 +11,20 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["OUTCOMES", "Recorder", "Summary", "percentile"]
+from floodwall.drill.metrics import percentile
+
+__all__ = ["OUTCOMES", "Recorder", "Summary"]
 
 OUTCOMES = ("ok", "rejected", "error", "timeout")
 """How a client sees one attempt end: a good answer, a rejection (shed: HTTP 503), an error
 answer (a failed dependency), or no answer before its deadline."""
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank method; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
+def _quantile(values: list[float], q: float) -> float:
+    """:func:`~floodwall.drill.metrics.percentile`, NaN (as the simulator's other absent
+    figures) when there are no values."""
+    value = percentile(values, q)
+    return math.nan if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +117,8 @@ class Recorder:
             rejected=total("rejected"),
             error=total("error"),
             timeout=total("timeout"),
-            p50=percentile(latencies, 0.5),
-            p99=percentile(latencies, 0.99),
+            p50=_quantile(latencies, 0.5),
+            p99=_quantile(latencies, 0.99),
             goodput=total("ok") / span,
             max_busy=max((self.busy.get(i, 0) for i in bins), default=0),
             max_queue=max((self.queue.get(i, 0) for i in bins), default=0),

@@ -3,7 +3,11 @@
 The page (``index.html``, ``app.js``, ``style.css`` beside this module) opens an
 ``EventSource`` on ``/dashboard/events``; each event is one :func:`frame`: per route the
 request rate, error rate, latency p50/p99 over the last interval, breaker state, limiter
-rejections, bulkhead use and shedding, and per upstream its endpoints' state (``up``,
+rejections, bulkhead use and shedding, what the upstream did apart from what clients got
+(the dependency error rate: requests the upstream did not answer; the degraded rate: answers
+a fallback gave; so a route whose every request is answered by its fallback reads 100 % and
+100 %, not 0 % errors), and per upstream the same two rates, the share of tries that failed,
+and its endpoints' state (``up``,
 ``failing``: a failure since the last frame or in its latest run, ``unhealthy``, ``ejected``)
 with the failures per second and by reason, all computed
 here from two successive cumulative snapshots (so every worker's counters simply add up).
@@ -12,12 +16,14 @@ It is the Hystrix/Sentinel dashboard, for this gateway.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.window import latency_bin_bounds
 
-__all__ = ["asset", "frame", "merge_status", "percentile"]
+__all__ = ["asset", "frame", "histogram_percentile", "merge_status", "shares"]
 
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
@@ -28,13 +34,18 @@ ASSETS = {
 
 def asset(name: str) -> tuple[bytes, str]:
     """``(content, content type)`` of one of the page's files."""
-    content_type = ASSETS[name]
+    content_type = ASSETS.get(name) if isinstance(name, str) else None
+    if content_type is None:
+        raise ValueError(f"name must be one of {', '.join(sorted(ASSETS))}, got {name!r}")
     return resources.files(__name__).joinpath(name).read_bytes(), content_type
 
 
-def percentile(bins: dict[int, int], q: float) -> float | None:
+def histogram_percentile(bins: dict[int, int], q: float) -> float | None:
     """The ``q`` quantile (0..1) of a histogram of log-linear bins, in seconds (the bin's
     midpoint, ±12 %); ``None`` when the histogram is empty."""
+    if not isinstance(bins, Mapping):
+        raise TypeError(f"bins must be a mapping of bin index to count, got {bins!r}")
+    validate.share("q", q, error=ValueError)
     total = sum(bins.values())
     if total == 0:
         return None
@@ -102,6 +113,8 @@ def merge_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
                     into["endpoints"].append(dict(endpoint))
                     continue
                 _merge_endpoint(into["endpoints"][index], endpoint)
+            for part in ("dependency", "answers", "tries"):
+                _add(into.setdefault(part, {}), upstream.get(part, {}))
             into["balance"] = upstream.get("balance")
             into["retries_elsewhere"] = into.get("retries_elsewhere", 0) + upstream.get(
                 "retries_elsewhere", 0
@@ -169,6 +182,30 @@ def _rate(now: int, before: int, dt: float) -> float:
     return max(0, now - before) / dt if dt > 0 else 0.0
 
 
+def shares(now: dict[str, Any], before: dict[str, Any] | None) -> dict[str, float | None]:
+    """What the upstream did and what clients got between two snapshots of a route or an
+    upstream (``dependency`` and ``answers`` counts): ``dependency_error_rate`` (requests the
+    upstream did not answer: errors, timeouts, refusals), ``degraded_rate`` (answered by a
+    fallback), ``client_error_rate`` (the client got an error); ``None`` without requests."""
+    dependency = now.get("dependency", {})
+    answers = now.get("answers", {})
+    old_dependency = (before or {}).get("dependency", {})
+    old_answers = (before or {}).get("answers", {})
+    total = sum(dependency.values()) - sum(old_dependency.values())
+    if total <= 0:
+        return {"dependency_error_rate": None, "degraded_rate": None, "client_error_rate": None}
+
+    def delta(counts: dict[str, int], old: dict[str, int], key: str) -> int:
+        return counts.get(key, 0) - old.get(key, 0)
+
+    failed = total - delta(dependency, old_dependency, "success")
+    return {
+        "dependency_error_rate": round(failed / total, 4),
+        "degraded_rate": round(delta(answers, old_answers, "fallback") / total, 4),
+        "client_error_rate": round(delta(answers, old_answers, "error") / total, 4),
+    }
+
+
 def _route_frame(
     name: str, now: dict[str, Any], before: dict[str, Any] | None, dt: float
 ) -> dict[str, Any]:
@@ -181,7 +218,7 @@ def _route_frame(
         classes.get("aborted", 0) - old_classes.get("aborted", 0)
     )
     bins = _delta_bins(stats["bins"], old["bins"])
-    p50, p99 = percentile(bins, 0.5), percentile(bins, 0.99)
+    p50, p99 = histogram_percentile(bins, 0.5), histogram_percentile(bins, 0.99)
     outcomes, old_outcomes = stats["outcomes"], old["outcomes"]
     out: dict[str, Any] = {
         "name": name,
@@ -195,6 +232,7 @@ def _route_frame(
         "outcomes_per_s": {
             k: round(_rate(v, old_outcomes.get(k, 0), dt), 2) for k, v in outcomes.items()
         },
+        **shares(stats, old),
         "breaker": now.get("breaker", {}).get("state"),
         "failure_rate": now.get("breaker", {}).get("failure_rate"),
     }
@@ -234,11 +272,16 @@ def frame(
     for name, upstream in now["upstreams"].items():
         old = None if before is None else before["upstreams"].get(name)
         old_endpoints = {e["url"]: e for e in old["endpoints"]} if old is not None else {}
+        tries, old_tries = upstream.get("tries", {}), (old or upstream).get("tries", {})
+        sent = tries.get("requests", 0) - old_tries.get("requests", 0)
+        failed = tries.get("failures", 0) - old_tries.get("failures", 0)
         upstreams.append(
             {
                 "name": name,
                 "balance": upstream.get("balance"),
                 "retries_elsewhere": upstream.get("retries_elsewhere", 0),
+                **shares(upstream, old if old is not None else upstream),
+                "try_failure_rate": round(failed / sent, 4) if sent > 0 else None,
                 "endpoints": [
                     _endpoint_frame(e, old_endpoints.get(e["url"]), dt)
                     for e in upstream["endpoints"]

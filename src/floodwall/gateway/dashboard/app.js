@@ -52,11 +52,15 @@ function renderRoutes(routes) {
     const limiter = route.limiter ? fmt(route.limiter.rejected_per_s) : "–";
     const bulkhead = route.bulkhead ? `${route.bulkhead.in_flight}/${route.bulkhead.max}` : "–";
     const errors = `${fmt(route.error_rate * 100)} %`;
+    const share = (value) => (value === null || value === undefined ? "–" : `${fmt(value * 100)} %`);
+    const bad = (value, cls) => (value > 0.05 ? `${cls} bad` : cls);
     tr.append(
       cell(route.name, "name"),
       cell(route.upstream || ""),
       cell(fmt(route.rps), "rps"),
       cell(errors, route.error_rate > 0.05 ? "errors bad" : "errors"),
+      cell(share(route.dependency_error_rate), bad(route.dependency_error_rate, "dependency")),
+      cell(share(route.degraded_rate), bad(route.degraded_rate, "degraded")),
       cell(fmt(route.p50_ms, 2), "p50"),
       cell(fmt(route.p99_ms, 2), "p99"),
       cell(route.breaker || "–", `breaker state-${route.breaker}`),
@@ -82,6 +86,13 @@ function renderUpstreams(upstreams) {
     const title = document.createElement("strong");
     title.textContent = `${upstream.name} (${upstream.balance}) `;
     div.append(title);
+    const pct = (value) => (value === null || value === undefined ? "–" : `${fmt(value * 100)} %`);
+    const rates = document.createElement("span");
+    rates.className = "rates";
+    rates.dataset.dependencyErrors = String(upstream.dependency_error_rate ?? "");
+    rates.dataset.degraded = String(upstream.degraded_rate ?? "");
+    rates.textContent = `dependency errors ${pct(upstream.dependency_error_rate)} · degraded ${pct(upstream.degraded_rate)} · tries failed ${pct(upstream.try_failure_rate)} `;
+    div.append(rates);
     for (const e of upstream.endpoints) {
       const span = document.createElement("span");
       const state = e.state || (e.up ? "up" : "down");

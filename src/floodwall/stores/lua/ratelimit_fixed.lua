@@ -6,7 +6,8 @@
 -- min(cost_max, what is left) when at least cost_min is left (cost_min = cost_max: a plain
 -- decision; cost_min < cost_max: a lease). The only clock is TIME, in whole microseconds.
 -- Reply: "<now_us>" then per request "<allowed> <granted> <remaining> <reset_us> <retry_us>"
--- (retry_us -1: never, the cost exceeds the limit). The same math as FixedWindowOp.step.
+-- (retry_us -1: never, the cost exceeds the limit). The mirror of FixedWindowStep in
+-- floodwall/ratelimit/_steps.py (take, figures) and FixedWindowOp's record.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])

@@ -5,7 +5,8 @@
 -- scale chosen so that T is whole: integers throughout, no drift.
 -- With d = max(tat - now, 0), a cost c is admitted when d + T × c <= tau (then d += T × c); a
 -- lease takes the largest c <= cost_max. The only clock is TIME, in whole microseconds.
--- Reply as ratelimit_fixed.lua. The same math as GcraOp.step.
+-- Reply as ratelimit_fixed.lua. The mirror of GcraStep in floodwall/ratelimit/_steps.py (d is
+-- its max(tat - now, 0), kept small for Lua's 53-bit integers) and GcraOp's record.
 local function fdiv(a, b) -- floor(a / b), exact for integers below 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end

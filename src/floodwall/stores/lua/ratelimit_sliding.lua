@@ -4,8 +4,8 @@
 -- (cost_min, cost_max) pair per request.
 -- A cost c is admitted when previous × (end - now) + (current + c) × period <= limit × period
 -- (Cloudflare's weighted estimate, free of division); a lease takes the largest c <= cost_max.
--- The only clock is TIME, in whole microseconds. Reply as ratelimit_fixed.lua. The same math as
--- SlidingWindowOp.step.
+-- The only clock is TIME, in whole microseconds. Reply as ratelimit_fixed.lua. The mirror of
+-- SlidingCounterStep in floodwall/ratelimit/_steps.py and SlidingWindowOp's record.
 local function fdiv(a, b) -- floor(a / b), exact for integers below 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end

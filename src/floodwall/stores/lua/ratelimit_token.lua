@@ -5,7 +5,8 @@
 -- (units, a new key's tokens), then one (cost_min, cost_max) pair per request.
 -- The bucket refills (capped) at every decision; a cost c is admitted when it holds c tokens;
 -- a lease takes up to cost_max whole tokens. The only clock is TIME, in whole microseconds.
--- Reply as ratelimit_fixed.lua. The same math as TokenBucketOp.step.
+-- Reply as ratelimit_fixed.lua. The mirror of TokenBucketStep in floodwall/ratelimit/_steps.py
+-- and TokenBucketOp's record.
 local function fdiv(a, b) -- floor(a / b), exact for integers below 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end

@@ -1,0 +1,126 @@
+"""arq jobs under floodwall's policies: a job-function wrapper and an ``enqueue_job`` that
+carries the retry marker.
+
+::
+
+    from floodwall.arq import TaskGuard, enqueue_job, func
+
+    guard = TaskGuard(fw.CircuitBreaker("payments"), retry=fw.Retry("charge"))
+
+    async def charge(ctx, order_id: str) -> dict: ...
+
+    class WorkerSettings:
+        functions = [func(charge, guard=guard)]
+
+Each run goes through :class:`TaskGuard` (see :mod:`floodwall.integrations._tasks`): a refusal
+(open breaker, rate limit, claim held elsewhere) is re-queued with ``Retry(defer=retry_after)``
+instead of running; a failure is retried only when the guard's :class:`~floodwall.Retry`
+grants it (arq itself retries no failure); a job run again after a worker died (arq re-runs a
+job whose in-progress marker expired, ``job_timeout`` + 10 s later) replays its stored result
+instead of repeating its side effect.
+
+arq messages carry no headers, so floodwall keeps them in a small hash beside the job,
+``floodwall:arq:<job id>`` (expiring with arq's own retry counter, a day), written when the job
+is re-queued or enqueued through :func:`enqueue_job`; arq's ``max_tries`` (which counts
+deferrals too) is set high by :func:`func`, since the guard bounds attempts (``attempts``) and
+deferrals (``max_defer``) itself.
+
+arq runs coroutines on one event loop per worker process: there is no prefork pool; run
+several worker processes (one per core or host) for parallelism, and the guard's global limits
+and idempotency hold across them.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, cast
+
+from floodwall._core.extras import missing_extra
+
+try:
+    from arq.connections import ArqRedis
+    from arq.jobs import Job
+    from arq.typing import WorkerCoroutine
+    from arq.worker import Function, Retry
+    from arq.worker import func as arq_func
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.arq", "arq") from _missing
+
+from floodwall.integrations._tasks import Delivery, Done, TaskGuard, outgoing_headers
+
+__all__ = ["HEADERS", "MAX_TRIES", "TaskGuard", "enqueue_job", "func"]
+
+HEADERS: Final = "floodwall:arq:"
+"""Key prefix of the hash holding a job's floodwall headers."""
+HEADERS_TTL: Final = 88_400
+"""Seconds a job's headers are kept (arq keeps its retry counter as long)."""
+MAX_TRIES: Final = 1000
+"""arq's ``max_tries`` for guarded functions: a backstop only (deferrals count as tries)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _headers(redis: ArqRedis, job_id: str) -> dict[str, str]:
+    raw = await redis.hgetall(HEADERS + job_id)
+    return {_text(name): _text(value) for name, value in raw.items()}
+
+
+async def _store(redis: ArqRedis, job_id: str, headers: dict[str, str]) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(HEADERS + job_id, mapping=headers)  # type: ignore[arg-type]
+        pipe.expire(HEADERS + job_id, HEADERS_TTL)
+        await pipe.execute()
+
+
+def _guarded(
+    guard: TaskGuard, coroutine: Callable[..., Awaitable[Any]], name: str
+) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(coroutine)
+    async def run(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        redis: ArqRedis = ctx["redis"]
+        job_id = str(ctx["job_id"])
+        delivery = Delivery.read(name, job_id, await _headers(redis, job_id))
+
+        async def body(*args: Any, **kwargs: Any) -> Any:
+            return await coroutine(ctx, *args, **kwargs)
+
+        outcome = await guard.run_async(delivery, body, args, kwargs)
+        if isinstance(outcome, Done):
+            return outcome.value
+        await _store(redis, job_id, outcome.headers)
+        raise Retry(defer=outcome.delay) from outcome.error
+
+    return run
+
+
+def func(
+    coroutine: Callable[..., Awaitable[Any]],
+    *,
+    guard: TaskGuard,
+    name: str | None = None,
+    max_tries: int = MAX_TRIES,
+    **options: Any,
+) -> Function:
+    """arq's ``func(coroutine, ...)`` whose runs go through ``guard``; ``options`` are arq's
+    (``timeout``, ``keep_result``, …)."""
+    if not isinstance(guard, TaskGuard):
+        raise TypeError(f"guard must be a TaskGuard, got {guard!r}")
+    name = name or coroutine.__qualname__
+    wrapped = cast(WorkerCoroutine, _guarded(guard, coroutine, name))
+    return arq_func(wrapped, name=name, max_tries=max_tries, **options)
+
+
+async def enqueue_job(redis: ArqRedis, function: str, *args: Any, **kwargs: Any) -> Job | None:
+    """``redis.enqueue_job(function, *args, **kwargs)`` that also records the ambient retry
+    marker for the job (inside a retried job, or an HTTP request that arrived as a retry), so
+    the job does not retry again."""
+    headers = outgoing_headers()
+    if headers:
+        job_id = kwargs.pop("_job_id", None) or uuid.uuid4().hex
+        await _store(redis, job_id, headers)
+        kwargs["_job_id"] = job_id
+    return await redis.enqueue_job(function, *args, **kwargs)

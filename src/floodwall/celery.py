@@ -1,0 +1,99 @@
+"""Celery tasks under floodwall's policies: a task base class and the headers on the wire.
+
+::
+
+    from celery import Celery
+    import floodwall as fw
+    from floodwall.celery import GuardedTask, TaskGuard
+    from floodwall.shared import GlobalLimiter
+
+    guard = TaskGuard(
+        fw.Pipeline(GlobalLimiter("gcra", "10/s", store=REDIS, max_wait=1.0),
+                    fw.CircuitBreaker("payments")),
+        retry=fw.Retry("charge", attempts=4),
+        idempotency=fw.Idempotency(REDIS),
+    )
+
+    @app.task(base=GuardedTask, guard=guard, acks_late=True)
+    def charge(order_id: str) -> dict: ...
+
+Each delivery runs through :class:`TaskGuard` (see :mod:`floodwall.integrations._tasks`): a
+refusal (open breaker, rate limit, claim held elsewhere) is re-published with
+``countdown=retry_after`` instead of running; a failure is retried only when the guard's
+:class:`~floodwall.Retry` grants it (attempts, backoff, budget, retry marker); a redelivered
+message whose task already finished replays its stored result. Re-publishing goes through
+Celery's own ``Task.retry`` (the same task id, so the message id stays the idempotency key), with
+floodwall's headers; Celery's ``max_retries`` is off (``None``) for these tasks because floodwall
+counts attempts itself and a deferral is not an attempt.
+
+Every message published while a retry marker is ambient (inside a retried task, or an HTTP
+request that arrived as a retry) carries it (``floodwall-retry``; a ``before_task_publish``
+handler connected on import), so the tasks it enqueues do not retry again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from floodwall._core.extras import missing_extra
+
+try:
+    from celery import Task
+    from celery.signals import before_task_publish
+except ModuleNotFoundError as _missing:  # the extra is not installed
+    raise missing_extra(_missing, "floodwall.celery", "celery") from _missing
+
+from floodwall.integrations._tasks import (
+    ATTEMPT,
+    DEFERRED,
+    RETRY,
+    Again,
+    Delivery,
+    Done,
+    TaskGuard,
+    outgoing_headers,
+)
+
+__all__ = ["ATTEMPT", "DEFERRED", "RETRY", "GuardedTask", "TaskGuard"]
+
+
+class GuardedTask(Task):  # type: ignore[misc] # celery ships no type information
+    """A Celery task base class whose deliveries run through ``guard`` (a :class:`TaskGuard`,
+    given as ``@app.task(base=GuardedTask, guard=...)``); without a guard it is a plain task.
+    Called directly (``task(...)``, not through a worker) it runs the function unguarded; run
+    eagerly (``task_always_eager``, ``apply()``) it is guarded, but a deferral or retry raises
+    its error instead (Celery would run an eager retry at once, ignoring the countdown)."""
+
+    guard: ClassVar[TaskGuard | None] = None
+    max_retries = None  # floodwall counts attempts; a deferral must not use one up
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        guard = self.guard
+        request = self.request
+        if guard is None or request.called_directly:
+            return super().__call__(*args, **kwargs)
+        headers = request.headers if isinstance(request.headers, dict) else None
+        delivery = Delivery.read(self.name, str(request.id), headers)
+        outcome = guard.run(delivery, super().__call__, args, kwargs)
+        if isinstance(outcome, Done):
+            return outcome.value
+        if request.is_eager:  # an eager retry runs at once, countdown ignored: no loop here
+            raise outcome.error
+        return self._again(outcome)
+
+    def _again(self, again: Again) -> Any:
+        headers = dict(self.request.headers or {})
+        headers.update(again.headers)
+        raise self.retry(countdown=again.delay, headers=headers, exc=again.error)
+
+
+def _carry_marker(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Every published task carries the ambient retry marker (a retry's own re-publication
+    already has its headers set)."""
+    if headers is None:
+        return
+    for name, value in outgoing_headers().items():
+        headers.setdefault(name, value)
+
+
+before_task_publish.connect(_carry_marker, weak=False)

@@ -1,0 +1,45 @@
+"""What every metrics adapter reads, defined once (Prometheus and OpenTelemetry agree by
+construction): the rate limiter's decisions, and the inbound guard's figures."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["InboundGuard", "rate_limit_decisions", "shedder_figures"]
+
+_BEFORE_LIMITER = ("circuit_open", "bulkhead_full", "degraded")
+"""Outcomes of calls refused before the limiter saw them (the pipeline's order is fixed:
+sampled drop, fallback, cache, breaker, bulkhead, rate limit, ...)."""
+
+
+def rate_limit_decisions(resource: Any) -> dict[str, int] | None:
+    """``{"admitted": n, "rejected": m}`` of a resource's rate limiter, from its meter: every
+    call not refused before or by the limiter was admitted by it. ``None`` without a limiter
+    (or without a meter)."""
+    if resource.limiter is None or resource.meter is None:
+        return None
+    counts, _, _ = resource.meter.read()
+    rejected = counts.get("rate_limited", 0)
+    before = sum(counts.get(kind, 0) for kind in _BEFORE_LIMITER)
+    return {"admitted": sum(counts.values()) - before - rejected, "rejected": rejected}
+
+
+class InboundGuard(Protocol):
+    """What the adapters read of an inbound guard (``floodwall.integrations``' guard; named
+    structurally, since observe sits below the integrations layer)."""
+
+    shedder: Any
+
+    def decisions(self) -> dict[tuple[str, str], int]: ...
+
+
+def shedder_figures(guard: InboundGuard) -> tuple[float, float] | None:
+    """``(limit, in flight)`` of the guard's load shedder when its limiter has both (an
+    adaptive limit), else ``None``."""
+    shedder = guard.shedder
+    limiter = None if shedder is None else shedder.limiter
+    limit = getattr(limiter, "limit", None)
+    inflight = getattr(limiter, "inflight", None)
+    if isinstance(limit, int | float) and isinstance(inflight, int | float):
+        return float(limit), float(inflight)
+    return None

@@ -1,0 +1,1 @@
+"""A small Django project for the Django integration tests (test client and real servers)."""

@@ -1,0 +1,195 @@
+"""arq with real worker processes on a real Redis (issue 21): the three task-queue scenarios of
+``test_task_queues.py`` where they apply.
+
+arq runs coroutines on one event loop per process and has no prefork pool: "four workers" are
+four ``arq`` processes (as on four hosts), each running up to ten jobs at once. arq has no rate
+limit of its own (the per-worker figure is floodwall's in-memory GCRA in each process) and
+retries no failure by itself (the naive figure is its documented pattern, ``raise
+Retry(defer=...)`` by hand, three times). A job whose worker died runs again once its
+in-progress marker expires (``job_timeout`` + 10 s): the kill -9 scenario applies as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.jobs import Job
+
+from taskqueues import (
+    Workers,
+    busiest_second,
+    host_store_name,
+    limit_figures,
+    rate,
+    strings,
+    throwaway_redis,
+    times,
+    until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+WORKERS = 4
+
+
+@pytest.fixture
+def broker() -> Iterator[tuple[str, redis.Redis]]:
+    with throwaway_redis() as pair:
+        yield pair
+
+
+def _start(workers: Workers, name: str, count: int = 1) -> list[object]:
+    return [
+        workers.start("arq", "arq_tasks.WorkerSettings", name=f"{name}{n}") for n in range(count)
+    ]
+
+
+class Client:
+    """Enqueues jobs and reads their results from the test (one event loop of its own)."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool: ArqRedis = self.loop.run_until_complete(create_pool(RedisSettings.from_dsn(url)))
+        self.jobs: dict[str, list[str]] = {}
+
+    def send(self, function: str, *args: object) -> None:
+        job = self.loop.run_until_complete(self.pool.enqueue_job(function, *args))
+        assert job is not None
+        self.jobs.setdefault(function, []).append(job.job_id)
+
+    def outcomes(self, function: str) -> tuple[int, int]:
+        """``(succeeded, failed)`` of the function's jobs that finished."""
+
+        async def read() -> tuple[int, int]:
+            infos = [await Job(job_id, self.pool).result_info() for job_id in self.jobs[function]]
+            done = [info for info in infos if info is not None]
+            return sum(info.success for info in done), sum(not info.success for info in done)
+
+        return self.loop.run_until_complete(read())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.aclose())
+        self.loop.close()
+
+
+@pytest.fixture
+def client(broker: tuple[str, redis.Redis]) -> Iterator[Client]:
+    queue = Client(broker[0])
+    yield queue
+    queue.close()
+
+
+def _ready(client: Client, db: redis.Redis, workers: Workers, count: int) -> None:
+    for i in range(count):
+        client.send("ping", i)
+    until(lambda: db.llen("ran:ping") >= count, 60, "the workers to start", workers)
+
+
+def test_arq_a_global_rate_limit_holds_across_four_worker_processes(
+    broker: tuple[str, redis.Redis], client: Client, tmp_path: Path
+) -> None:
+    url, db = broker
+    count = 40
+    names = ("limited_local", "limited_floodwall", "limited_host")
+    with host_store_name() as host, Workers(url, tmp_path, FW_HOST=host) as workers:
+        _start(workers, "w", WORKERS)
+        _ready(client, db, workers, 2 * WORKERS)
+        for name in names:
+            for i in range(count):
+                client.send(name, i)
+
+            def ran(key: str = f"ran:{name}") -> bool:
+                return bool(db.llen(key) >= count)
+
+            until(ran, 60, name, workers)
+    own, ours, host_wide = (times(db, f"ran:{name}") for name in names)
+    print(
+        f"\narq, {WORKERS} worker processes, {count} jobs each, limit 10/s:"
+        f"\n  per-process GCRA (in memory)  {limit_figures(own)}"
+        f"\n  GlobalLimiter on Redis        {limit_figures(ours)}"
+        f"\n  GlobalLimiter on host://      {limit_figures(host_wide)}"
+    )
+    for stamps in (ours, host_wide):
+        assert rate(stamps) <= 10.5
+        assert busiest_second(stamps) <= 11
+    assert busiest_second(own) > 11, "a per-process limit should break the 10/s bound"
+
+
+def test_arq_a_dependency_outage_causes_no_retry_storm(
+    broker: tuple[str, redis.Redis], client: Client, tmp_path: Path
+) -> None:
+    url, db = broker
+    variants = ("flaky_naive", "flaky_budget", "flaky_guarded")
+    per_second, outage = 10, 10.0
+    with Workers(url, tmp_path) as workers:
+        _start(workers, "w", WORKERS)
+        _ready(client, db, workers, 2 * WORKERS)
+        db.set("dependency:down", "1", px=int(outage * 1000))
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < outage:
+            for name in variants:
+                client.send(name, sent)
+            sent += 1
+            time.sleep(max(0.0, started + sent / per_second - time.monotonic()))
+
+        def settled() -> bool:
+            return all(sum(client.outcomes(name)) >= sent for name in variants)
+
+        until(settled, 90, "every job to succeed or fail for good", workers, lambda: {
+            name: client.outcomes(name) for name in variants
+        })  # fmt: skip
+    figures = {}
+    print(f"\narq, {WORKERS} worker processes, a dependency down for {outage:g} s:")
+    for name in variants:
+        runs = db.llen(f"ran:{name}")
+        done, failed = client.outcomes(name)
+        figures[name] = runs / sent
+        print(
+            f"  {name:14s} {sent} jobs: {runs / sent:.2f} executions per job, "
+            f"{done} succeeded, {failed} failed"
+        )
+    assert figures["flaky_budget"] <= 1.2
+    assert figures["flaky_guarded"] <= 1.2
+    assert figures["flaky_naive"] > figures["flaky_budget"]
+    done, _ = client.outcomes("flaky_guarded")
+    runs = db.llen("ran:flaky_guarded")
+    assert sent - done <= runs - done  # every job that failed for good had an execution fail
+    assert done > client.outcomes("flaky_budget")[0], "deferred, not refused: more complete"
+
+
+def test_arq_a_job_run_again_after_kill_9_does_not_repeat_its_side_effect(
+    broker: tuple[str, redis.Redis], client: Client, tmp_path: Path
+) -> None:
+    url, db = broker
+    timeout = 1.0
+    with Workers(url, tmp_path, FW_JOB_TIMEOUT=str(timeout)) as workers:
+        db.set("hold", "1")
+        (doomed,) = _start(workers, "doomed")
+        client.send("charge_naive", "order-1")
+        client.send("charge_guarded", "order-2")
+        until(lambda: db.llen("holding") >= 2, 60, "both jobs to finish and hold", workers)
+        workers.kill(doomed, signal.SIGKILL)  # type: ignore[arg-type]
+        db.delete("hold")
+        _start(workers, "survivor")
+
+        def again() -> bool:
+            return client.outcomes("charge_naive")[0] + client.outcomes("charge_guarded")[0] >= 2
+
+        until(again, 60, "both jobs to run again and finish", workers)
+    naive = strings(db, "effects:charge_naive")
+    guarded = strings(db, "effects:charge_guarded")
+    print(
+        f"\narq: kill -9 before the job was recorded done, run again {timeout + 10:g} s later:"
+        f"\n  plain job:                side effect ran {len(naive)} times"
+        f"\n  floodwall idempotent job: side effect ran {len(guarded)} time(s)"
+    )
+    assert naive == ["order-1", "order-1"]
+    assert guarded == ["order-2"]
