@@ -312,3 +312,39 @@ def test_a_forked_child_counts_as_a_user(name: str) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert info(name).users == 1 and slots.free == 2
     store.close()
+
+
+# -- first-law review (issue 21): what a user could make the host store fail with --------------
+
+
+def test_a_host_bulkhead_without_a_time_bound_waits_for_the_release(name: str) -> None:
+    """``max_wait=inf`` (no bound but the ambient deadline, as for ``Bulkhead``) waited in the
+    kernel with an infinite ``timespec``: the waiting caller got a raw ``OverflowError``."""
+    with HostStore(f"host://{name}") as store:
+        bulkhead = fw.HostBulkhead(
+            "db", store=store, max_concurrent=1, max_queue=1, max_wait=float("inf")
+        )
+        held = bulkhead.acquire()
+        got: list[object] = []
+
+        def wait_for_a_slot() -> None:
+            try:
+                got.append(bulkhead.call(lambda: "served"))
+            except BaseException as exc:
+                got.append(exc)
+
+        waiter = threading.Thread(target=wait_for_a_slot)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while bulkhead.queued == 0 and waiter.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        bulkhead.release(held)
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert got == ["served"]
+        assert bulkhead.in_flight == 0
+
+
+def test_a_host_bulkhead_refuses_a_max_wait_that_is_not_a_number_of_seconds() -> None:
+    with pytest.raises(fw.ConfigError, match=r"max_wait must be a number of seconds >= 0, got nan"):
+        fw.HostBulkhead("db", store="host://app", max_concurrent=2, max_wait=float("nan"))

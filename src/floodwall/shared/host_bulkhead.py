@@ -133,7 +133,7 @@ class HostBulkhead(Gate):
         if max_concurrent > 32767:
             raise ConfigError(f"max_concurrent must be <= 32767 (SEMVMX), got {max_concurrent}")
         self.max_queue = count("max_queue", max_queue, 0)
-        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or max_wait < 0:
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait >= 0:
             raise ConfigError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
         if max_wait > 0 and self.max_queue == 0:
             raise ConfigError(
