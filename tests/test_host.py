@@ -348,3 +348,22 @@ def test_a_host_bulkhead_without_a_time_bound_waits_for_the_release(name: str) -
 def test_a_host_bulkhead_refuses_a_max_wait_that_is_not_a_number_of_seconds() -> None:
     with pytest.raises(fw.ConfigError, match=r"max_wait must be a number of seconds >= 0, got nan"):
         fw.HostBulkhead("db", store="host://app", max_concurrent=2, max_wait=float("nan"))
+
+
+def test_a_long_key_is_counted_like_any_other_and_never_takes_the_store_down(name: str) -> None:
+    """A key longer than a record (a client's header, a URL: a caller's input) was a store
+    error: three of them opened the guard's breaker, every key of the limiter fell back to the
+    local share, and ``store_down`` said the host store was down while it answered."""
+    from floodwall.shared import GlobalLimiter
+
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as store, HostStore(f"host://{name}") as second:
+        limiter = GlobalLimiter("fixed", "3/h", store=store, name="api", listeners=[events.append])
+        other = GlobalLimiter("fixed", "3/h", store=second, name="api")
+        long_key = "k" * 5000
+        assert [limiter.try_acquire(long_key) for _ in range(4)] == [True, True, True, False]
+        assert not other.try_acquire(long_key), "one count for the host, whatever the length"
+        assert other.try_acquire("k" * 4999), "a key of its own"
+        assert [limiter.try_acquire("short") for _ in range(4)] == [True, True, True, False]
+        assert limiter.guard.snapshot()["failures"] == 0
+        assert [e.kind for e in events if e.source == "store_guard"] == []

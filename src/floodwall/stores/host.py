@@ -11,9 +11,9 @@ Two System V IPC objects per NAME (per user), both visible to ``ipcs``:
   process killed mid-call come back when it dies);
 * **one shared memory segment** of fixed size: a header, a directory of host bulkheads (name,
   size), and a table of ``max_keys`` records (``record_bytes`` each, key + value up to
-  ``record_bytes - 16``) that store ops (:class:`~floodwall.stores.Op`, e.g. every rate-limit
-  algorithm's one pure step) read and write under the lock, exactly as the memory store runs
-  them under its thread lock.
+  ``record_bytes - 16``; a key over 64 bytes is held as a 33-byte digest) that store ops
+  (:class:`~floodwall.stores.Op`, e.g. every rate-limit algorithm's one pure step) read and
+  write under the lock, exactly as the memory store runs them under its thread lock.
 
 **Keys.** ``key = blake2b(uid, NAME, role)`` folded to 31 bits (role ``sem`` or ``shm``), so
 two applications (two NAMEs) or two users on one host never meet; the segment's header also
@@ -93,6 +93,11 @@ _TAG = struct.Struct("<Q")
 _WINDOW = 16
 """Records a key may live in (a probe window): lookups read 16 tags, no more."""
 _FIRST_SLOT = 2
+_KEY_MAX = 64
+"""Keys longer than this many bytes are held as a digest (``0xff`` and 32 bytes of blake2b,
+never valid UTF-8, so never a short key's bytes): a caller's long key (a header, a URL) fits a
+record like any other, instead of failing as a store error that takes the store down for
+every key."""
 _POLL_MIN, _POLL_MAX = 0.0005, 0.005
 """Seconds between two tries of an async caller waiting for the lock (never blocks the loop)."""
 
@@ -126,6 +131,14 @@ def keys_of(name: str) -> tuple[int, int]:
         key = int.from_bytes(_digest(name, role, 4), "little") & 0x7FFFFFFF
         keys.append(key or 1)  # 0 is IPC_PRIVATE
     return keys[0], keys[1]
+
+
+def _held_key(full: str) -> bytes:
+    """The bytes a record holds for the full key ``full`` (a digest when it is long)."""
+    encoded = full.encode()
+    if len(encoded) <= _KEY_MAX:
+        return encoded
+    return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
 
 
 def _wrap(url: str, what: str, exc: OSError) -> StoreUnavailableError:
@@ -162,7 +175,7 @@ class HostStore(Store):
     (``host://NAME``; see :mod:`floodwall.stores.host`).
 
     Options (also as URL query parameters, ``host://app?max_keys=8192``): ``max_keys``
-    (default 4096), ``record_bytes`` (256), ``bulkheads`` (64), ``timeout`` (seconds to wait for
+    (default 4096), ``record_bytes`` (1024), ``bulkheads`` (64), ``timeout`` (seconds to wait for
     the lock, 0.5), ``prefix``, ``clock`` (must read a clock every process of the host shares:
     the default ``monotonic`` is; a :class:`~floodwall.FakeClock` only for one-process tests).
     Nothing is opened until the first operation.
@@ -365,17 +378,18 @@ class HostStore(Store):
 
     def _step(self, view: memoryview, op: Op[R], keys: list[str], args: Sequence[Arg]) -> R:
         now = self.clock.monotonic()
-        found = [self._find(view, full.encode(), now) for full in keys]
+        held = [_held_key(full) for full in keys]
+        found = [self._find(view, full, now) for full in held]
         records = [record for _, _, record in found]
         writes, result = op.step(records, now, args)
-        for (slot, tag, _), full, write in zip(found, keys, writes, strict=True):
+        for (slot, tag, _), full, write in zip(found, held, writes, strict=True):
             if write is KEEP:
                 continue
             if write is None:
                 self._clear(view, slot)
                 continue
             assert isinstance(write, Record)
-            self._write(view, (slot, tag), full.encode(), write, now)
+            self._write(view, (slot, tag), full, write, now)
         return result
 
     # -- the record table ---------------------------------------------------------------------
