@@ -87,8 +87,11 @@ def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
     with HostStore(f"host://{name}") as store:
         _count(store)
         other = HostStore(f"host://{name}?max_keys=64")
-        with pytest.raises(fw.ConfigError, match=r"exists with max_keys=4096.*got max_keys=64"):
-            _count(other)
+        with pytest.raises(StoreUnavailableError) as caught:
+            _count(other)  # as any store that cannot serve: on_store_error decides
+        assert isinstance(caught.value.__cause__, fw.ConfigError)
+        assert "exists with max_keys=4096" in str(caught.value)
+        assert "got max_keys=64" in str(caught.value)
         store.slots("db", 3)
         with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
             store.slots("db", 4)
@@ -367,3 +370,66 @@ def test_a_long_key_is_counted_like_any_other_and_never_takes_the_store_down(nam
         assert [limiter.try_acquire("short") for _ in range(4)] == [True, True, True, False]
         assert limiter.guard.snapshot()["failures"] == 0
         assert [e.kind for e in events if e.source == "store_guard"] == []
+
+
+def test_a_reload_that_would_resize_a_host_bulkhead_is_refused_and_the_old_one_runs(
+    name: str,
+) -> None:
+    """A reload changing ``max_concurrent`` of a ``scope: host`` bulkhead was applied, and then
+    every call of the resource raised ``ConfigError`` (the slots keep their size while a
+    process uses them): a hot reload turned the resource into an outage."""
+
+    def document(size: int) -> dict[str, object]:
+        bulkhead = {"max_concurrent": size, "scope": "host", "store": "h"}
+        return {
+            "stores": {"default": "memory://", "h": f"host://{name}"},
+            "resources": {"db": {"bulkhead": bulkhead}},
+        }
+
+    registry = Registry(document(2))
+    try:
+        assert registry.get("db").call(lambda: "ok") == "ok"
+        with pytest.raises(fw.ConfigError, match=r"max_concurrent=2 .*got max_concurrent=3"):
+            registry.reload(document(3))
+        assert registry.get("db").call(lambda: "ok") == "ok"
+        assert registry.get("db").bulkhead.max_concurrent == 2  # type: ignore[union-attr]
+    finally:
+        registry.close()
+
+
+def test_a_size_another_process_holds_degrades_as_a_store_outage_not_an_error(
+    name: str,
+) -> None:
+    """A worker deployed with another ``max_concurrent`` than the running ones (a rolling
+    deploy) got ``ConfigError`` from every call and from every read of its figures (a metrics
+    scrape); now ``on_store_error`` answers and ``store_down`` names both sizes."""
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as running, HostStore(f"host://{name}") as deployed:
+        fw.HostBulkhead("db", store=running, max_concurrent=2).call(lambda: None)
+        bulkhead = fw.HostBulkhead(
+            "db", store=deployed, max_concurrent=3, listeners=[events.append]
+        )
+        held = [bulkhead.acquire() for _ in range(3)]  # the local share: 3 / 1
+        with pytest.raises(fw.BulkheadFullError):
+            bulkhead.acquire()
+        assert (bulkhead.in_flight, bulkhead.available, bulkhead.queued) == (3, 0, 0)
+        for permit in held:
+            bulkhead.release(permit)
+        assert bulkhead.call(lambda: "ok") == "ok"
+        down = [e for e in events if e.kind == "store_down"]
+        assert len(down) == 1
+        assert "max_concurrent=2" in down[0].reason and "max_concurrent=3" in down[0].reason
+
+
+def test_a_store_of_another_layout_degrades_its_limiter_instead_of_raising(name: str) -> None:
+    """A process whose ``host://`` URL asks another layout than the running ones got
+    ``ConfigError`` from every call through a limiter on it, past ``on_store_error``."""
+    from floodwall.shared import GlobalLimiter
+
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as running, HostStore(f"host://{name}?max_keys=64") as other:
+        _count(running)
+        limiter = GlobalLimiter("fixed", "2/h", store=other, name="api", listeners=[events.append])
+        assert [limiter.try_acquire() for _ in range(3)] == [True, True, False]
+        down = [e for e in events if e.kind == "store_down"]
+        assert len(down) == 1 and "max_keys=4096" in down[0].reason, down

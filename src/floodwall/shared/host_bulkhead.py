@@ -13,11 +13,12 @@ As a gate: ``admit`` takes a slot (one ``semop``) or refuses with
 and polls every 0.5 to 5 ms in a task (never blocking the event loop); ``record`` gives the
 slot back, whatever the outcome.
 
-When the store fails (its objects removed under it, permissions; never a slow server: there is
-none), ``on_store_error`` decides, as for every store-backed policy: ``"local"`` (default)
-keeps a :class:`~floodwall.Bulkhead` in this process of ``max_concurrent ÷
-expected_instances``, ``"fail_open"`` admits, ``"fail_closed"`` refuses; the store is tried
-again a second later. Events ``store_down`` / ``store_up`` tell the listeners.
+When the store fails (its objects removed under it, permissions, a size or layout the running
+processes do not share; never a slow server: there is none), ``on_store_error`` decides, as
+for every store-backed policy: ``"local"`` (default) keeps a :class:`~floodwall.Bulkhead` in
+this process of ``max_concurrent ÷ expected_instances``, ``"fail_open"`` admits,
+``"fail_closed"`` refuses; the store is tried again a second later. Events ``store_down`` /
+``store_up`` tell the listeners.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class HostBulkhead(Gate):
 
     ``store``: a :class:`~floodwall.stores.host.HostStore` or its ``host://NAME`` URL; every
     process naming the same store and the same ``name`` shares the slots. The first process
-    sets ``max_concurrent``; one asking for another size is refused while the slots are in use.
+    sets ``max_concurrent``; while the slots are in use, one asking for another size is refused
+    at construction if this process holds the old size (a reload), else its calls are
+    answered by ``on_store_error`` (a worker of a rolling deploy).
     ``max_wait`` (seconds, default 0: refuse at once) and ``max_queue`` (callers of the host
     waiting at once, checked before a caller waits; needed when ``max_wait`` > 0) as for
     :class:`~floodwall.Bulkhead`; ``bypass`` too. Usable as a decorator, with ``call`` /
@@ -144,6 +147,7 @@ class HostBulkhead(Gate):
         if bypass is not None and not callable(bypass):
             raise ConfigError(f"bypass must be a callable (the call's arguments), got {bypass!r}")
         self.bypass = bypass
+        self.store.check_size(name, self.max_concurrent)  # a reload cannot resize it
         self.on_store_error = check_mode(on_store_error)
         self.expected_instances = count("expected_instances", expected_instances, 1)
         self.clock = clock
@@ -215,11 +219,21 @@ class HostBulkhead(Gate):
         """The host's slots for this bulkhead (None while the store is marked down)."""
         if now < self._down_until:
             return None
-        slots = self._slots = self.store.slots(self.name, self.max_concurrent)
+        slots = self._slots = self._held()
         if self._down_until != -_INF:
             self._down_until = -_INF
             self._emit("store_up", "the host store answers again")
         return slots
+
+    def _held(self) -> HostSlots:
+        """The host's slots; a size or a layout the running processes do not share is a
+        store this process cannot use (``on_store_error`` answers), not an error per call."""
+        try:
+            return self.store.slots(self.name, self.max_concurrent)
+        except ConfigError as exc:
+            error = StoreUnavailableError(self.store.url, "bulkhead")
+            error.__cause__ = exc
+            raise error from exc
 
     def _degraded(self, error: StoreUnavailableError | None) -> object:
         """``on_store_error``'s answer while the host store is unavailable."""
@@ -311,8 +325,7 @@ class HostBulkhead(Gate):
     def available(self) -> int:
         """Free slots of the host now (the fallback's while the store is down)."""
         try:
-            slots = self._slots or self.store.slots(self.name, self.max_concurrent)
-            return slots.free
+            return (self._slots or self._held()).free
         except StoreUnavailableError:
             return self._local.available
 
@@ -320,8 +333,7 @@ class HostBulkhead(Gate):
     def queued(self) -> int:
         """Callers of the host waiting for a slot in the kernel now (tasks poll: not counted)."""
         try:
-            slots = self._slots or self.store.slots(self.name, self.max_concurrent)
-            return slots.waiting
+            return (self._slots or self._held()).waiting
         except StoreUnavailableError:
             return 0
 

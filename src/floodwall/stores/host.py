@@ -35,7 +35,9 @@ reused by the next process (every slot came back through ``SEM_UNDO``); :func:`r
 **Bounds.** Memory is ``max_keys x record_bytes`` plus ``bulkheads x 96`` bytes, fixed when
 NAME is first created (4 MiB by default); a new key arriving at a full probe window (16
 records) evicts the one expiring first (:attr:`HostStore.evicted`). The layout is fixed for
-the life of the objects: a process asking NAME for another layout is refused.
+the life of the objects: a process asking NAME for another layout cannot use it (its ops
+raise :class:`~floodwall.stores.StoreUnavailableError` naming both layouts, so its policies'
+``on_store_error`` answers, never an error per call).
 
 Linux only (``semtimedop``); ops on a store cost two system calls (lock, unlock) plus the step.
 """
@@ -276,6 +278,10 @@ class HostStore(Store):
                 return
             except StoreUnavailableError:
                 raise
+            except ConfigError as exc:  # another layout, a foreign segment: this process
+                error = StoreUnavailableError(self.url, "attach")  # cannot use it; its
+                error.__cause__ = exc  # policies' on_store_error decides, as for any outage
+                raise error from exc
             except OSError as exc:
                 self._forget()
                 if exc.errno in (errno.EIDRM, errno.EINVAL) and attempt < 2:
@@ -511,6 +517,13 @@ class HostStore(Store):
             raise self._resized(name, found, size)
         held = self._slots[name] = HostSlots(self, name, _FIRST_SLOT + index, size)
         return held
+
+    def check_size(self, name: str, size: int) -> None:
+        """Raise :class:`ConfigError` if this process already uses bulkhead ``name`` with
+        another size (what a reload asking for a new size would run into)."""
+        held = self._slots.get(name)
+        if held is not None and held.size != size:
+            raise self._resized(name, held.size, size)
 
     def _resized(self, name: str, held: int, size: int) -> ConfigError:
         return ConfigError(
