@@ -433,3 +433,26 @@ def test_a_store_of_another_layout_degrades_its_limiter_instead_of_raising(name:
         assert [limiter.try_acquire() for _ in range(3)] == [True, True, False]
         down = [e for e in events if e.kind == "store_down"]
         assert len(down) == 1 and "max_keys=4096" in down[0].reason, down
+
+
+def test_a_value_too_large_for_a_record_fails_that_op_only_not_the_store(name: str) -> None:
+    """An idempotent call whose result did not fit a record (an HTTP answer, a cached page)
+    was a store outage: three of them opened the guard's breaker, and every other key's call
+    was refused with ``IdempotencyUnavailableError`` (503) while the store answered."""
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}?record_bytes=256") as store:
+        idempotency = fw.Idempotency(store, key=lambda key, size: key, listeners=[events.append])
+
+        @idempotency
+        def write(key: str, size: int) -> str:
+            return "x" * size
+
+        for i in range(4):
+            assert len(write(f"big-{i}", 1000)) == 1000, "the caller still gets its answer"
+        assert write("small", 10) == "x" * 10
+        assert write("small", 10) == "x" * 10
+        assert idempotency.replays == 1, "the other keys are deduplicated as before"
+        assert idempotency.lock_lost == 4
+        assert [e.kind for e in events].count("lock_lost") == 4
+        assert idempotency.guard.state == "up"
+        assert "store_down" not in [e.kind for e in events]

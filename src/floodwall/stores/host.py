@@ -74,6 +74,7 @@ from floodwall.stores.base import (
     Record,
     Store,
     StoreClosedError,
+    StoreRecordTooLargeError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
@@ -439,7 +440,7 @@ class HostStore(Store):
         slot, tag = place
         room = self.layout.record_bytes - 16
         if len(full) + len(record.value) > room:
-            error = StoreUnavailableError(self.url, "write")
+            error = StoreRecordTooLargeError(self.url, "write")
             error.__cause__ = ValueError(
                 f"{self.url} holds at most {room} bytes of key and value per record "
                 f"(record_bytes={self.layout.record_bytes}), got {len(full) + len(record.value)}"
