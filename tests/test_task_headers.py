@@ -8,6 +8,7 @@ Dramatiq's ``StubBroker``): what is checked is the message each library would se
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -82,3 +83,42 @@ def test_celery_an_eager_task_refused_by_its_breaker_raises_instead_of_looping()
     with pytest.raises(fw.CircuitOpenError):  # deferred on a worker; eager: raised
         charge.delay("o-2").get()
     assert ran == ["o-1"]
+
+
+def test_dramatiq_a_guarded_actor_on_a_broker_without_the_middleware_is_refused() -> None:
+    """Without ``FloodwallMiddleware`` the guarded actor found no current message and ran
+    unguarded, silently: a redelivered message charged twice, an open breaker did not stop it,
+    the guard counted nothing."""
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from floodwall.dramatiq import FloodwallMiddleware, TaskGuard, actor
+
+    bare = StubBroker()
+    with pytest.raises(fw.ConfigError, match=r"needs FloodwallMiddleware on the broker"):
+        actor(lambda order: None, guard=TaskGuard(), broker=bare, actor_name="bare")
+    assert "bare" not in bare.actors
+
+    fitted = StubBroker()
+    fitted.add_middleware(FloodwallMiddleware())
+    breaker = fw.CircuitBreaker("payments")
+    ran: list[str] = []
+
+    def charge(order: str) -> None:
+        ran.append(order)
+
+    guard = TaskGuard(breaker)
+    guarded = actor(charge, guard=guard, broker=fitted, actor_name="charge")
+    breaker.force_open()
+    worker = dramatiq.Worker(fitted, worker_timeout=100)
+    worker.start()
+    try:
+        guarded.send("o-1")
+        deadline = time.monotonic() + 10
+        while guard.snapshot()["deferred"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+    assert ran == [] and guard.snapshot()["deferred"] == 1, "deferred, not run"
+    fitted.close()
+    bare.close()
