@@ -122,3 +122,27 @@ def test_dramatiq_a_guarded_actor_on_a_broker_without_the_middleware_is_refused(
     assert ran == [] and guard.snapshot()["deferred"] == 1, "deferred, not run"
     fitted.close()
     bare.close()
+
+
+def test_celery_a_guarded_task_refuses_autoretry_for_and_a_guard_that_is_not_one() -> None:
+    """``GuardedTask`` switches Celery's ``max_retries`` off (a deferral must not use one up),
+    so ``autoretry_for`` on it retried every failure without bound, past the guard's
+    ``Retry(attempts=...)``; a policy given as ``guard`` failed each delivery with an
+    ``AttributeError``. Both are refused when the task is built."""
+    from celery import Celery
+
+    from floodwall.celery import GuardedTask, TaskGuard
+
+    app = Celery("checks", broker="memory://")
+
+    def charge(order: str) -> str:
+        return order
+
+    storm = app.task(base=GuardedTask, guard=TaskGuard(), autoretry_for=(ConnectionError,))
+    with pytest.raises(fw.ConfigError, match=r"autoretry_for.*without bound"):
+        storm(charge).name  # noqa: B018 - building the task is the check
+    wrong = app.task(base=GuardedTask, guard=fw.CircuitBreaker("payments"), name="wrong")
+    with pytest.raises(fw.ConfigError, match=r"guard must be a TaskGuard, got <CircuitBreaker"):
+        wrong(charge).name  # noqa: B018
+    plain = app.task(base=GuardedTask, autoretry_for=(ConnectionError,), name="plain")
+    assert plain(charge).name == "plain", "without a guard it is a plain Celery task"
