@@ -456,3 +456,56 @@ def test_a_value_too_large_for_a_record_fails_that_op_only_not_the_store(name: s
         assert [e.kind for e in events].count("lock_lost") == 4
         assert idempotency.guard.state == "up"
         assert "store_down" not in [e.kind for e in events]
+
+
+@pytest.mark.parametrize("user", ["rate limit", "host bulkhead"])
+async def test_a_first_async_op_waits_for_a_stopped_lock_holder_without_blocking_the_loop(
+    name: str, user: str
+) -> None:
+    """A process's first op (a rate limit's step, a host bulkhead's first slot) attaches
+    NAME, which takes the lock: from a task it waited for a stopped holder in the kernel, on
+    the event loop's thread, freezing every task of the process for the store's ``timeout``
+    (the bulkhead again at every retry, each second)."""
+    from floodwall.shared import GlobalLimiter
+
+    timeout = 1.0
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.002)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await asyncio.sleep(0.3)  # the loop's own hiccups on this machine, now
+        healthy = max(gaps)
+        with HostStore(f"host://{name}", timeout=timeout) as store:
+            child = _hold_lock(name, "holding")
+            child.send_signal(signal.SIGSTOP)
+            try:
+                limiter = GlobalLimiter("fixed", "5/s", store=store, name="api")
+                bulkhead = fw.HostBulkhead("db", store=store, max_concurrent=2)
+
+                async def served() -> str:
+                    return "served"
+
+                gaps.clear()
+                began = time.monotonic()
+                if user == "rate limit":
+                    assert await limiter.try_acquire_async(), "the local share answers"
+                else:
+                    assert await bulkhead.call_async(served) == "served", "the local share"
+                waited = time.monotonic() - began
+                await asyncio.sleep(0.05)  # the ticker notes the gap the call left
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+    finally:
+        ticker.cancel()
+    remove(name)  # the killed holder made NAME; nothing else uses it now
+    assert waited <= timeout + 3 * healthy + 0.5, waited
+    assert max(gaps) < timeout / 2 + 3 * healthy, (max(gaps), healthy)

@@ -93,6 +93,27 @@ class _TakeSlot(Step):
         return True
 
 
+class _Attach(Step):
+    """Find the host's slots for a bulkhead (the store's lock is taken: a holder that is
+    stopped makes it wait up to the store's ``timeout``): in a thread directly, from a task in
+    a worker thread, so the event loop never waits for it. Its value: the slots or the store's
+    error."""
+
+    __slots__ = ("bulkhead",)
+
+    def __init__(self, bulkhead: HostBulkhead) -> None:
+        self.bulkhead = bulkhead
+
+    def run(self, call: Callable[[], Any]) -> HostSlots | StoreUnavailableError:
+        try:
+            return self.bulkhead._held()
+        except StoreUnavailableError as exc:
+            return exc
+
+    async def arun(self, call: Callable[[], Awaitable[Any]]) -> HostSlots | StoreUnavailableError:
+        return await asyncio.to_thread(self.run, call)
+
+
 class HostBulkhead(Gate):
     """At most ``max_concurrent`` calls at once across every process of the host
     (see [One host, many workers][guide-host]).
@@ -172,11 +193,15 @@ class HostBulkhead(Gate):
         if self.bypass is not None and kwargs is not _NO_CALL and self.bypass(*args, **kwargs):
             return _BYPASSED
         slots = self._slots
+        if slots is None:
+            if now < self._down_until:
+                return self._degraded(None)
+            raise Wait(_Attach(self))  # the first call: find the slots, off the event loop
+        return self._take(slots)
+
+    def _take(self, slots: HostSlots) -> object:
+        """Take a slot now, or refuse, or raise ``Wait`` to wait for one."""
         try:
-            if slots is None:
-                slots = self._attach(now)
-                if slots is None:
-                    return self._degraded(None)
             if slots.take():
                 return slots
             if self._never_waits:
@@ -188,7 +213,13 @@ class HostBulkhead(Gate):
         raise Wait(_TakeSlot(slots, self._budget()))
 
     def resume(self, step: Step, value: Any, now: float) -> object:
-        """After the wait: the slot (a permit), the timed-out refusal, or the store's error."""
+        """After the wait: the slot (a permit), the timed-out refusal, or the store's error;
+        after finding the slots, what taking one gives."""
+        if isinstance(step, _Attach):
+            if isinstance(value, StoreUnavailableError):
+                return self._degraded(value)
+            self._attached(value)
+            return self._take(value)
         assert isinstance(step, _TakeSlot)
         if value is True:
             return step.slots
@@ -215,15 +246,12 @@ class HostBulkhead(Gate):
 
     # -- the store and its outages ----------------------------------------------------------
 
-    def _attach(self, now: float) -> HostSlots | None:
-        """The host's slots for this bulkhead (None while the store is marked down)."""
-        if now < self._down_until:
-            return None
-        slots = self._slots = self._held()
+    def _attached(self, slots: HostSlots) -> None:
+        """Use ``slots`` from now on (and say so if the store was down)."""
+        self._slots = slots
         if self._down_until != -_INF:
             self._down_until = -_INF
             self._emit("store_up", "the host store answers again")
-        return slots
 
     def _held(self) -> HostSlots:
         """The host's slots; a size or a layout the running processes do not share is a

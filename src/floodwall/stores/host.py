@@ -366,7 +366,9 @@ class HostStore(Store):
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
-        view = self._attach()
+        view = self._view
+        if view is None or not self._joined:  # attaching takes the lock: wait off the loop
+            view = await asyncio.to_thread(self._attach)
         try:
             await self._lock_async(op.script)
             try:
