@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from floodwall._core import defaults
 from floodwall._core.admission import Gate
@@ -185,6 +185,7 @@ class HostBulkhead(Gate):
             listeners=listeners,
         )
         self._rejections = Tally()
+        self._degraded_calls = Tally()
 
     # -- the gate ---------------------------------------------------------------------------
 
@@ -271,6 +272,7 @@ class HostBulkhead(Gate):
             self._down_until = self._now() + defaults.STORE_BREAKER_OPEN
             if first:
                 self._emit("store_down", str(error))
+        self._degraded_calls.add()
         mode = self.on_store_error
         if mode == "fail_open":
             return _BYPASSED
@@ -369,6 +371,17 @@ class HostBulkhead(Gate):
     def rejected(self) -> int:
         """Calls this process refused since the bulkhead was built."""
         return self._rejections.value
+
+    @property
+    def store_state(self) -> Literal["up", "down"]:
+        """``"down"`` from a failure of the host store until it answers again (meanwhile
+        ``on_store_error`` answers), as a :class:`~floodwall.stores.StoreGuard`'s ``state``."""
+        return "up" if self._down_until == -_INF else "down"
+
+    @property
+    def degraded(self) -> int:
+        """Calls of this process ``on_store_error`` answered because the host store did not."""
+        return self._degraded_calls.value
 
     def describe(self) -> str:
         return (
