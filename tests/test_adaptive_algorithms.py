@@ -185,15 +185,15 @@ def test_windowed_percentile() -> None:
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        (lambda: AIMDLimit(backoff_ratio=1.0), "backoff_ratio must be in"),
+        (lambda: AIMDLimit(backoff_ratio=1.0), "backoff_ratio must be a number in"),
         (lambda: AIMDLimit(min_limit=30, max_limit=20), "max_limit must be >= min_limit"),
         (lambda: AIMDLimit(timeout=0), "timeout must be"),
         (lambda: AIMDLimit(initial_limit=0), "initial_limit must be an integer >= 1"),
         (lambda: VegasLimit(initial_limit=30, max_concurrency=20), "initial_limit must be <="),
-        (lambda: VegasLimit(smoothing=1.5), "smoothing must be in"),
-        (lambda: GradientLimit(rtt_tolerance=0.5), "rtt_tolerance must be >= 1.0"),
+        (lambda: VegasLimit(smoothing=1.5), "smoothing must be a number in"),
+        (lambda: GradientLimit(rtt_tolerance=0.5), "rtt_tolerance must be a finite number >= 1"),
         (lambda: Gradient2Limit(min_limit=30, max_concurrency=20), "max_concurrency must be"),
-        (lambda: WindowedLimit(FixedLimit(1), percentile=0), "percentile must be in"),
+        (lambda: WindowedLimit(FixedLimit(1), percentile=0), "percentile must be a number in"),
         (lambda: WindowedLimit(FixedLimit(1), min_window_time=2.0), "max_window_time must be"),
         (lambda: WindowedLimit("x"), "delegate must be"),  # type: ignore[arg-type]
     ],

@@ -167,7 +167,7 @@ def test_partition_shares_follow_the_limit(clock: FakeClock) -> None:
     ("kwargs", "message"),
     [
         ({"partitions": {"a": 0.7, "b": 0.5}}, "partition shares must add up to <= 1.0"),
-        ({"partitions": {"a": 1.5}}, r"partitions\['a'\] must be in \[0, 1\]"),
+        ({"partitions": {"a": 1.5}}, r"partitions\['a'\] must be a number in \[0, 1\]"),
         ({"backlog_size": -1}, "backlog_size must be an integer >= 0"),
         ({"backlog_order": "random"}, "backlog_order must be"),
         ({"backlog_timeout": -1}, "backlog_timeout must be"),

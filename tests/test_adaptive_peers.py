@@ -108,14 +108,14 @@ def test_gradient2_long_rtt_decays_by_five_percent_after_overload() -> None:
 
 def test_gradient2_rtt_tolerance_is_validated_like_the_builder() -> None:
     """Gradient2Limit.java, Builder.rttTolerance: ``checkArgument(rttTolerance >= 1.0)``."""
-    with pytest.raises(ConfigError, match=r"rtt_tolerance must be >= 1\.0, got 0\.9"):
+    with pytest.raises(ConfigError, match=r"rtt_tolerance must be a finite number >= 1, got 0\.9"):
         Gradient2Limit(rtt_tolerance=0.9)
-    with pytest.raises(ConfigError, match=r"rtt_tolerance must be >= 1\.0, got nan"):
+    with pytest.raises(ConfigError, match=r"rtt_tolerance must be a finite number >= 1, got nan"):
         Gradient2Limit(rtt_tolerance=float("nan"))
     with pytest.raises(ConfigError, match="cold_limit must be"):
         Gradient2Limit(cold_limit=0)
     with pytest.raises(
-        ConfigError, match=r"decrease_smoothing must be in \[0\.0, 1\.0\], got 1\.5"
+        ConfigError, match=r"decrease_smoothing must be a number in \[0, 1\], got 1\.5"
     ):
         Gradient2Limit(decrease_smoothing=1.5)
     assert Gradient2Limit().rtt_tolerance == 1.5
@@ -330,7 +330,7 @@ def test_dagor_quiet_server_keeps_the_papers_window() -> None:
     assert adm.level.user == 17
     with pytest.raises(ConfigError, match="early_window must be <= window"):
         QueueingTimeAdmission(window=0.05)
-    with pytest.raises(ConfigError, match="surge must be in"):
+    with pytest.raises(ConfigError, match="surge must be a finite number >= 1"):
         QueueingTimeAdmission(surge=0.5)
 
 

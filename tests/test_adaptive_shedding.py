@@ -106,8 +106,8 @@ async def test_async_shell(clock: FakeClock) -> None:
     [
         ((), {}, "needs a limiter, a max_queue_time or both"),
         (("x",), {}, "limiter must be"),
-        ((), {"max_queue_time": 0}, "max_queue_time must be > 0"),
-        ((), {"max_queue_time": 1, "retry_after": -1}, "retry_after must be >= 0"),
+        ((), {"max_queue_time": 0}, "max_queue_time must be a finite number of seconds > 0"),
+        ((), {"max_queue_time": 1, "retry_after": -1}, "retry_after must be a finite number of"),
     ],
 )
 def test_shedder_options_are_validated(

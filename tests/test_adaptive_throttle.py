@@ -117,7 +117,10 @@ async def test_call_async_shell(clock: FakeClock) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"k": 0}, "k must be > 0"), ({"max_reject": 0}, "max_reject must be in")],
+    [
+        ({"k": 0}, "k must be a finite number > 0"),
+        ({"max_reject": 0}, "max_reject must be a number in"),
+    ],
 )
 def test_throttle_options_are_validated(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

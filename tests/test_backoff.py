@@ -124,15 +124,15 @@ def test_rng_precedence_and_reproducibility() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: Fixed(-1.0), "delay must be a finite number >= 0 seconds, got -1.0"),
-        (lambda: Fixed(float("inf")), "delay must be a finite number >= 0"),
-        (lambda: Fixed(1.0, cap=-1), r"cap must be a number >= 0 \(inf allowed\) seconds, got -1"),
-        (lambda: Linear(float("nan")), "base must be a finite number >= 0 seconds, got nan"),
+        (lambda: Fixed(-1.0), "delay must be a finite number of seconds >= 0, got -1.0"),
+        (lambda: Fixed(float("inf")), "delay must be a finite number of seconds >= 0"),
+        (lambda: Fixed(1.0, cap=-1), r"cap must be a number of seconds >= 0 \(inf allowed\)"),
+        (lambda: Linear(float("nan")), "base must be a finite number of seconds >= 0, got nan"),
         (lambda: Uniform(2.0, 1.0), r"high must be >= low \(2.0\), got 1.0"),
-        (lambda: Exponential(0.0), "base must be > 0 seconds, got 0.0"),
+        (lambda: Exponential(0.0), "base must be a finite number of seconds > 0, got 0.0"),
         (lambda: FullJitter(multiplier=0.5), "multiplier must be a finite number >= 1, got 0.5"),
-        (lambda: EqualJitter(base=True), "base must be a finite number >= 0 seconds, got True"),
-        (lambda: DecorrelatedJitter(base=0), "base must be > 0 seconds, got 0"),
+        (lambda: EqualJitter(base=True), "base must be a finite number of seconds > 0, got True"),
+        (lambda: DecorrelatedJitter(base=0), "base must be a finite number of seconds > 0, got 0"),
     ],
 )
 def test_validation_names_parameter_constraint_and_value(build: object, message: str) -> None:

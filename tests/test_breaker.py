@@ -62,8 +62,13 @@ def make(clock: FakeClock, **options: Any) -> tuple[CircuitBreaker, list[Event]]
 
 def test_defaults_are_the_seeds() -> None:
     b = CircuitBreaker()
-    assert (b.failure_rate, b.minimum_calls, b.window, b.buckets) == (0.5, 20, 10.0, 10)
-    assert (b.open_duration, b.half_open_calls) == (5.0, 1)
+    assert (
+        b.options.failure_rate,
+        b.options.minimum_calls,
+        b.options.window,
+        b.options.buckets,
+    ) == (0.5, 20, 10.0, 10)
+    assert (b.options.open_duration, b.options.half_open_calls) == (5.0, 1)
     assert b.state is CircuitState.CLOSED
     assert [int(s) for s in CircuitState][:3] == [0, 1, 2]  # stable metric numbers
 
@@ -422,9 +427,9 @@ def test_listener_may_read_the_breaker(clock: FakeClock) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"failure_rate": 1.5}, "failure_rate must be in (0, 1], got 1.5"),
+        ({"failure_rate": 1.5}, "failure_rate must be a number in (0, 1], got 1.5"),
         ({"minimum_calls": 0}, "minimum_calls must be an integer >= 1, got 0"),
-        ({"open_duration": -1}, "open_duration must be > 0 seconds, got -1"),
+        ({"open_duration": -1}, "open_duration must be a finite number of seconds > 0, got -1"),
         ({"slow_call_rate": 0.5}, "slow_call_rate=0.5 needs slow_call_duration"),
         ({"failure_rate": None}, "at least one of failure_rate, slow_call_rate, error_count"),
         ({"half_open_calls": 2.5}, "half_open_calls must be an integer >= 1, got 2.5"),
@@ -537,14 +542,14 @@ def test_reconfigure_keeps_state_and_counts(clock: FakeClock) -> None:
         run(sync, b, fail(clock))
     b.reconfigure(minimum_calls=5, failure_rate=0.6)
     assert b.metrics().calls == 4  # same window shape: the counts survive
-    assert b.options()["minimum_calls"] == 5
+    assert b.options.minimum_calls == 5
     run(sync, b, fail(clock))
     assert b.state is CircuitState.OPEN  # the new threshold applies at once
     b.reconfigure(window=20.0, open_duration=30.0)
     assert b.state is CircuitState.OPEN  # the state survives a reshaped window
     assert b.metrics().calls == 0
-    with pytest.raises(fw.ConfigError, match="failure_rate must be in"):
+    with pytest.raises(fw.ConfigError, match="failure_rate must be a number in"):
         b.reconfigure(failure_rate=2.0)
-    assert b.failure_rate == 0.6  # a bad change leaves everything as it was
+    assert b.options.failure_rate == 0.6  # a bad change leaves everything as it was
     with pytest.raises(fw.ConfigError, match="unknown circuit breaker option"):
         b.reconfigure(threshold=3)

@@ -138,10 +138,10 @@ def test_shared_budget_counts_nested_requests_once(clock: FakeClock) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"ratio": 1.5}, r"ratio must be a finite number in \[0, 1\] \(retries per request\), "),
-        ({"ratio": -0.1}, "ratio must be a finite number in"),
-        ({"min_per_second": -1}, r"min_per_second must be a finite number in \[0, inf\]"),
-        ({"window": 0}, r"window must be a finite number in \(0, inf\] seconds, got 0"),
+        ({"ratio": 1.5}, r"ratio must be a number of retries per request in \[0, 1\], "),
+        ({"ratio": -0.1}, "ratio must be a number of retries per request in"),
+        ({"min_per_second": -1}, r"min_per_second must be a finite number of retries per sec"),
+        ({"window": 0}, r"window must be a finite number of seconds > 0, got 0"),
         ({"window": math.inf}, "window must be a finite number"),
         ({"buckets": 0}, "buckets must be an integer >= 1, got 0"),
     ],

@@ -233,7 +233,7 @@ def test_200_rewrites_under_traffic_keep_the_last_good_document(tmp_path: Path) 
     why = {
         "empty": "the document is empty",
         "cut short": "the last line has no newline",
-        "invalid": "resources.a.retry.attempts: Input should be greater than or equal to 1",
+        "invalid": "resources.a.retry.attempts: must be an integer >= 1",
     }
     seen = {k: sum(text in reason for reason in refusals) for k, text in why.items()}
     # each version once; the half-written ones were refused while they stood half done

@@ -45,7 +45,7 @@ def test_deadline_is_per_context(clock: FakeClock) -> None:
 
 @pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
 def test_bad_deadline(bad: float) -> None:
-    with pytest.raises(ValueError, match="finite number >= 0"):
+    with pytest.raises(ValueError, match="seconds must be a finite number of seconds >= 0"):
         fw.deadline(bad)
 
 

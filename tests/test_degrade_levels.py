@@ -145,9 +145,9 @@ def test_controller_invariants(readings: list[float]) -> None:
     ("options", "message"),
     [
         ({"restore_below": 1.0, "shed_above": 1.0}, "restore_below must be < shed_above"),
-        ({"shed_after": -1}, "shed_after must be a number of seconds >= 0"),
-        ({"restore_growth": 0.5}, "restore_growth must be >= 1"),
-        ({"max_restore_after": 1.0}, "max_restore_after must be finite and >= restore_after"),
+        ({"shed_after": -1}, "shed_after must be a finite number of seconds >= 0"),
+        ({"restore_growth": 0.5}, "restore_growth must be a finite number >= 1"),
+        ({"max_restore_after": 1.0}, "max_restore_after must be >= restore_after"),
     ],
 )
 def test_options_are_validated(options: dict[str, Any], message: str) -> None:
@@ -315,7 +315,7 @@ async def test_run_async_ticks_on_the_clock(clock: fw.FakeClock) -> None:
 def test_auto_shedder_validates(clock: fw.FakeClock) -> None:
     with pytest.raises(fw.ConfigError, match="lease must be > interval"):
         AutoShedder(Levels(), Load(), interval=5, lease=5)
-    with pytest.raises(fw.ConfigError, match="interval must be a number of seconds > 0"):
+    with pytest.raises(fw.ConfigError, match="interval must be a finite number of seconds > 0"):
         AutoShedder(Levels(), Load(), interval=0)
 
 

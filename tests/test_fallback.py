@@ -109,5 +109,5 @@ def test_exactly_one_of_value_or_factory() -> None:
         Fallback()  # type: ignore[call-overload]  # what a type checker refuses too
     with pytest.raises(fw.ConfigError, match="both"):
         Fallback(1, factory=lambda e: 2)  # type: ignore[call-overload]
-    with pytest.raises(fw.ConfigError, match="collection of rejection kinds"):
+    with pytest.raises(fw.ConfigError, match="kinds must be a collection of kinds"):
         Fallback(1, kinds="timeout")

@@ -98,7 +98,7 @@ def ok(b: CircuitBreaker, clock: FakeClock, duration: float = 0.0) -> None:
 def half_open(b: CircuitBreaker, clock: FakeClock) -> None:
     """resilience4j's transitionToOpenState then transitionToHalfOpenState."""
     b.trip("test: open")
-    clock.advance(b.open_duration)
+    clock.advance(b.options.open_duration)
     assert state(b) is S.HALF_OPEN
 
 
@@ -120,7 +120,7 @@ def test_count_window_smaller_than_minimum_calls_clamps(clock: FakeClock) -> Non
     windows (exercised by ``CircuitBreakerConfigTest``): floodwall clamps the same way, so
     ``window_calls=10`` with the default ``minimum_calls=20`` opens at 10 failures."""
     b = CircuitBreaker("x", window_calls=10, clock=clock)
-    assert b.minimum_calls == 10
+    assert b.options.minimum_calls == 10
     for _ in range(9):
         fail(b, clock)
     assert state(b) is S.CLOSED
@@ -278,8 +278,8 @@ def test_bulkhead_max_wait_without_a_queue_is_refused() -> None:
     contradiction it refuses at construction instead of refusing every wait silently."""
     with pytest.raises(ConfigError, match=r"max_wait=2 needs max_queue >= 1"):
         Bulkhead(max_wait=2)
-    assert Bulkhead(max_wait=2, max_queue=5).max_wait == 2.0
-    assert Bulkhead(max_wait=0).max_queue == 0
+    assert Bulkhead(max_wait=2, max_queue=5).options.max_wait == 2.0
+    assert Bulkhead(max_wait=0).options.max_queue == 0
 
 
 def test_consecutive_failures_is_pybreakers_fail_max(clock: FakeClock) -> None:
@@ -1009,7 +1009,7 @@ def test_fail_max_reconfigured_live(clock: FakeClock) -> None:
     """``PYB`` test_fail_max_setter: the threshold changes on a live breaker."""
     b = pybreaker_like(clock, fail_max=5)
     b.reconfigure(consecutive_failures=10)
-    assert b.consecutive_failures == 10
+    assert b.options.consecutive_failures == 10
     for _ in range(9):
         with pytest.raises(NotImplementedError):
             call(b, boom)
@@ -1020,7 +1020,7 @@ def test_reset_timeout_reconfigured_live(clock: FakeClock) -> None:
     """``PYB`` test_reset_timeout_setter."""
     b = pybreaker_like(clock, reset_timeout=60)
     b.reconfigure(open_duration=30.0)
-    assert b.open_duration == 30.0
+    assert b.options.open_duration == 30.0
 
 
 # == tenacity tests/test_tenacity.py: stop and wait =========================================
@@ -1135,7 +1135,8 @@ def test_bulkhead_create_with_defaults() -> None:
     resilience4j's default is 25 concurrent calls, floodwall's 10 (Hystrix's semaphore
     default); neither waits by default."""
     bulkhead = Bulkhead("test")
-    assert (bulkhead.max_concurrent, bulkhead.max_queue, bulkhead.max_wait) == (10, 0, 0.0)
+    o = bulkhead.options
+    assert (o.max_concurrent, o.max_queue, o.max_wait) == (10, 0, 0.0)
 
 
 async def test_bulkhead_entry_timeout(clock: FakeClock) -> None:
@@ -1722,7 +1723,9 @@ def test_polly_timeout_infinite_is_no_timeout() -> None:
     """``POLLY`` Timeout/TimeoutResilienceStrategyTests.cs Execute_NoTimeout: Polly treats an
     infinite timeout as none. Documented difference (docs/timeouts.md): floodwall refuses it at
     construction; a call without a time box simply has no ``Timeout`` in its pipeline."""
-    with pytest.raises(ConfigError, match="seconds must be a finite number > 0, got inf"):
+    with pytest.raises(
+        ConfigError, match="seconds must be a finite number of seconds > 0, got inf"
+    ):
         fw.Timeout(math.inf)
 
 

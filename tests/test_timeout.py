@@ -281,7 +281,7 @@ def test_thread_mode_carries_context_and_errors() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"seconds": 0}, "seconds must be a finite number > 0, got 0"),
+        ({"seconds": 0}, "seconds must be a finite number of seconds > 0, got 0"),
         ({"seconds": float("inf")}, "got inf"),
         ({"seconds": 1, "mode": "kill"}, "mode must be one of"),
         ({"seconds": 1, "thread_limit": 0}, "thread_limit must be an integer >= 1, got 0"),

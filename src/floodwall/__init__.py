@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         TimeoutExceeded,
     )
     from floodwall._core.events import Event, EventListener, Listeners
-    from floodwall._core.outcome import Kind, Outcome
+    from floodwall._core.outcome import Kind, Outcomes
     from floodwall._core.policy import Policy
     from floodwall._core.window import CountWindow, TimeWindow, WindowSnapshot
     from floodwall.adaptive import (
@@ -152,7 +152,7 @@ _EXPORTS: dict[str, str] = {
     "Listeners": "floodwall._core.events",
     "LoadShedder": "floodwall.adaptive",
     "OneTimeTokens": "floodwall.shared.idempotency",
-    "Outcome": "floodwall._core.outcome",
+    "Outcomes": "floodwall._core.outcome",
     "OverloadedError": "floodwall._core.errors",
     "Pipeline": "floodwall.pipeline",
     "Policy": "floodwall._core.policy",
@@ -241,7 +241,7 @@ __all__ = [
     "Listeners",
     "LoadShedder",
     "OneTimeTokens",
-    "Outcome",
+    "Outcomes",
     "OverloadedError",
     "Pipeline",
     "Policy",

@@ -46,6 +46,8 @@ from typing import Protocol, runtime_checkable
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
+from floodwall._core.validate import number
+from floodwall._core.validate import seconds as _seconds
 
 __all__ = [
     "Backoff",
@@ -81,18 +83,8 @@ class Backoff(Protocol):
     def delays(self, rng: Rng | None = None) -> Iterator[float]: ...
 
 
-def _seconds(name: str, value: float, *, infinite: bool = False) -> float:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or math.isnan(value) or value < 0 or (value == _INF and not infinite):
-        bound = "a number >= 0 (inf allowed)" if infinite else "a finite number >= 0"
-        raise ConfigError(f"{name} must be {bound} seconds, got {value!r}")
-    return float(value)
-
-
 def _multiplier(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < _INF:
-        raise ConfigError(f"{name} must be a finite number >= 1, got {value!r}")
-    return float(value)
+    return number(name, value, 1.0)
 
 
 def _pick(own: Rng | None, given: Rng | None) -> Rng:
@@ -224,9 +216,7 @@ class Exponential:
 
 
 def _check_exponential(strategy: Exponential | FullJitter | EqualJitter | Randomized) -> None:
-    base = _seconds("base", strategy.base)
-    if base == 0:
-        raise ConfigError(f"base must be > 0 seconds, got {strategy.base!r}")
+    base = _seconds("base", strategy.base, positive=True)
     object.__setattr__(strategy, "base", base)
     object.__setattr__(strategy, "multiplier", _multiplier("multiplier", strategy.multiplier))
     object.__setattr__(strategy, "cap", _seconds("cap", strategy.cap, infinite=True))
@@ -292,9 +282,7 @@ class DecorrelatedJitter:
     rng: Rng | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        base = _seconds("base", self.base)
-        if base == 0:
-            raise ConfigError(f"base must be > 0 seconds, got {self.base!r}")
+        base = _seconds("base", self.base, positive=True)
         object.__setattr__(self, "base", base)
         object.__setattr__(self, "cap", _seconds("cap", self.cap, infinite=True))
         object.__setattr__(self, "multiplier", _multiplier("multiplier", self.multiplier))

@@ -26,9 +26,12 @@ FORCED_OPEN 3, FORCED_CLOSED 4, DISABLED 5.
   DISABLED lets everything through but keeps counting and emits ``"would_trip"`` events, for
   rolling out thresholds in shadow mode. ``reset()`` returns to CLOSED.
 
-What counts: exceptions that are instances of ``record`` (default: any ``Exception``) and not
-of ``ignore`` are failures; ``TimeoutExceeded``/``TimeoutError`` count as timeouts, other
-floodwall rejections (a full bulkhead) as rejections; all three are errors. A result for which
+What counts (in the one outcome vocabulary, :class:`~floodwall.Outcomes`): an error selected
+by ``ignore`` is not counted; otherwise a timeout (any ``TimeoutError``, ``TimeoutExceeded``
+included) counts as a timeout and another floodwall rejection (a full bulkhead) as a rejection;
+any other error selected by ``record`` (default: any ``Exception``) is a failure, and the rest
+are ignored. ``record`` and ``ignore`` take exception types or an ``Outcomes`` (which also
+selects by kind: ``ignore=Outcomes(kinds={"rate_limited"})``). A result for which
 ``failure_result(result)`` is true (an HTTP 503 response) is a failure. Ignored exceptions
 (business errors, cancellation) are not counted and release a half-open probe slot.
 
@@ -38,23 +41,26 @@ call runs (pybreaker holds it across the call, serialising every caller).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import CircuitOpenError, ConfigError, RejectedError
+from floodwall._core.errors import CircuitOpenError, ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Kind
+from floodwall._core.options import Checks, check_all, kwargs, optional
+from floodwall._core.outcome import ANY_ERROR, NOTHING, Kind, Outcomes, kind_of
 from floodwall._core.tally import Tally
-from floodwall._core.validate import count as _count
 from floodwall._core.window import CountWindow, TimeWindow, Window, WindowSnapshot
 
-__all__ = ["CircuitBreaker", "CircuitState"]
+__all__ = ["BreakerOptions", "CircuitBreaker", "CircuitState"]
 
 
 class CircuitState(enum.IntEnum):
@@ -79,36 +85,6 @@ _FAILURE = Kind.FAILURE
 _INF = float("inf")
 _REJECTED = -1
 """``acquire`` result meaning "refused"; permits are generation numbers >= 0."""
-_OPTIONS = (
-    "failure_rate",
-    "minimum_calls",
-    "slow_call_rate",
-    "slow_call_duration",
-    "error_count",
-    "consecutive_failures",
-    "window",
-    "buckets",
-    "window_calls",
-    "open_duration",
-    "open_duration_growth",
-    "max_open_duration",
-    "half_open_calls",
-    "probe_timeout",
-    "record",
-    "ignore",
-    "failure_result",
-)
-"""The keyword options :meth:`CircuitBreaker.reconfigure` takes."""
-_ATTRIBUTE = {"record": "record_exceptions"}
-"""Options kept under another attribute name (``record`` is the admission hook's name)."""
-
-
-def _rate(name: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if not 0 < value <= 1:
-        raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
-    return float(value)
 
 
 def _ratio(rate: float | None) -> tuple[int, int]:
@@ -126,10 +102,105 @@ def _refuse(now: float, duration: float) -> bool:
     return False
 
 
-def _positive(name: str, value: float) -> float:
-    if not value > 0:
-        raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
-    return float(value)
+def _rate(name: str, value: object) -> float:
+    return validate.number(name, value, 0.0, 1.0, low_open=True)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerOptions:
+    """A circuit breaker's options, validated once and replaced whole (never field by field).
+
+    Defaults (Hystrix's, :mod:`floodwall._core.defaults`) and meanings: see
+    :class:`CircuitBreaker`. ``record`` and ``ignore`` take exception types or an
+    :class:`~floodwall.Outcomes` and are kept as ``Outcomes``. A count window smaller than
+    ``minimum_calls`` clamps it (resilience4j's rule: otherwise the breaker could never open).
+    ``failure_ratio`` and ``slow_ratio`` are derived: the rates as exact fractions.
+    """
+
+    failure_rate: float | None = defaults.BREAKER_FAILURE_RATE
+    minimum_calls: int = defaults.BREAKER_MINIMUM_CALLS
+    slow_call_rate: float | None = None
+    slow_call_duration: float | None = None
+    error_count: int | None = None
+    consecutive_failures: int | None = None
+    window: float = defaults.BREAKER_WINDOW
+    buckets: int = defaults.BREAKER_BUCKETS
+    window_calls: int | None = None
+    open_duration: float = defaults.BREAKER_OPEN_DURATION
+    open_duration_growth: float = defaults.BREAKER_OPEN_DURATION_GROWTH
+    max_open_duration: float = defaults.BREAKER_MAX_OPEN_DURATION
+    half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS
+    probe_timeout: float = defaults.BREAKER_PROBE_TIMEOUT
+    record: Outcomes = ANY_ERROR
+    ignore: Outcomes = NOTHING
+    failure_result: Callable[[Any], bool] | None = None
+    failure_ratio: tuple[int, int] = field(init=False, repr=False, compare=False)
+    slow_ratio: tuple[int, int] = field(init=False, repr=False, compare=False)
+
+    CHECKS: ClassVar[Checks] = {
+        "failure_rate": optional(_rate),
+        "minimum_calls": validate.count,
+        "slow_call_rate": optional(_rate),
+        "slow_call_duration": optional(partial(validate.seconds, positive=True)),
+        "error_count": optional(validate.count),
+        "consecutive_failures": optional(validate.count),
+        "window": partial(validate.seconds, positive=True),
+        "buckets": partial(validate.count, maximum=defaults.MAX_SLOTS),
+        "window_calls": optional(partial(validate.count, maximum=defaults.MAX_SLOTS)),
+        "open_duration": partial(validate.seconds, positive=True),
+        "open_duration_growth": partial(validate.number, low=1.0),
+        "max_open_duration": partial(validate.seconds, positive=True),
+        "half_open_calls": validate.count,
+        "probe_timeout": partial(validate.seconds, positive=True),
+        "record": Outcomes.of,
+        "ignore": Outcomes.of,
+        "failure_result": optional(partial(validate.function, what="a predicate on the result")),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.slow_call_rate is not None and self.slow_call_duration is None:
+            raise ConfigError(
+                f"slow_call_rate={self.slow_call_rate!r} needs slow_call_duration (seconds), "
+                "got None"
+            )
+        if (
+            self.failure_rate is None
+            and self.slow_call_rate is None
+            and self.error_count is None
+            and self.consecutive_failures is None
+        ):
+            raise ConfigError(
+                "at least one of failure_rate, slow_call_rate, error_count, consecutive_failures"
+                " must be set, got none"
+            )
+        if self.max_open_duration < self.open_duration:
+            raise ConfigError(
+                f"max_open_duration must be >= open_duration ({self.open_duration!r}), "
+                f"got {self.max_open_duration!r}"
+            )
+        if self.window_calls is not None and self.minimum_calls > self.window_calls:
+            object.__setattr__(self, "minimum_calls", self.window_calls)
+        object.__setattr__(self, "failure_ratio", _ratio(self.failure_rate))
+        object.__setattr__(self, "slow_ratio", _ratio(self.slow_call_rate))
+
+    def window_shape(self) -> tuple[float, int, int | None, float]:
+        """What the rolling window is built from (a change means a new, empty window)."""
+        slow = self.slow_call_duration if self.slow_call_duration is not None else _INF
+        return self.window, self.buckets, self.window_calls, slow
+
+    def new_window(self) -> Window:
+        """An empty rolling window of this shape."""
+        window, buckets, calls, slow = self.window_shape()
+        if calls is not None:
+            return CountWindow(calls, slow_call_duration=slow)
+        return TimeWindow(buckets, window / buckets, slow_call_duration=slow)
+
+
+def _span(options: BreakerOptions) -> str:
+    if options.window_calls is not None:
+        return f"the last {options.window_calls} calls"
+    return f"{options.window:g}s"
 
 
 class CircuitBreaker(Gate):
@@ -164,71 +235,38 @@ class CircuitBreaker(Gate):
         max_open_duration: float = defaults.BREAKER_MAX_OPEN_DURATION,
         half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS,
         probe_timeout: float = defaults.BREAKER_PROBE_TIMEOUT,
-        record: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-        ignore: type[BaseException] | tuple[type[BaseException], ...] = (),
+        record: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = Exception,
+        ignore: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         failure_result: Callable[[Any], bool] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
-        self.failure_rate = _rate("failure_rate", failure_rate)
-        self.minimum_calls = _count("minimum_calls", minimum_calls)
-        self.slow_call_rate = _rate("slow_call_rate", slow_call_rate)
-        if self.slow_call_rate is not None and slow_call_duration is None:
-            raise ConfigError(
-                f"slow_call_rate={slow_call_rate!r} needs slow_call_duration (seconds), got None"
-            )
-        self.slow_call_duration = (
-            None
-            if slow_call_duration is None
-            else _positive("slow_call_duration", slow_call_duration)
+        self.name = validate.text("name", name)
+        self.options = BreakerOptions(
+            failure_rate=failure_rate,
+            minimum_calls=minimum_calls,
+            slow_call_rate=slow_call_rate,
+            slow_call_duration=slow_call_duration,
+            error_count=error_count,
+            consecutive_failures=consecutive_failures,
+            window=window,
+            buckets=buckets,
+            window_calls=window_calls,
+            open_duration=open_duration,
+            open_duration_growth=open_duration_growth,
+            max_open_duration=max_open_duration,
+            half_open_calls=half_open_calls,
+            probe_timeout=probe_timeout,
+            record=record,  # type: ignore[arg-type]  # normalised to Outcomes by its check
+            ignore=ignore,  # type: ignore[arg-type]
+            failure_result=failure_result,
         )
-        self.error_count = None if error_count is None else _count("error_count", error_count)
-        self.consecutive_failures = (
-            None
-            if consecutive_failures is None
-            else _count("consecutive_failures", consecutive_failures)
-        )
-        if (
-            self.failure_rate is None
-            and self.slow_call_rate is None
-            and self.error_count is None
-            and self.consecutive_failures is None
-        ):
-            raise ConfigError(
-                "at least one of failure_rate, slow_call_rate, error_count, consecutive_failures"
-                " must be set, got none"
-            )
-        self.window = _positive("window", window)
-        self.buckets = _count("buckets", buckets)
-        self.window_calls = None if window_calls is None else _count("window_calls", window_calls)
-        self._derive()
-        self.open_duration = _positive("open_duration", open_duration)
-        if not open_duration_growth >= 1:
-            raise ConfigError(f"open_duration_growth must be >= 1, got {open_duration_growth!r}")
-        self.open_duration_growth = float(open_duration_growth)
-        self.max_open_duration = _positive("max_open_duration", max_open_duration)
-        if self.max_open_duration < self.open_duration:
-            raise ConfigError(
-                f"max_open_duration must be >= open_duration ({open_duration!r}), "
-                f"got {max_open_duration!r}"
-            )
-        self.half_open_calls = _count("half_open_calls", half_open_calls)
-        self.probe_timeout = _positive("probe_timeout", probe_timeout)
-        self.record_exceptions = record if isinstance(record, tuple) else (record,)
-        """The ``record=`` option: exception types counted as failures."""
-        self.ignore = ignore if isinstance(ignore, tuple) else (ignore,)
-        self.failure_result = failure_result
+        """The options in force; :meth:`reconfigure` replaces the whole object at once."""
         self.clock = clock
         self.listeners = Listeners(listeners)
-
-        slow = self.slow_call_duration if self.slow_call_duration is not None else float("inf")
-        self._window: Window = (
-            CountWindow(self.window_calls, slow_call_duration=slow)
-            if self.window_calls is not None
-            else TimeWindow(self.buckets, self.window / self.buckets, slow_call_duration=slow)
-        )
-        self._window_shape = (self.window, self.buckets, self.window_calls, slow)
+        self._failure_result = self.options.failure_result  # the success path's one read
+        self._window: Window = self.options.new_window()
+        self._window_shape = self.options.window_shape()
         self._add_success = self._window.add_success
         self._streak = 0  # errors in a row while CLOSED/DISABLED (``consecutive_failures``)
         # armed: a success must be counted under the lock, as it may complete minimum_calls
@@ -239,7 +277,7 @@ class CircuitBreaker(Gate):
         self._state = _CLOSED
         self._gen = 0
         self._changed_at = clock.monotonic()
-        self._open_for = self.open_duration
+        self._open_for = self.options.open_duration
         self._open_until = _INF
         self._probes = 0
         self._probe_successes = 0
@@ -247,17 +285,6 @@ class CircuitBreaker(Gate):
         self.transitions: dict[str, int] = {}
         """State changes since the breaker was built, by the state entered (for metrics)."""
         self._would_trip = False
-
-    def _derive(self) -> None:
-        """Clamp ``minimum_calls`` to a count window and fix the exact threshold ratios.
-
-        resilience4j's rule: a window of N calls never holds more than N, so a larger minimum
-        would keep the breaker closed at 100 % failures; clamping is what its users expect.
-        """
-        if self.window_calls is not None and self.minimum_calls > self.window_calls:
-            self.minimum_calls = self.window_calls
-        self._failure_ratio = _ratio(self.failure_rate)
-        self._slow_ratio = _ratio(self.slow_call_rate)
 
     # -- the pure core ----------------------------------------------------------------------
 
@@ -286,11 +313,12 @@ class CircuitBreaker(Gate):
             self._transition(_HALF_OPEN, now, f"open for {self._open_for:g}s", events)
             state = _HALF_OPEN
         if state is _HALF_OPEN:
-            if self._probes < self.half_open_calls:
+            options = self.options
+            if self._probes < options.half_open_calls:
                 self._probes += 1
                 return self._gen
-            if now - self._changed_at >= self.probe_timeout:
-                self._reopen(now, f"probe not back within {self.probe_timeout:g}s", events)
+            if now - self._changed_at >= options.probe_timeout:
+                self._reopen(now, f"probe not back within {options.probe_timeout:g}s", events)
             self._rejections.add()
             return _REJECTED
         if state is _FORCED_OPEN:
@@ -336,7 +364,7 @@ class CircuitBreaker(Gate):
         reason = None
         if kind:
             self._streak += 1
-            limit = self.consecutive_failures
+            limit = self.options.consecutive_failures
             if limit is not None and self._streak >= limit:
                 reason = f"{self._streak} consecutive errors >= {limit}"
         else:
@@ -344,7 +372,7 @@ class CircuitBreaker(Gate):
         if reason is None:
             # every locked count is judged: the lock-free path only takes fast successes in the
             # current bucket while unarmed, and those cannot cross a threshold
-            reason = self._trip_reason(self._window.totals())
+            reason = self._trip_reason(self._window.totals(), self.options)
         if reason is not None:
             self._on_threshold(now, reason, events)
         elif self._state is _CLOSED or self._state is _DISABLED:
@@ -353,7 +381,8 @@ class CircuitBreaker(Gate):
     def _short_of_minimum(self) -> bool:
         """Errors in a window still short of ``minimum_calls``: a success may complete it."""
         calls, failures, timeouts, rejections, slow = self._window.totals()
-        return calls < self.minimum_calls and (failures + timeouts + rejections + slow) > 0
+        minimum = self.options.minimum_calls
+        return calls < minimum and (failures + timeouts + rejections + slow) > 0
 
     def _arm(self, armed: bool) -> None:
         """Route successes through the lock (armed) or the lock-free path (lock held)."""
@@ -362,59 +391,57 @@ class CircuitBreaker(Gate):
             self._add_success = _refuse if armed else self._window.add_success
 
     def _on_probe(self, now: float, kind: Kind, duration: float, events: list[Event]) -> None:
-        slow = self.slow_call_duration is not None and duration > self.slow_call_duration
+        options = self.options
+        threshold = options.slow_call_duration
+        slow = threshold is not None and duration > threshold
         if kind is Kind.IGNORED:
             self._probes -= 1
-        elif kind or (slow and self.slow_call_rate is not None):
+        elif kind or (slow and options.slow_call_rate is not None):
             what = "slow" if not kind else kind.name.lower()
             self._reopen(now, f"half-open probe ended {what} after {duration:.3f}s", events)
         else:
             self._probe_successes += 1
-            if self._probe_successes >= self.half_open_calls:
-                self._open_for = self.open_duration
+            if self._probe_successes >= options.half_open_calls:
+                self._open_for = options.open_duration
                 self._transition(
                     _CLOSED, now, f"{self._probe_successes} half-open probe(s) succeeded", events
                 )
 
-    def _trip_reason(self, totals: tuple[int, int, int, int, int]) -> str | None:
-        """Why the figures trip the breaker, or None (lock held)."""
+    @staticmethod
+    def _trip_reason(totals: tuple[int, int, int, int, int], o: BreakerOptions) -> str | None:
+        """Why the figures trip the breaker under options ``o``, or None (lock held)."""
         calls, failures, timeouts, rejections, slow = totals
-        if calls < self.minimum_calls:
+        if calls < o.minimum_calls:
             return None
         errors = failures + timeouts + rejections
-        span = self._span()
-        num, den = self._failure_ratio
+        num, den = o.failure_ratio
         if errors * den >= num * calls:
             return (
-                f"failure rate {errors / calls:.2f} >= {self.failure_rate:.2f} over {calls} calls"
-                f" in {span}"
+                f"failure rate {errors / calls:.2f} >= {o.failure_rate:.2f} over {calls} calls"
+                f" in {_span(o)}"
             )
-        num, den = self._slow_ratio
+        num, den = o.slow_ratio
         if slow * den >= num * calls:
             return (
-                f"slow-call rate {slow / calls:.2f} >= {self.slow_call_rate:.2f} "
-                f"(calls > {self.slow_call_duration:g}s) over {calls} calls in {span}"
+                f"slow-call rate {slow / calls:.2f} >= {o.slow_call_rate:.2f} "
+                f"(calls > {o.slow_call_duration:g}s) over {calls} calls in {_span(o)}"
             )
-        if self.error_count is not None and errors >= self.error_count:
-            return f"error count {errors} >= {self.error_count} over {calls} calls in {span}"
+        if o.error_count is not None and errors >= o.error_count:
+            return f"error count {errors} >= {o.error_count} over {calls} calls in {_span(o)}"
         return None
-
-    def _span(self) -> str:
-        if self.window_calls is not None:
-            return f"the last {self.window_calls} calls"
-        return f"{self.window:g}s"
 
     def _on_threshold(self, now: float, reason: str, events: list[Event]) -> None:
         if self._state is _CLOSED:
-            self._open_for = self.open_duration
+            self._open_for = self.options.open_duration
             self._transition(_OPEN, now, reason, events)
         elif self._state is _DISABLED and not self._would_trip:
             self._would_trip = True
             events.append(self._event("would_trip", now, reason))
 
     def _reopen(self, now: float, reason: str, events: list[Event]) -> None:
-        grown = self._open_for * self.open_duration_growth
-        self._open_for = min(grown, self.max_open_duration)
+        options = self.options
+        grown = self._open_for * options.open_duration_growth
+        self._open_for = min(grown, options.max_open_duration)
         self._transition(_OPEN, now, f"{reason}; open for {self._open_for:g}s", events)
 
     def _transition(
@@ -469,14 +496,12 @@ class CircuitBreaker(Gate):
 
     def classify(self, exc: BaseException) -> Kind:
         """How an exception counts: ignored, timeout, rejection or failure."""
-        if isinstance(exc, self.ignore):
+        options = self.options
+        if options.ignore.error(exc):
             return Kind.IGNORED
-        if isinstance(exc, TimeoutError):
-            return Kind.TIMEOUT
-        if isinstance(exc, RejectedError):
-            return Kind.REJECTED
-        if isinstance(exc, self.record_exceptions):
-            return Kind.FAILURE
+        kind = kind_of(exc)
+        if kind is not _FAILURE or options.record.error(exc):
+            return kind
         return Kind.IGNORED
 
     def retry_after(self, now: float) -> float | None:
@@ -525,7 +550,7 @@ class CircuitBreaker(Gate):
         """Count how the call ended; a fast success while CLOSED is two lock-free bumps."""
         if error is not None:
             self.on_outcome(permit, now, self.classify(error), duration)
-        elif self.failure_result is not None and self.failure_result(result):
+        elif self._failure_result is not None and self._failure_result(result):
             self.on_outcome(permit, now, _FAILURE, duration)
         elif not (
             permit == self._gen and self._state is _CLOSED and self._add_success(now, duration)
@@ -563,6 +588,7 @@ class CircuitBreaker(Gate):
     def trip(self, reason: str) -> None:
         """Open now as the thresholds would (CLOSED only; DISABLED says ``would_trip``): for a
         caller that knows one failure proves the dependency down, a store call that timed out."""
+        validate.text("reason", reason, error=ValueError)
         events: list[Event] = []
         with self._lock:
             self._on_threshold(self._now(), reason, events)
@@ -578,56 +604,58 @@ class CircuitBreaker(Gate):
 
     def reset(self, reason: str = "reset by operator") -> None:
         """Back to CLOSED with an empty window and the base open duration."""
-        self._open_for = self.open_duration
+        self._open_for = self.options.open_duration
         self._manual(_CLOSED, reason)
 
     def _manual(self, to: CircuitState, reason: str) -> None:
+        validate.text("reason", reason, error=ValueError)
         events: list[Event] = []
         with self._lock:
             self._transition(to, self._now(), reason, events)
         self._emit(events)
 
-    def options(self) -> dict[str, Any]:
-        """The keyword options this breaker was built (or last reconfigured) with."""
-        return {name: getattr(self, _ATTRIBUTE.get(name, name)) for name in _OPTIONS}
-
-    def reconfigure(self, **changes: Any) -> None:
+    def reconfigure(self, options: BreakerOptions | None = None, /, **changes: Any) -> None:
         """Change options live (a config reload), keeping the state and the counts.
 
-        The new options are validated first; on a bad value nothing changes and
-        :class:`ConfigError` says why. The window keeps its counts unless its shape (``window``,
-        ``buckets``, ``window_calls``) changes, in which case it starts empty; the state, the
-        open timer and half-open probes are kept either way.
+        ``options`` replaces the options whole; keyword ``changes`` apply over ``options`` (or
+        over the options in force). The new options are validated first; on a bad value nothing
+        changes and :class:`ConfigError` says why. They are swapped in with one assignment
+        under the lock, so a reader in another thread sees the old options or the new ones,
+        never a mix, and every decision judges by one of them. The window keeps its counts
+        unless its shape (``window``, ``buckets``, ``window_calls``, ``slow_call_duration``)
+        changes, in which case it starts empty; the state, the open timer and half-open probes
+        are kept either way.
         """
-        unknown = set(changes) - set(_OPTIONS)
+        base = self.options if options is None else options
+        if not isinstance(base, BreakerOptions):
+            raise ConfigError(f"options must be a BreakerOptions, got {base!r}")
+        unknown = set(changes) - set(kwargs(base))
         if unknown:
             raise ConfigError(f"unknown circuit breaker option(s) {sorted(unknown)}")
-        merged = {**self.options(), **changes}
-        fresh = CircuitBreaker(self.name, clock=self.clock, **merged)
+        fresh = dataclasses.replace(base, **changes) if changes else base
+        shape = fresh.window_shape()
         with self._lock:
-            for name in _OPTIONS:
-                attribute = _ATTRIBUTE.get(name, name)
-                setattr(self, attribute, getattr(fresh, attribute))
-            self._failure_ratio = fresh._failure_ratio
-            self._slow_ratio = fresh._slow_ratio
-            if fresh._window_shape != self._window_shape:
-                self._window = fresh._window
-                self._window_shape = fresh._window_shape
+            if shape != self._window_shape:
+                self._window = fresh.new_window()
+                self._window_shape = shape
                 self._streak = 0
                 self._armed = False
-                self._add_success = fresh._window.add_success
+                self._add_success = self._window.add_success
+            self._failure_result = fresh.failure_result
+            self.options = fresh
 
     def describe(self) -> str:
+        o = self.options
         rules = []
-        if self.failure_rate is not None:
-            rules.append(f"failure_rate={self.failure_rate:g}")
-        if self.slow_call_rate is not None:
-            rules.append(f"slow_call_rate={self.slow_call_rate:g}@{self.slow_call_duration:g}s")
-        if self.error_count is not None:
-            rules.append(f"error_count={self.error_count}")
-        if self.consecutive_failures is not None:
-            rules.append(f"consecutive_failures={self.consecutive_failures}")
+        if o.failure_rate is not None:
+            rules.append(f"failure_rate={o.failure_rate:g}")
+        if o.slow_call_rate is not None:
+            rules.append(f"slow_call_rate={o.slow_call_rate:g}@{o.slow_call_duration:g}s")
+        if o.error_count is not None:
+            rules.append(f"error_count={o.error_count}")
+        if o.consecutive_failures is not None:
+            rules.append(f"consecutive_failures={o.consecutive_failures}")
         return (
-            f"CircuitBreaker({self.name!r}, {', '.join(rules)}, minimum_calls={self.minimum_calls},"
-            f" window={self._span()}, open_duration={self.open_duration:g}s)"
+            f"CircuitBreaker({self.name!r}, {', '.join(rules)}, minimum_calls={o.minimum_calls},"
+            f" window={_span(o)}, open_duration={o.open_duration:g}s)"
         )

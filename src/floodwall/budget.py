@@ -26,11 +26,13 @@ from __future__ import annotations
 import threading
 from contextvars import Token
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, RejectedError
+from floodwall._core.errors import RejectedError
+from floodwall._core.options import Checks
 from floodwall._core.outcome import Kind
 from floodwall._core.window import TimeWindow
 from floodwall.context import _BUDGETS
@@ -42,20 +44,6 @@ _SLACK = 1e-9
 
 
 _INF = float("inf")
-
-
-def _number(
-    name: str, value: object, low: float, high: float, unit: str, *, low_open: bool = False
-) -> float:
-    """``value`` as a float in ``[low, high]`` (``(low, high]`` with ``low_open``), finite."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok:
-        number = float(value)  # type: ignore[arg-type]
-        ok = (number > low if low_open else number >= low) and number <= high and number < _INF
-    if not ok:
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise ConfigError(f"{name} must be a finite number in {interval} {unit}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 class RetryBudgetExhausted(RejectedError):  # noqa: N818 - the name is the public contract
@@ -100,6 +88,15 @@ class BudgetSnapshot:
         return self.retries / self.requests if self.requests else 0.0
 
 
+CHECKS: Checks = {
+    "ratio": partial(validate.number, low=0.0, high=1.0, unit="retries per request"),
+    "min_per_second": partial(validate.number, low=0.0, unit="retries per second"),
+    "window": partial(validate.seconds, positive=True),
+    "buckets": validate.count,
+}
+"""The checks of :class:`RetryBudget`'s options (the configuration's ``budget:`` runs them too)."""
+
+
 class RetryBudget:
     """Grant retries only while they stay within ``ratio`` of the requests (see the module).
 
@@ -133,15 +130,11 @@ class RetryBudget:
         name: str = "retry_budget",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.ratio = _number("ratio", ratio, 0.0, 1.0, "(retries per request)")
-        self.min_per_second = _number(
-            "min_per_second", min_per_second, 0.0, _INF, "(retries per second)"
-        )
-        self.window = _number("window", window, 0.0, _INF, "seconds", low_open=True)
-        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
-            raise ConfigError(f"buckets must be an integer >= 1, got {buckets!r}")
-        self.buckets = buckets
-        self.name = name
+        self.ratio = CHECKS["ratio"]("ratio", ratio)
+        self.min_per_second = CHECKS["min_per_second"]("min_per_second", min_per_second)
+        self.window = CHECKS["window"]("window", window)
+        self.buckets = CHECKS["buckets"]("buckets", buckets)
+        self.name = validate.text("name", name)
         self.clock = clock
         self._floor = self.min_per_second * self.window
         self._window = TimeWindow(buckets, self.window / buckets, latency=False)

@@ -41,24 +41,28 @@ import math
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import wait_async, wait_sync
 from floodwall._core.errors import BulkheadFullError, ConfigError, TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.offload import Offload
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
 from floodwall._core.steps import FlowSteps, Step, Wait
 from floodwall._core.tally import Tally
+from floodwall._core.validate import count, seconds
 from floodwall._core.validate import count as _limit
 from floodwall._core.window import WindowSnapshot
 from floodwall.context import _DEADLINE
 
-__all__ = ["Bulkhead", "ThreadPoolBulkhead", "pool_size"]
+__all__ = ["Bulkhead", "BulkheadOptions", "ThreadPoolBulkhead", "pool_size"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -69,9 +73,36 @@ _INF = math.inf
 def _wait_seconds(name: str, value: float | None) -> float:
     if value is None:
         return _INF
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
-    return float(value)
+    return seconds(name, value, infinite=True)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkheadOptions:
+    """A :class:`Bulkhead`'s options (defaults: Hystrix's semaphore isolation), validated once.
+
+    ``max_wait=None`` waits without a time bound; a positive ``max_wait`` needs
+    ``max_queue >= 1`` (nobody can wait without a queue).
+    """
+
+    max_concurrent: int = defaults.BULKHEAD_MAX_CONCURRENT
+    max_queue: int = defaults.BULKHEAD_MAX_QUEUE
+    max_wait: float | None = defaults.BULKHEAD_MAX_WAIT
+    bypass: Callable[..., bool] | None = None
+
+    CHECKS: ClassVar[Checks] = {
+        "max_concurrent": count,
+        "max_queue": partial(count, minimum=0),
+        "max_wait": optional(partial(seconds, infinite=True)),
+        "bypass": optional(partial(validate.function, what="a callable of the call's arguments")),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.max_queue == 0 and self.max_wait is not None and self.max_wait > 0:
+            raise ConfigError(
+                f"max_wait={self.max_wait:g} needs max_queue >= 1 (callers wait in the queue),"
+                " got max_queue=0; pass max_queue=N to let N callers wait, or max_wait=0"
+            )
 
 
 _BYPASSED = object()
@@ -109,24 +140,23 @@ class Bulkhead(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
-        if bypass is not None and not callable(bypass):
-            raise ConfigError(f"bypass must be a callable (the call's arguments), got {bypass!r}")
-        self.bypass = bypass
-        self.max_concurrent = _limit("max_concurrent", max_concurrent, 1)
-        self.max_queue = _limit("max_queue", max_queue, 0)
-        self.max_wait = _wait_seconds("max_wait", max_wait)
-        if self.max_queue == 0 and max_wait is not None and self.max_wait > 0:
-            raise ConfigError(
-                f"max_wait={max_wait!r} needs max_queue >= 1 (callers wait in the queue), got"
-                " max_queue=0; pass max_queue=N to let N callers wait, or max_wait=0"
-            )
+        self.name = validate.text("name", name)
+        self.options = BulkheadOptions(
+            max_concurrent,
+            max_queue,
+            max_wait,
+            bypass,
+        )
+        """The options (frozen): read once into the fields below."""
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
-        self._never_waits = self.max_queue == 0 or self.max_wait == 0
+        self._bypass = self.options.bypass
+        self._max_concurrent = self.options.max_concurrent
+        self._max_wait = _wait_seconds("max_wait", self.options.max_wait)
+        self._never_waits = self.options.max_queue == 0 or self._max_wait == 0
         self._lock = threading.Lock()
-        self._lot = Lot(self._lock, self.max_queue, "fifo")
+        self._lot = Lot(self._lock, self.options.max_queue, "fifo")
         self._in_flight = 0
         self._rejections = Tally()
 
@@ -140,10 +170,10 @@ class Bulkhead(Gate):
         frame it leaves, and refusing is the hot path of an outage ("bulkhead refusal, all
         slots busy" in benchmarks/bench_bulkhead.py).
         """
-        if self.bypass is not None and kwargs is not _NO_CALL and self.bypass(*args, **kwargs):
+        if self._bypass is not None and kwargs is not _NO_CALL and self._bypass(*args, **kwargs):
             return _BYPASSED
         with self._lock:
-            if self._in_flight < self.max_concurrent:
+            if self._in_flight < self._max_concurrent:
                 self._in_flight += 1
                 return None
             error = self._full("full") if self._never_waits else None
@@ -172,12 +202,13 @@ class Bulkhead(Gate):
     def join(self, waiter: Waiter, budget: float) -> bool:
         """The wait step's entry: a slot freed meanwhile (True), queued (False), or refused."""
         with self._lock:
-            if self._in_flight < self.max_concurrent:
+            if self._in_flight < self._max_concurrent:
                 self._in_flight += 1
                 return True
             if budget > 0 and self._lot.park(waiter):
                 return False
-            error = self._full("full" if budget <= 0 or not self.max_queue else "queue full")
+            queue = self.options.max_queue
+            error = self._full("full" if budget <= 0 or not queue else "queue full")
         raise self._reject(error)
 
     def pass_on(self, value: Any) -> None:
@@ -195,7 +226,7 @@ class Bulkhead(Gate):
 
     def _budget(self) -> float:
         """How long a caller may wait: ``max_wait``, cut by the ambient deadline."""
-        budget = self.max_wait
+        budget = self._max_wait
         if budget > 0:
             outer = _DEADLINE.get()
             if outer is not None:
@@ -208,8 +239,8 @@ class Bulkhead(Gate):
             self.name,
             reason,
             None,
-            self.max_concurrent,
-            self.max_queue,
+            self._max_concurrent,
+            self.options.max_queue,
             self._in_flight,
             len(self._lot),
         )
@@ -299,7 +330,7 @@ class Bulkhead(Gate):
     @property
     def available(self) -> int:
         """Free slots now."""
-        return self.max_concurrent - self._in_flight
+        return self._max_concurrent - self._in_flight
 
     @property
     def rejected(self) -> int:
@@ -307,10 +338,11 @@ class Bulkhead(Gate):
         return self._rejections.value
 
     def describe(self) -> str:
-        wait = "inf" if self.max_wait == _INF else f"{self.max_wait:g}s"
+        o = self.options
+        wait = "inf" if o.max_wait in (None, _INF) else f"{o.max_wait:g}s"
         return (
-            f"Bulkhead({self.name!r}, max_concurrent={self.max_concurrent}, "
-            f"max_queue={self.max_queue}, max_wait={wait})"
+            f"Bulkhead({self.name!r}, max_concurrent={o.max_concurrent}, "
+            f"max_queue={o.max_queue}, max_wait={wait})"
         )
 
 
@@ -359,11 +391,13 @@ class ThreadPoolBulkhead(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.max_workers = _limit("max_workers", max_workers, 1)
         self.max_queue = _limit("max_queue", max_queue, 0)
-        self.timeout = _wait_seconds("timeout", timeout)
+        self.timeout = (
+            _INF if timeout is None else seconds("timeout", timeout, positive=True, infinite=True)
+        )
         self.listeners = Listeners(listeners)
         self._executor = ThreadPoolExecutor(
             max_workers=self.max_workers, thread_name_prefix=f"floodwall-{name}"
@@ -447,6 +481,7 @@ class ThreadPoolBulkhead(Flow):
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop taking calls, cancel queued ones; with ``wait``, wait for running ones."""
+        validate.flag("wait", wait, error=ValueError)
         with self._lock:
             self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=True)
@@ -508,6 +543,10 @@ def pool_size(
     8
     """
     if window is not None:
+        if not isinstance(window, WindowSnapshot):
+            raise ConfigError(
+                f"window must be a WindowSnapshot (breaker.metrics()), got {window!r}"
+            )
         if p99_latency is None:
             p99_latency = window.percentile(0.99)
             if p99_latency is None:
@@ -518,9 +557,7 @@ def pool_size(
             peak_rps = window.calls / window.span
     if peak_rps is None or p99_latency is None:
         raise ConfigError("pool_size needs peak_rps and p99_latency, or a window to read them from")
-    if not 0 <= peak_rps < _INF or not 0 <= p99_latency < _INF:
-        raise ConfigError(
-            f"peak_rps and p99_latency must be finite and >= 0, got {peak_rps!r}, {p99_latency!r}"
-        )
+    validate.number("peak_rps", peak_rps, 0.0)
+    validate.seconds("p99_latency", p99_latency)
     _limit("buffer", buffer, 0)
     return max(1, math.ceil(peak_rps * p99_latency - 1e-9) + buffer)

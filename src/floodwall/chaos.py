@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FloodwallError
@@ -50,6 +51,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.policy import Policy
 from floodwall._core.steps import CALL, FlowSteps, Sleep, Step, Wait
 from floodwall._core.tally import Tally
+from floodwall._core.validate import seconds as _seconds
 
 __all__ = [
     "CHAOS_ENV",
@@ -138,7 +140,7 @@ class Latency:
             raise ConfigError(
                 f"kind must be fixed, uniform, exponential or lognormal, got {self.kind!r}"
             )
-        _seconds("latency", self.a, allow_zero=self.kind in ("fixed", "uniform"))
+        _seconds("latency", self.a, positive=self.kind not in ("fixed", "uniform"))
         if self.kind == "uniform" and not self.a <= self.b < _INF:
             raise ConfigError(f"high must be >= low ({self.a!r}) and finite, got {self.b!r}")
         if self.kind == "lognormal" and not 0 <= self.b < _INF:
@@ -265,16 +267,6 @@ class Schedule:
         return f"[{spans}]" + (f" every {self.period:g}s" if self.period is not None else "")
 
 
-def _seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    number = math.nan
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    if not (number >= 0 if allow_zero else number > 0) or number == _INF:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return number
-
-
 # -- options ---------------------------------------------------------------------------------
 
 
@@ -327,7 +319,7 @@ class ChaosPolicy(Policy):
         rng: random.Random | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.options = ChaosOptions(rate=rate, enabled=enabled, schedule=schedule)
         self.allowed = chaos_allowed() if allow is None else bool(allow)
         """Whether this process lets the policy inject (fixed when it is built)."""
@@ -411,7 +403,11 @@ class ChaosPolicy(Policy):
 
     def restart(self, origin: float | None = None) -> None:
         """Count the schedule from ``origin`` (default: now)."""
-        self.origin = self.clock.monotonic() if origin is None else float(origin)
+        self.origin = (
+            self.clock.monotonic()
+            if origin is None
+            else validate.number("origin", origin, error=ValueError)
+        )
 
     def _swap(self, options: ChaosOptions, kind: str) -> None:
         self.options = options
@@ -462,7 +458,9 @@ class ChaosLatency(ChaosPolicy, Gate):
         self, delay: float | Latency, *, name: str = "chaos.latency", **options: Any
     ) -> None:
         super().__init__(name, **options)
-        self.delay = delay if isinstance(delay, Latency) else Latency.fixed(delay)
+        self.delay = (
+            delay if isinstance(delay, Latency) else Latency.fixed(_seconds("delay", delay))
+        )
 
     def admit(self, now: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._hit():
@@ -565,7 +563,7 @@ class ChaosHang(ChaosPolicy, Gate):
         **options: Any,
     ) -> None:
         super().__init__(name, **options)
-        self.duration = _seconds("duration", duration, allow_zero=False)
+        self.duration = _seconds("duration", duration, positive=True)
 
     def _hung(self) -> InjectedFault:
         return InjectedFault(self.name, f"hung for {self.duration:g}s without answering")

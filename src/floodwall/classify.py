@@ -31,11 +31,10 @@ floodwall rejection's ``retry_after``, a numeric ``retry_after`` attribute, or a
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -43,9 +42,12 @@ from typing import Any
 from floodwall._core.errors import (
     BulkheadFullError,
     CircuitOpenError,
+    ConfigError,
     RateLimitedError,
     RejectedError,
 )
+from floodwall._core.outcome import ErrorClass
+from floodwall._core.validate import count, exception_types, flag, function
 
 __all__ = [
     "DEFAULT_CLASSIFIER",
@@ -55,19 +57,6 @@ __all__ = [
     "parse_retry_after",
     "retry_after_of",
 ]
-
-
-class ErrorClass(enum.IntEnum):
-    """What a retry can do about a failure. The numbers are stable for metrics."""
-
-    TRANSIENT = 0
-    """Random and short-lived (a reset connection, a timeout): retried with backoff."""
-    OVERLOAD = 1
-    """The dependency asked for less traffic: not retried, or only after its ``retry_after``."""
-    BUSINESS = 2
-    """The same request gets the same answer: never retried."""
-    UNKNOWN = 3
-    """None of the above: retried only when listed in ``Retry(retry_on=...)``."""
 
 
 BUSINESS_STATUSES = frozenset(range(400, 500)) - {408, 425, 429}
@@ -162,6 +151,15 @@ def _header(obj: object) -> str | None:
     return None
 
 
+def _statuses(name: str, value: object) -> frozenset[int]:
+    """HTTP status codes as a frozenset: a collection of integers in [100, 599]."""
+    if isinstance(value, str | bytes) or not isinstance(value, Collection):
+        raise ConfigError(f"{name} must be a collection of HTTP status codes, got {value!r}")
+    for status in value:
+        count(f"{name} items", status, 100, 599)
+    return frozenset(value)
+
+
 def retry_after_of(obj: object, wall_clock: Callable[[], float] = time.time) -> float | None:
     """Seconds after which the dependency invites another try, or ``None`` when it said nothing.
 
@@ -206,6 +204,14 @@ class Classifier:
     """Classify the HTTP clients' and gRPC transient errors ([Retries][guide-retries])."""
     wall_clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)
     """Read only to turn an HTTP-date ``Retry-After`` into seconds."""
+
+    def __post_init__(self) -> None:
+        for name in ("business", "overload", "transient"):
+            object.__setattr__(self, name, exception_types(name, getattr(self, name)))
+        for name in ("business_statuses", "overload_statuses", "transient_statuses"):
+            object.__setattr__(self, name, _statuses(name, getattr(self, name)))
+        flag("libraries", self.libraries)
+        function("wall_clock", self.wall_clock, what="a callable returning the wall-clock time")
 
     def classify(self, exc: BaseException) -> ErrorClass:
         """The class of an exception."""

@@ -24,10 +24,12 @@ All of them live in :mod:`contextvars`, so they follow asyncio tasks and are iso
 from __future__ import annotations
 
 import contextvars
+import math
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "remaining",
     "retry_marker",
 ]
+
+_INF = math.inf
 
 
 V = TypeVar("V")
@@ -142,9 +146,9 @@ class deadline(_Scope[Deadline]):  # noqa: N801 - used like a function, in `with
     _var = _DEADLINE
 
     def __init__(self, seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        if not 0 <= seconds < float("inf"):
-            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-        self._seconds = float(seconds)
+        if seconds.__class__ is not float or not 0 <= seconds < _INF:  # the common case: 1 check
+            seconds = validate.seconds("seconds", seconds, error=ValueError)
+        self._seconds = seconds
         self._clock = clock
         self.deadline: Deadline | None = None
 
@@ -273,7 +277,7 @@ class retry_marker(_Scope[RetryMarker]):  # noqa: N801 - used like a function, i
     def __init__(self, attempt: int, origin: str) -> None:
         if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 2:
             raise ValueError(f"attempt must be an integer >= 2 (a retry), got {attempt!r}")
-        self.marker = RetryMarker(attempt, origin)
+        self.marker = RetryMarker(attempt, validate.text("origin", origin, error=ValueError))
 
     def _value(self) -> RetryMarker:
         return self.marker

@@ -2,8 +2,9 @@
 
 ``Fallback(value=x)`` answers a constant; ``Fallback(factory=f)`` calls ``f(exception)`` (an
 ``async def`` factory is awaited by ``call_async``). Which failures it handles is chosen by
-exception type (``on``, default any ``Exception``) and/or by rejection kind (``kinds``, e.g.
-``{"circuit_open", "timeout"}``); when both are given, either matches. ``failure_result`` also
+exception type (``on``, default any ``Exception``) and/or by kind (``kinds``, e.g.
+``{"circuit_open", "timeout"}``: the outcome vocabulary of :class:`~floodwall.Outcomes`, which
+``on`` also takes); when both are given, either matches. ``failure_result`` also
 replaces results that count as failures (an HTTP 503 value).
 
 A fallback answer is marked as degraded: the open :func:`floodwall.call_context` records which
@@ -21,11 +22,13 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.meter import note_degraded
+from floodwall._core.outcome import Outcomes
 from floodwall._core.steps import CALL, Await, FlowSteps
 from floodwall.context import current_call
 
@@ -48,7 +51,7 @@ class Fallback(Flow, Generic[T]):
         self,
         value: T,
         *,
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         failure_result: Callable[[Any], bool] | None = None,
         name: str = "fallback",
@@ -61,7 +64,7 @@ class Fallback(Flow, Generic[T]):
         self,
         *,
         factory: Callable[[BaseException], Awaitable[T]],
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         failure_result: Callable[[Any], bool] | None = None,
         name: str = "fallback",
@@ -74,7 +77,7 @@ class Fallback(Flow, Generic[T]):
         self,
         *,
         factory: Callable[[BaseException], T],
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         failure_result: Callable[[Any], bool] | None = None,
         name: str = "fallback",
@@ -87,7 +90,7 @@ class Fallback(Flow, Generic[T]):
         value: Any = _UNSET,
         *,
         factory: Callable[[BaseException], Any] | None = None,
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         failure_result: Callable[[Any], bool] | None = None,
         name: str = "fallback",
@@ -99,16 +102,16 @@ class Fallback(Flow, Generic[T]):
                 "give exactly one of value=... or factory=..., got "
                 + ("both" if factory is not None else "neither")
             )
-        if kinds is not None and isinstance(kinds, str):
-            raise ConfigError(f"kinds must be a collection of rejection kinds, got {kinds!r}")
+        if factory is not None:
+            validate.function("factory", factory)
         self.value = value
         self.factory = factory
-        self.on: tuple[type[BaseException], ...] | None = (
-            None if on is None else (on if isinstance(on, tuple) else (on,))
-        )
-        self.kinds = None if kinds is None else frozenset(kinds)
+        self.handled = Outcomes.handled(on, kinds)
+        """The errors this fallback answers for (``on=`` and ``kinds=``)."""
+        if failure_result is not None:
+            validate.function("failure_result", failure_result, what="a predicate")
         self.failure_result = failure_result
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.degraded = 0
@@ -139,11 +142,7 @@ class Fallback(Flow, Generic[T]):
 
     def handles(self, exc: BaseException) -> bool:
         """Whether this fallback answers for ``exc``."""
-        if self.on is None and self.kinds is None:
-            return isinstance(exc, Exception)
-        if self.on is not None and isinstance(exc, self.on):
-            return True
-        return self.kinds is not None and isinstance(exc, RejectedError) and exc.kind in self.kinds
+        return self.handled.error(exc)
 
     def _reason(self, exc: BaseException | None) -> str:
         if exc is None:

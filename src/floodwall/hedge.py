@@ -38,7 +38,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
@@ -87,18 +87,15 @@ class Hedge(Scoped):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 < delay < 1e300:
-            raise ConfigError(f"delay must be a finite number > 0 seconds, got {delay!r}")
-        if not isinstance(max_hedges, int) or isinstance(max_hedges, bool) or max_hedges < 1:
-            raise ConfigError(f"max_hedges must be an integer >= 1, got {max_hedges!r}")
+        validate.seconds("delay", delay, positive=True)
+        validate.count("max_hedges", max_hedges)
         if percentile is not None and (
             isinstance(percentile, bool)
             or not isinstance(percentile, int | float)
             or not 0 < percentile < 1
         ):
             raise ConfigError(f"percentile must be in (0, 1), got {percentile!r}")
-        if not isinstance(min_samples, int) or isinstance(min_samples, bool) or min_samples < 1:
-            raise ConfigError(f"min_samples must be an integer >= 1, got {min_samples!r}")
+        validate.count("min_samples", min_samples)
         if budget is _DEFAULT_BUDGET:
             budget = RetryBudget(name=f"{name}.budget", clock=clock)
         elif budget is not None and not isinstance(budget, RetryBudget):
@@ -110,17 +107,18 @@ class Hedge(Scoped):
         self.budget: RetryBudget | None = budget
         if budget is not None:
             budget.attach()
+        if not isinstance(classifier, Classifier):
+            raise ConfigError(f"classifier must be a floodwall Classifier, got {classifier!r}")
         self.classifier = classifier
-        self.respect_marker = bool(respect_marker)
-        self.on_failure = bool(on_failure)
-        self.name = name
+        self.respect_marker = validate.flag("respect_marker", respect_marker)
+        self.on_failure = validate.flag("on_failure", on_failure)
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
-        try:
-            self._latency = TimeWindow(buckets, window / buckets)
-        except ValueError as exc:
-            raise ConfigError(f"window/buckets: {exc}") from None
+        validate.seconds("window", window, positive=True)
+        validate.count("buckets", buckets, 1, defaults.MAX_SLOTS)
+        self._latency = TimeWindow(buckets, window / buckets)
         self._lock = threading.Lock()
         self._cached = self.delay
         self._cached_until = -float("inf")

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.drivers import gate_async, gate_sync, gates_async, gates_sync
 from floodwall._core.errors import ConfigError
@@ -40,7 +41,7 @@ class Pipeline(Policy):
             if not isinstance(policy, Policy):
                 raise ConfigError(f"policies[{index}] must be a floodwall Policy, got {policy!r}")
         self.policies: tuple[Policy, ...] = policies
-        self.name = name
+        self.name = validate.text("name", name)
         self._stages, self._async_stages = _stages(policies)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:

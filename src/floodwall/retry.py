@@ -49,16 +49,18 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import Token
 from dataclasses import dataclass
-from typing import Any, Final, Literal, ParamSpec, TypeVar
+from functools import partial
+from typing import Any, ClassVar, Final, Literal, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Attempts
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
+from floodwall._core.outcome import NOTHING, Outcomes
 from floodwall._core.steps import CALL, FlowSteps, Sleep
 from floodwall._core.tally import Tally
-from floodwall._core.validate import count as _int
 from floodwall.backoff import Backoff, FullJitter, Rng
 from floodwall.budget import RetryBudget, RetryBudgetExhausted
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
@@ -71,7 +73,7 @@ from floodwall.context import (
     RetryMarker,
 )
 
-__all__ = ["Cause", "GaveUp", "Retry", "RetryState", "gave_up"]
+__all__ = ["Cause", "GaveUp", "Retry", "RetryOptions", "RetryState", "gave_up"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -127,6 +129,8 @@ class GaveUp:
 
 def gave_up(exc: BaseException) -> GaveUp | None:
     """The :class:`GaveUp` record a :class:`Retry` attached to ``exc``, if any."""
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exc must be an exception, got {exc!r}")
     record = getattr(exc, _RECORD, None)
     return record if isinstance(record, GaveUp) else None
 
@@ -160,24 +164,61 @@ class RetryState:
         self.delays: Iterator[float] | None = None
 
 
-def _types(name: str, value: object) -> tuple[type[BaseException], ...]:
-    items = value if isinstance(value, tuple) else (value,)
-    for item in items:
-        if not (isinstance(item, type) and issubclass(item, BaseException)):
-            raise ConfigError(f"{name} must be exception types, got {value!r}")
-    return items
+def _backoff(name: str, value: object) -> Backoff:
+    if not isinstance(value, Backoff):
+        raise ConfigError(f"{name} must have a delays() method, got {value!r}")
+    return value
 
 
-def _seconds(name: str, value: object, *, positive: bool) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (value > 0 if positive else value >= 0)
-        or value == float("inf")
-    ):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be a finite number {bound} seconds, got {value!r}")
-    return float(value)
+def _classifier(name: str, value: object) -> Classifier:
+    if not isinstance(value, Classifier):
+        raise ConfigError(f"{name} must be a floodwall Classifier, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOptions:
+    """A :class:`Retry`'s options, validated once (defaults: :mod:`floodwall._core.defaults`).
+
+    ``retry_on`` and ``business`` take exception types or an :class:`~floodwall.Outcomes` and
+    are kept as ``Outcomes``; ``backoff=None`` is the default full-jitter exponential backoff.
+    The budget is not an option but a shared, stateful object given to :class:`Retry` itself.
+    """
+
+    attempts: int = defaults.RETRY_ATTEMPTS
+    backoff: Backoff | None = None
+    deadline: float | None = None
+    retry_on: Outcomes = NOTHING
+    retry_on_result: Callable[[Any], bool] | None = None
+    business: Outcomes = NOTHING
+    classifier: Classifier = DEFAULT_CLASSIFIER
+    retry_overload: bool = False
+    max_retry_after: float = defaults.RETRY_MAX_RETRY_AFTER
+    respect_marker: bool = True
+    idempotent: bool = True
+    level: int | None = None
+    max_level: int = defaults.RETRY_MAX_LEVEL
+
+    CHECKS: ClassVar[Checks] = {
+        "attempts": validate.count,
+        "backoff": optional(_backoff),
+        "deadline": optional(partial(validate.seconds, positive=True)),
+        "retry_on": Outcomes.of,
+        "retry_on_result": optional(partial(validate.function, what="callable")),
+        "business": Outcomes.of,
+        "classifier": _classifier,
+        "retry_overload": validate.flag,
+        "max_retry_after": validate.seconds,
+        "respect_marker": validate.flag,
+        "idempotent": validate.flag,
+        "level": optional(validate.count),
+        "max_level": partial(validate.count, minimum=0),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.backoff is None:
+            object.__setattr__(self, "backoff", FullJitter())
 
 
 class Retry(Attempts):
@@ -199,9 +240,9 @@ class Retry(Attempts):
         attempts: int = defaults.RETRY_ATTEMPTS,
         backoff: Backoff | None = None,
         deadline: float | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         retry_on_result: Callable[[Any], bool] | None = None,
-        business: type[BaseException] | tuple[type[BaseException], ...] = (),
+        business: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = (),
         classifier: Classifier = DEFAULT_CLASSIFIER,
         retry_overload: bool = False,
         max_retry_after: float = defaults.RETRY_MAX_RETRY_AFTER,
@@ -214,20 +255,32 @@ class Retry(Attempts):
         rng: Rng | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
-        self.attempts = _int("attempts", attempts, 1)
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
-        self.backoff: Backoff = backoff if backoff is not None else FullJitter()
-        self.deadline = None if deadline is None else _seconds("deadline", deadline, positive=True)
-        self.retry_on = _types("retry_on", retry_on)
-        if retry_on_result is not None and not callable(retry_on_result):
-            raise ConfigError(f"retry_on_result must be callable, got {retry_on_result!r}")
-        self.retry_on_result = retry_on_result
-        extra = _types("business", business)
-        self.classifier = classifier.with_types(business=extra) if extra else classifier
-        self.retry_overload = bool(retry_overload)
-        self.max_retry_after = _seconds("max_retry_after", max_retry_after, positive=False)
+        self.name = validate.text("name", name)
+        self.options = options = RetryOptions(
+            attempts,
+            backoff,
+            deadline,
+            retry_on,  # type: ignore[arg-type]  # normalised to Outcomes by its check
+            retry_on_result,
+            business,  # type: ignore[arg-type]
+            classifier,
+            retry_overload,
+            max_retry_after,
+            respect_marker,
+            idempotent,
+            level,
+            max_level,
+        )
+        """The options (frozen), read once into the attributes of the same names below."""
+        self.attempts = options.attempts
+        self.backoff: Backoff = options.backoff  # type: ignore[assignment]  # never None
+        self.deadline = options.deadline
+        self.retry_on = options.retry_on
+        self.retry_on_result = options.retry_on_result
+        self.business = options.business
+        self.classifier = options.classifier
+        self.retry_overload = options.retry_overload
+        self.max_retry_after = options.max_retry_after
         if budget is _DEFAULT_BUDGET:
             budget = RetryBudget(name=f"{name}.budget", clock=clock)
         elif budget is not None and not isinstance(budget, RetryBudget):
@@ -235,10 +288,10 @@ class Retry(Attempts):
         self.budget: RetryBudget | None = budget
         if budget is not None:
             budget.attach()
-        self.respect_marker = bool(respect_marker)
-        self.idempotent = bool(idempotent)
-        self.level = None if level is None else _int("level", level, 1)
-        self.max_level = _int("max_level", max_level, 0)
+        self.respect_marker = options.respect_marker
+        self.idempotent = options.idempotent
+        self.level = options.level
+        self.max_level = options.max_level
         self.clock = clock
         self.rng = rng
         self.listeners = Listeners(listeners)
@@ -318,8 +371,8 @@ class Retry(Attempts):
         None when a retry may help."""
         classifier = self.classifier
         if error is not None:
-            kind = classifier.classify(error)
-            if kind is _UNKNOWN and self.retry_on and isinstance(error, self.retry_on):
+            kind = _BUSINESS if self.business.error(error) else classifier.classify(error)
+            if kind is _UNKNOWN and self.retry_on.error(error):
                 kind = _TRANSIENT
         else:
             kind = classifier.classify_result(result)
@@ -518,6 +571,7 @@ class Retry(Attempts):
     def disable(self, reason: str = "disabled by operator") -> None:
         """Stop retrying (one attempt per call) until :meth:`enable`; the switch that
         dependency-level degradation flips."""
+        validate.text("reason", reason, error=ValueError)
         self._enabled = False
         self._disabled_reason = reason
         if self.listeners:
@@ -525,6 +579,7 @@ class Retry(Attempts):
 
     def enable(self, reason: str = "enabled by operator") -> None:
         """Retry again after :meth:`disable`."""
+        validate.text("reason", reason, error=ValueError)
         self._enabled = True
         self._disabled_reason = ""
         if self.listeners:

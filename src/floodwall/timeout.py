@@ -31,21 +31,44 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Any, Literal
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar, Literal
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, TimeoutExceeded
+from floodwall._core.errors import TimeoutExceeded
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 from floodwall._core.timebox import Timebox, Watchdogs
 from floodwall.context import _DEADLINE
 
-__all__ = ["Timeout"]
+__all__ = ["Timeout", "TimeoutOptions"]
 
 SyncMode = Literal["auto", "signal", "thread", "cooperative"]
 
 _INF = float("inf")
+_MODES = ("auto", "signal", "thread", "cooperative")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutOptions:
+    """A :class:`Timeout`'s options, validated once: ``seconds`` (finite, > 0), the sync
+    ``mode`` and the ``thread_limit`` of ``mode="thread"``."""
+
+    seconds: float
+    mode: SyncMode = "auto"
+    thread_limit: int = defaults.TIMEOUT_THREAD_LIMIT
+
+    CHECKS: ClassVar[Checks] = {
+        "seconds": partial(validate.seconds, positive=True),
+        "mode": partial(validate.choice, options=_MODES),
+        "thread_limit": validate.count,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class Timeout(Scoped):
@@ -69,18 +92,13 @@ class Timeout(Scoped):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0 < seconds < _INF:
-            raise ConfigError(f"seconds must be a finite number > 0, got {seconds!r}")
-        if mode not in ("auto", "signal", "thread", "cooperative"):
-            raise ConfigError(
-                f"mode must be one of 'auto', 'signal', 'thread', 'cooperative', got {mode!r}"
-            )
-        if not isinstance(thread_limit, int) or thread_limit < 1:
-            raise ConfigError(f"thread_limit must be an integer >= 1, got {thread_limit!r}")
-        self.seconds = float(seconds)
-        self.name = name
-        self.mode: SyncMode = mode
-        self.thread_limit = thread_limit
+        self.options = TimeoutOptions(seconds, mode, thread_limit)
+        """The options (frozen); ``seconds``, ``mode`` and ``thread_limit`` are read once from
+        them into the attributes of the same names, which the time box reads per call."""
+        self.seconds = self.options.seconds
+        self.name = validate.text("name", name)
+        self.mode: SyncMode = self.options.mode
+        self.thread_limit = self.options.thread_limit
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic

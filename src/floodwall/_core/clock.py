@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
+from floodwall._core import validate
+
 __all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock"]
 
 
@@ -64,7 +66,7 @@ class FakeClock:
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = float(start)
+        self._now = validate.number("start", start, error=ValueError)
         self._lock = threading.Lock()
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
@@ -76,8 +78,7 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every async sleeper whose time has come."""
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+        validate.seconds("seconds", seconds, error=ValueError)
         with self._lock:
             self._now += seconds
             due: list[asyncio.Future[None]] = []

@@ -18,6 +18,10 @@ BREAKER_MAX_OPEN_DURATION = 60.0
 BREAKER_PROBE_TIMEOUT = 10.0
 """A half-open probe not back after this many seconds counts as failed, so it cannot wedge."""
 
+MAX_SLOTS = 1_000_000
+"""Buckets, counted calls or levels one rolling structure allocates at most: a bound that keeps
+a mistyped option (``buckets=10**9``) a clear error at construction, not a ``MemoryError``."""
+
 TIMEOUT_THREAD_LIMIT = 8
 """Sync ``Timeout(mode="thread")``: abandoned, still-running worker threads allowed at once."""
 

@@ -79,11 +79,15 @@ class Listeners:
 
     def add(self, listener: EventListener) -> None:
         """Subscribe ``listener`` (copy-on-write, so emitting never takes a lock)."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable (an EventListener), got {listener!r}")
         if listener not in self._items:
             self._items = (*self._items, listener)
 
     def remove(self, listener: EventListener) -> None:
         """Unsubscribe ``listener``; unknown listeners are ignored."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable (an EventListener), got {listener!r}")
         self._items = tuple(item for item in self._items if item != listener)
 
     def emit(self, event: Event) -> None:

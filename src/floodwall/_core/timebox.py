@@ -27,6 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any, Protocol
 
+from floodwall._core import validate
 from floodwall._core.clock import Clock, SystemClock
 from floodwall._core.errors import ConfigError, TimeoutExceeded
 from floodwall._core.steps import Step
@@ -217,7 +218,7 @@ class Watchdogs:
     """One watchdog per event loop for one timeout policy (see :mod:`floodwall._core.timebox`)."""
 
     def __init__(self, name: str, clock: Clock) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = _Watch()

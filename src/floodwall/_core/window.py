@@ -21,6 +21,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from floodwall._core import defaults, validate
 from floodwall._core.outcome import Kind
 from floodwall._core.tally import Tally
 
@@ -148,9 +149,9 @@ class Window(Protocol):
 
 
 def _check_slow(slow_call_duration: float) -> float:
-    if not slow_call_duration > 0:
-        raise ValueError(f"slow_call_duration must be > 0 seconds, got {slow_call_duration!r}")
-    return float(slow_call_duration)
+    return validate.seconds(
+        "slow_call_duration", slow_call_duration, positive=True, infinite=True, error=ValueError
+    )
 
 
 class _Bucket:
@@ -209,10 +210,9 @@ class TimeWindow:
         slow_call_duration: float = math.inf,
         latency: bool = True,
     ) -> None:
-        if not isinstance(buckets, int) or buckets < 1:
-            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
-        if not bucket_seconds > 0:
-            raise ValueError(f"bucket_seconds must be > 0, got {bucket_seconds!r}")
+        validate.count("buckets", buckets, 1, defaults.MAX_SLOTS, error=ValueError)
+        validate.flag("latency", latency, error=ValueError)
+        validate.seconds("bucket_seconds", bucket_seconds, positive=True, error=ValueError)
         self._buckets = buckets
         self.bucket_seconds = float(bucket_seconds)
         self._inv = 1.0 / self.bucket_seconds
@@ -369,8 +369,8 @@ class CountWindow:
     def __init__(
         self, size: int = 100, *, slow_call_duration: float = math.inf, latency: bool = True
     ) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be an integer >= 1, got {size!r}")
+        validate.count("size", size, 1, defaults.MAX_SLOTS, error=ValueError)
+        validate.flag("latency", latency, error=ValueError)
         self._size = size
         self.slow_call_duration = _check_slow(slow_call_duration)
         self._latency = latency

@@ -15,7 +15,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from floodwall._core.errors import ConfigError
+from floodwall._core import validate
 
 __all__ = [
     "ExpAvgMeasurement",
@@ -41,24 +41,16 @@ def square_root(value: int) -> int:
 
 def check_int(name: str, value: int, low: int = 1) -> int:
     """Validate an integer option (``>= low``), naming the option in the error."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+    return validate.count(name, value, low)
 
 
 def check_float(name: str, value: float, low: float, high: float, *, open_high: bool) -> float:
     """Validate a float option in ``[low, high]`` (or ``[low, high)``)."""
-    ok = low <= value < high if open_high else low <= value <= high
-    if not ok or isinstance(value, bool):
-        bracket = ")" if open_high else "]"
-        raise ConfigError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}")
-    return float(value)
+    return validate.number(name, value, low, high, high_open=open_high)
 
 
 def check_positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not value > 0 or math.isinf(value):
-        raise ConfigError(f"{name} must be a finite number > 0 seconds, got {value!r}")
-    return float(value)
+    return validate.seconds(name, value, positive=True)
 
 
 class Limit(ABC):

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
+from floodwall._core.errors import OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall.adaptive._base import check_int, check_positive
+from floodwall.adaptive._base import check_positive
 from floodwall.adaptive.cpu import CPUSource, SmoothedCPU, default_cpu_source
 
 __all__ = ["BBR", "BBRLimiter", "BBRStats", "BBRToken"]
@@ -90,16 +90,12 @@ class BBR:
         rt_resolution: float = defaults.BBR_RT_RESOLUTION,
     ) -> None:
         window = check_positive("window", window)
-        self.buckets = check_int("buckets", buckets, 2)
-        if not 0 < cpu_threshold <= 1:
-            raise ConfigError(f"cpu_threshold must be in (0, 1], got {cpu_threshold!r}")
-        self.cpu_threshold = float(cpu_threshold)
-        if not cooldown >= 0:
-            raise ConfigError(f"cooldown must be >= 0 seconds, got {cooldown!r}")
-        self.cooldown = float(cooldown)
-        if not rt_resolution >= 0:
-            raise ConfigError(f"rt_resolution must be >= 0 seconds, got {rt_resolution!r}")
-        self.rt_resolution = float(rt_resolution)
+        self.buckets = validate.count("buckets", buckets, 2, defaults.MAX_SLOTS)
+        self.cpu_threshold = validate.number(
+            "cpu_threshold", cpu_threshold, 0.0, 1.0, low_open=True
+        )
+        self.cooldown = validate.seconds("cooldown", cooldown)
+        self.rt_resolution = validate.seconds("rt_resolution", rt_resolution)
         self.bucket_seconds = window / self.buckets
         self._per_second = 1.0 / self.bucket_seconds
         n = self.buckets
@@ -263,7 +259,7 @@ class BBRLimiter(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.core = BBR(
             window=window,
             buckets=buckets,
@@ -271,8 +267,12 @@ class BBRLimiter(Gate):
             cooldown=cooldown,
             rt_resolution=rt_resolution,
         )
+        if cpu is not None:
+            validate.function("cpu", cpu, what="a callable returning the CPU usage in [0, 1]")
         self.cpu: Callable[[], float] = cpu or SmoothedCPU(default_cpu_source(clock), clock=clock)
-        self.retry_after = retry_after
+        self.retry_after = (
+            None if retry_after is None else validate.seconds("retry_after", retry_after)
+        )
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 
@@ -58,9 +58,7 @@ class ProcessCPU:
     """This process's CPU time (user + system) per wall second, over ``cores`` cores."""
 
     def __init__(self, *, cores: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
-        if not cores > 0:
-            raise ConfigError(f"cores must be > 0, got {cores!r}")
-        self.cores = float(cores)
+        self.cores = validate.number("cores", cores, 0.0, low_open=True)
         self._now = clock.monotonic
         self._last: tuple[float, float] | None = None
 
@@ -88,6 +86,10 @@ class CgroupCPU:
         quota_cores: float | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        if not isinstance(root, str | os.PathLike):
+            raise ConfigError(f"root must be a path, got {root!r}")
+        if quota_cores is not None:
+            validate.number("quota_cores", quota_cores, 0.0, low_open=True)
         self.root = Path(root)
         self._now = clock.monotonic
         self._usage: Callable[[], float | None] = self._usage_v2
@@ -152,7 +154,7 @@ class SystemCPU:
 
     def __init__(self, *, use_psutil: bool = True) -> None:
         self._psutil: Any = None
-        if use_psutil:
+        if validate.flag("use_psutil", use_psutil):
             try:
                 self._psutil = importlib.import_module("psutil")
             except ImportError:
@@ -208,11 +210,9 @@ class SmoothedCPU:
         interval: float = defaults.BBR_CPU_INTERVAL,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        if not 0 <= decay < 1:
-            raise ConfigError(f"decay must be in [0, 1), got {decay!r}")
-        if not interval > 0:
-            raise ConfigError(f"interval must be > 0 seconds, got {interval!r}")
-        self.source = source
+        validate.number("decay", decay, 0.0, 1.0, high_open=True)
+        validate.seconds("interval", interval, positive=True)
+        self.source = validate.function("source", source, what="a callable returning a CPU usage")
         self.decay = float(decay)
         self.interval = float(interval)
         self._now = clock.monotonic

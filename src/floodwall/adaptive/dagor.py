@@ -53,10 +53,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.validate import PLAIN_INT
 from floodwall.adaptive._base import check_float, check_int, check_positive
 
 __all__ = [
@@ -67,6 +68,10 @@ __all__ = [
     "UserPriority",
     "user_priority",
 ]
+
+
+_LEVELS = 1 << 16
+"""Priority levels a DAGOR histogram holds at most per axis (the paper uses 128 and 64)."""
 
 
 class AdmissionLevel(NamedTuple):
@@ -154,7 +159,7 @@ class QueueingTimeAdmission:
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.threshold = check_positive("threshold", threshold)
         self.window = check_positive("window", window)
         self.window_requests = check_int("window_requests", window_requests)
@@ -164,13 +169,10 @@ class QueueingTimeAdmission:
                 f"early_window must be <= window ({window!r} s), got {early_window!r}"
             )
         self.early_requests = check_int("early_requests", early_requests)
-        self.business_levels = check_int("business_levels", business_levels)
-        self.user_levels = check_int("user_levels", user_levels)
-        for label, value in (("alpha", alpha), ("beta", beta)):
-            if not 0 < value < 1:
-                raise ConfigError(f"{label} must be in (0, 1), got {value!r}")
-        self.alpha = float(alpha)
-        self.beta = float(beta)
+        self.business_levels = validate.count("business_levels", business_levels, 1, _LEVELS)
+        self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
+        self.alpha = validate.number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
+        self.beta = validate.number("beta", beta, 0.0, 1.0, low_open=True, high_open=True)
         self._init_wait_rule(max_wait_ratio, overflow_share)
         self.clock = clock
         self.listeners = Listeners(listeners)
@@ -197,11 +199,11 @@ class QueueingTimeAdmission:
         """In a surge (a window's queueing past ``surge`` x threshold) and not yet calm again."""
 
     def _init_wait_rule(self, max_wait_ratio: float | None, overflow_share: float) -> None:
-        if max_wait_ratio is not None and not 0 < max_wait_ratio < math.inf:
-            raise ConfigError(
-                f"max_wait_ratio must be > 0 (mean service times) or None, got {max_wait_ratio!r}"
-            )
-        self.max_wait_ratio = None if max_wait_ratio is None else float(max_wait_ratio)
+        self.max_wait_ratio = (
+            None
+            if max_wait_ratio is None
+            else validate.number("max_wait_ratio", max_wait_ratio, 0.0, low_open=True)
+        )
         self.overflow_share = check_float(
             "overflow_share", overflow_share, 0.0, 1.0, open_high=True
         )
@@ -418,6 +420,11 @@ class QueueingTimeAdmission:
         self, queueing_time: float | None = None, business: int = 0, user: int = 0
     ) -> DagorPermit | None:
         """Admit a request now, recording its ``queueing_time`` when known; ``None`` = shed."""
+        if business.__class__ is not PLAIN_INT or user.__class__ is not PLAIN_INT:
+            validate.integer("business", business, error=ValueError)
+            validate.integer("user", user, error=ValueError)
+        if queueing_time is not None:
+            validate.seconds("queueing_time", queueing_time, error=ValueError)
         now = self.clock.monotonic()
         if not self.admit(now, business, user):
             return None
@@ -442,13 +449,19 @@ class UpstreamLevels:
     """
 
     def __init__(self, user_levels: int = defaults.DAGOR_USER_LEVELS) -> None:
-        self.user_levels = check_int("user_levels", user_levels)
+        self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
         self._levels: dict[str, AdmissionLevel] = {}
 
     def update(self, service: str, level: AdmissionLevel | tuple[int, int]) -> None:
-        self._levels[service] = AdmissionLevel(*level)
+        validate.text("service", service, error=ValueError)
+        business, user = level
+        self._levels[service] = AdmissionLevel(
+            validate.integer("level[0]", business, error=ValueError),
+            validate.integer("level[1]", user, error=ValueError),
+        )
 
     def get(self, service: str) -> AdmissionLevel | None:
+        validate.text("service", service, error=ValueError)
         return self._levels.get(service)
 
     def admits(self, service: str, business: int, user: int) -> bool:

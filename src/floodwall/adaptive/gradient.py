@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive._base import (
     Limit,
@@ -77,14 +77,12 @@ class GradientLimit(Limit):
                 f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
             )
         self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
-        if isinstance(queue_size, int):
-            fixed = check_int("queue_size", queue_size)
-            self._queue_size: Callable[[int], int] = lambda _limit: fixed
+        if queue_size is None or callable(queue_size):
+            self._queue_size: Callable[[int], int] = queue_size or _default_queue
         else:
-            self._queue_size = queue_size or _default_queue
-        if not rtt_tolerance >= 1.0:
-            raise ConfigError(f"rtt_tolerance must be >= 1.0, got {rtt_tolerance!r}")
-        self.rtt_tolerance = float(rtt_tolerance)
+            fixed = check_int("queue_size", queue_size)
+            self._queue_size = lambda _limit: fixed
+        self.rtt_tolerance = validate.number("rtt_tolerance", rtt_tolerance, 1.0)
         self.probe_interval = (
             None if probe_interval is None else check_int("probe_interval", probe_interval)
         )

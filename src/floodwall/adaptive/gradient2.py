@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive._base import (
     ExpAvgMeasurement,
@@ -101,19 +101,17 @@ class Gradient2Limit(Limit):
         self.decrease_smoothing = check_float(
             "decrease_smoothing", decrease_smoothing, 0.0, 1.0, open_high=False
         )
-        if not rtt_tolerance >= 1.0:  # also refuses NaN
-            raise ConfigError(f"rtt_tolerance must be >= 1.0, got {rtt_tolerance!r}")
-        self.rtt_tolerance = float(rtt_tolerance)
+        self.rtt_tolerance = validate.number("rtt_tolerance", rtt_tolerance, 1.0)
         # The queue size in use is ``_fixed_queue``: the constant, or the function's value for
         # the whole estimated limit ``_queue_at``, recomputed only when that changes (calling
         # the function every sample cost 70 % more per on_sample; the limit moves rarely).
         self._queue_size: Callable[[int], int] | None = None
         self._queue_at = int(initial_limit)
-        if isinstance(queue_size, int):
-            self._fixed_queue = check_int("queue_size", queue_size, 0)
-        else:
+        if callable(queue_size):
             self._queue_size = queue_size
             self._fixed_queue = queue_size(self._queue_at)
+        else:
+            self._fixed_queue = check_int("queue_size", queue_size, 0)
         self._min = float(self.min_limit)
         self._max = float(self.max_concurrency)
         self._long_rtt = ExpAvgMeasurement(

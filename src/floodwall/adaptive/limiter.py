@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
+from floodwall._core.errors import ConfigError, OverloadedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
 from floodwall._core.steps import Step, Wait
 from floodwall.adaptive._base import Limit
@@ -47,6 +48,8 @@ from floodwall.adaptive._base import Limit
 __all__ = ["AdaptiveLimiter", "PartitionStats", "Token"]
 
 _OPEN, _SUCCESS, _DROPPED, _IGNORED = 0, 1, 2, 3
+_DROPS = Outcomes(kinds=frozenset({"timeout", "rejected"}))
+"""The default ``drop_on``: timeouts and rejections say the dependency is at capacity."""
 
 
 class Token:
@@ -98,7 +101,7 @@ class Token:
         for the limiter's ``drop_on`` errors (timeouts, rejections), else ignored."""
         if error is None:
             outcome = _SUCCESS
-        elif isinstance(error, self._limiter.drop_on):
+        elif self._limiter.drop_on.error(error):
             outcome = _DROPPED
         else:
             outcome = _IGNORED
@@ -113,7 +116,7 @@ class _Partition:
     __slots__ = ("busy", "name", "share", "weight")
 
     def __init__(self, name: str, weight: float) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.weight = weight
         self.share = 0
         self.busy = 0
@@ -138,6 +141,10 @@ class AdaptiveLimiter(Gate):
     the caller in the limiter's :class:`~floodwall._core.parking.Lot`; ``resume`` turns a wait
     that timed out into the refusal; ``record`` closes the token from the outcome
     (:meth:`Token.close`).
+
+    ``drop_on`` (exception types or an :class:`~floodwall.Outcomes`; default: the kinds
+    ``timeout`` and ``rejected``) selects the errors that are drop samples; other errors release
+    the token without a sample.
     """
 
     kind = "adaptive_limiter"
@@ -151,24 +158,22 @@ class AdaptiveLimiter(Gate):
         backlog_size: int = 0,
         backlog_timeout: float = defaults.LIFO_BACKLOG_TIMEOUT,
         backlog_order: Literal["lifo", "fifo"] = "lifo",
-        drop_on: tuple[type[BaseException], ...] = (TimeoutError, RejectedError),
+        drop_on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = _DROPS,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
         if not isinstance(algorithm, Limit):
             raise ConfigError(f"algorithm must be a floodwall adaptive Limit, got {algorithm!r}")
-        if isinstance(backlog_size, bool) or not isinstance(backlog_size, int) or backlog_size < 0:
-            raise ConfigError(f"backlog_size must be an integer >= 0, got {backlog_size!r}")
-        if not 0 <= backlog_timeout < math.inf:
-            raise ConfigError(f"backlog_timeout must be >= 0 seconds, got {backlog_timeout!r}")
+        validate.count("backlog_size", backlog_size, 0)
+        validate.seconds("backlog_timeout", backlog_timeout)
         if backlog_order not in ("lifo", "fifo"):
             raise ConfigError(f"backlog_order must be 'lifo' or 'fifo', got {backlog_order!r}")
         self.algorithm = algorithm
-        self.name = name
+        self.name = validate.text("name", name)
         self.backlog_size = backlog_size
         self.backlog_timeout = float(backlog_timeout)
         self.backlog_order = backlog_order
-        self.drop_on = drop_on
+        self.drop_on = Outcomes.of("drop_on", drop_on)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
@@ -183,13 +188,14 @@ class AdaptiveLimiter(Gate):
 
     @staticmethod
     def _build_partitions(partitions: Mapping[str, float] | None) -> dict[str, _Partition]:
-        if not partitions:
+        if partitions is None:
             return {}
+        if not isinstance(partitions, Mapping):
+            raise ConfigError(f"partitions must be a mapping of name to share, got {partitions!r}")
         built: dict[str, _Partition] = {}
         for name, weight in partitions.items():
-            if not 0.0 <= weight <= 1.0:
-                raise ConfigError(f"partitions[{name!r}] must be in [0, 1], got {weight!r}")
-            built[name] = _Partition(name, float(weight))
+            share = validate.share(f"partitions[{name!r}]", weight)
+            built[validate.text("partition names", name)] = _Partition(name, share)
         total = sum(p.weight for p in built.values())
         if total > 1.0 + 1e-9:
             raise ConfigError(f"partition shares must add up to <= 1.0, got {total:g}")
@@ -233,10 +239,17 @@ class AdaptiveLimiter(Gate):
 
     def _resolve(self, partition: str | None) -> _Partition | None:
         if self._unknown is None:
+            given: object = partition  # a caller's argument: any object may arrive
+            if given is not None and not isinstance(given, str):
+                validate.text("partition", given, error=ValueError)
             return None
         if partition is None:
             return self._unknown
-        return self._partitions.get(partition, self._unknown)
+        found = self._partitions.get(partition)
+        if found is None:
+            validate.text("partition", partition, error=ValueError)
+            return self._unknown
+        return found
 
     def _admissible(self, part: _Partition | None) -> bool:
         """Under the lock: may one more token go to ``part``?"""
@@ -333,6 +346,8 @@ class AdaptiveLimiter(Gate):
     ) -> Token | None:
         """Like :meth:`acquire`, but wait in the backlog for up to ``max_wait`` (default
         ``backlog_timeout``) seconds on the limiter's clock."""
+        if max_wait is not None:
+            validate.seconds("max_wait", max_wait, infinite=True, error=ValueError)
         first = self._first_try(partition, max_wait)
         return _token(first.run()) if isinstance(first, Park) else first
 
@@ -340,6 +355,8 @@ class AdaptiveLimiter(Gate):
         self, partition: str | None = None, max_wait: float | None = None
     ) -> Token | None:
         """Like :meth:`acquire_blocking` for asyncio tasks."""
+        if max_wait is not None:
+            validate.seconds("max_wait", max_wait, infinite=True, error=ValueError)
         first = self._first_try(partition, max_wait)
         return _token(await first.arun()) if isinstance(first, Park) else first
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
@@ -149,12 +149,12 @@ class LoadShedder(Gate):
                 "limiter must be an AdaptiveLimiter, BBRLimiter or QueueingTimeAdmission, "
                 f"got {limiter!r}"
             )
-        if max_queue_time is not None and not max_queue_time > 0:
-            raise ConfigError(f"max_queue_time must be > 0 seconds, got {max_queue_time!r}")
+        if max_queue_time is not None:
+            validate.seconds("max_queue_time", max_queue_time, positive=True)
         if limiter is None and max_queue_time is None:
             raise ConfigError("a LoadShedder needs a limiter, a max_queue_time or both, got none")
-        if retry_after is not None and not retry_after >= 0:
-            raise ConfigError(f"retry_after must be >= 0 seconds, got {retry_after!r}")
+        if retry_after is not None:
+            validate.seconds("retry_after", retry_after)
         self.limiter = limiter
         # The limiter's kind, decided once: admit() branches on an int, not on isinstance.
         self._adaptive = limiter if isinstance(limiter, AdaptiveLimiter) else None
@@ -169,7 +169,7 @@ class LoadShedder(Gate):
             if self._bbr is not None
             else _DAGOR
         )
-        self.name = name
+        self.name = validate.text("name", name)
         self.max_queue_time = max_queue_time
         self.retry_after = retry_after
         self.clock = clock

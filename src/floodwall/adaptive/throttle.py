@@ -30,12 +30,12 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, OverloadedError, RejectedError
+from floodwall._core.errors import OverloadedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Kind
+from floodwall._core.outcome import Kind, Outcomes
 from floodwall._core.window import TimeWindow
 from floodwall.adaptive._base import check_int, check_positive
 
@@ -45,6 +45,10 @@ __all__ = ["ClientThrottle", "reject_probability"]
 def reject_probability(requests: float, accepts: float, k: float = defaults.THROTTLE_K) -> float:
     """``max(0, (requests − k × accepts) / (requests + 1))`` (SRE book, eq. 21-1)."""
     return max(0.0, (requests - k * accepts) / (requests + 1))
+
+
+_BACKEND_REJECTIONS = Outcomes(kinds=frozenset({"rejected", "timeout"}))
+"""The default ``backend_rejections``: a rejection or a timeout is the backend saying no."""
 
 
 class ClientThrottle(Gate):
@@ -59,7 +63,9 @@ class ClientThrottle(Gate):
 
     As a gate: ``admit`` counts the attempt and refuses with :class:`~floodwall.OverloadedError`
     when the draw says so (:meth:`allow`); ``record`` counts the call as accepted by the backend
-    unless it ended with one of ``backend_rejections`` (or a ``rejected_result``), or was
+    unless it ended with one of ``backend_rejections`` (exception types or an
+    :class:`~floodwall.Outcomes`; default the kinds ``rejected`` and ``timeout``) (or a
+    ``rejected_result``), or was
     interrupted (cancelled) before an answer.
     """
 
@@ -74,23 +80,24 @@ class ClientThrottle(Gate):
         buckets: int = defaults.THROTTLE_BUCKETS,
         min_requests: int = 0,
         max_reject: float = 1.0,
-        backend_rejections: tuple[type[BaseException], ...] = (RejectedError, TimeoutError),
+        backend_rejections: type[BaseException]
+        | tuple[type[BaseException], ...]
+        | Outcomes = _BACKEND_REJECTIONS,
         rejected_result: Callable[[Any], bool] | None = None,
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not k > 0:
-            raise ConfigError(f"k must be > 0, got {k!r}")
-        if not 0 < max_reject <= 1:
-            raise ConfigError(f"max_reject must be in (0, 1], got {max_reject!r}")
-        self.name = name
-        self.k = float(k)
+        self.name = validate.text("name", name)
+        self.k = validate.number("k", k, 0.0, low_open=True)
         self.window = check_positive("window", window)
-        self.buckets = check_int("buckets", buckets)
+        self.buckets = validate.count("buckets", buckets, 1, defaults.MAX_SLOTS)
         self.min_requests = check_int("min_requests", min_requests, 0)
-        self.max_reject = float(max_reject)
-        self.backend_rejections = backend_rejections
+        self.max_reject = validate.number("max_reject", max_reject, 0.0, 1.0, low_open=True)
+        self.backend_rejections = Outcomes.of("backend_rejections", backend_rejections)
+        """The errors that count as the backend refusing (an outcome selection)."""
+        if rejected_result is not None:
+            validate.function("rejected_result", rejected_result, what="a predicate")
         self.rejected_result = rejected_result
         self.rng = rng or random.Random()
         self.clock = clock
@@ -175,7 +182,7 @@ class ClientThrottle(Gate):
         if error is None:
             if self.rejected_result is None or not self.rejected_result(result):
                 self.accept(now)
-        elif isinstance(error, Exception) and not isinstance(error, self.backend_rejections):
+        elif isinstance(error, Exception) and not self.backend_rejections.error(error):
             self.accept(now)
 
     def describe(self) -> str:

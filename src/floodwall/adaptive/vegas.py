@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive._base import Limit, check_float, check_int, log10_root
 
@@ -43,6 +44,12 @@ def _as_fn(name: str, value: int | IntFn | None, default: IntFn) -> IntFn:
         return value
     fixed = check_int(name, value, 0)
     return lambda _limit: fixed
+
+
+def _fn(name: str, value: Callable[..., Any] | None, default: Callable[..., Any]) -> Any:
+    if value is None:
+        return default
+    return validate.function(name, value, what="a function of the limit")
 
 
 class VegasLimit(Limit):
@@ -88,9 +95,13 @@ class VegasLimit(Limit):
         self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
         self._alpha = _as_fn("alpha", alpha, lambda limit: 3 * log10_root(limit))
         self._beta = _as_fn("beta", beta, lambda limit: 6 * log10_root(limit))
-        self._threshold = threshold or log10_root
-        self._increase: FloatFn = increase or (lambda limit: limit + log10_root(int(limit)))
-        self._decrease: FloatFn = decrease or (lambda limit: limit - log10_root(int(limit)))
+        self._threshold = _fn("threshold", threshold, log10_root)
+        self._increase: FloatFn = _fn(
+            "increase", increase, lambda limit: limit + log10_root(int(limit))
+        )
+        self._decrease: FloatFn = _fn(
+            "decrease", decrease, lambda limit: limit - log10_root(int(limit))
+        )
         self.probe_multiplier = check_int("probe_multiplier", probe_multiplier)
         self._rng = rng or random.Random()
         self.estimated_limit = float(initial_limit)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive._base import Limit, check_int, check_positive
 
@@ -95,11 +95,9 @@ class WindowedLimit(Limit):
                 f"got {max_window_time!r}"
             )
         self.window_size = check_int("window_size", window_size)
-        if not min_rtt_threshold >= 0:
-            raise ConfigError(f"min_rtt_threshold must be >= 0, got {min_rtt_threshold!r}")
-        self.min_rtt_threshold = float(min_rtt_threshold)
-        if percentile is not None and not 0 < percentile <= 1:
-            raise ConfigError(f"percentile must be in (0, 1], got {percentile!r}")
+        self.min_rtt_threshold = validate.seconds("min_rtt_threshold", min_rtt_threshold)
+        if percentile is not None:
+            validate.number("percentile", percentile, 0.0, 1.0, low_open=True)
         self.percentile = percentile
         self._window = _SampleWindow(percentile is not None)
         self._next_update = -math.inf

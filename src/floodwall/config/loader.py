@@ -13,13 +13,13 @@ the rule's 10), and a ``null`` in ``defaults`` stays off.
 
 Every error names the source, the path inside the document and the bad value::
 
-    floodwall.yaml: resources.payments.retry.attempts: Input should be greater than or equal
-    to 1 (got 0)
+    floodwall.yaml: resources.payments.retry.attempts: must be an integer >= 1, got 0
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.config.schema import Document
 
@@ -128,14 +129,19 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
     lines = []
     for item in error.errors(include_url=False):
         message = item["msg"].removeprefix("Value error, ")
+        loc = item["loc"]
+        named = f"{loc[-1]} must " if loc and isinstance(loc[-1], str) else ""
+        if named and message.startswith(named):  # an option's own check: the path names it
+            message = message[len(named) - len("must ") :]
         got = item.get("input")
         shown = "" if isinstance(got, dict) or "got " in message else f" (got {got!r})"
-        lines.append(f"{source}: {_path(item['loc'])}: {message}{shown}")
+        lines.append(f"{source}: {_path(loc)}: {message}{shown}")
     return ConfigError("\n".join(lines))
 
 
 def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
     """Validate a raw mapping (already loaded from YAML/TOML/JSON) into a :class:`Document`."""
+    validate.text("source", source)
     try:
         resolved = inherit(raw)
     except ConfigError as exc:
@@ -149,6 +155,8 @@ def parse(raw: Mapping[str, Any], source: str = "<config>") -> Document:
 
 def load(path: str | Path) -> Document:
     """Read and validate a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"path must be a file path, got {path!r}")
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -159,6 +167,8 @@ def load(path: str | Path) -> Document:
 
 def loads(text: str, source: str = "<config>") -> dict[str, Any]:
     """Parse the text of a document by the source's extension (YAML when unknown)."""
+    validate.text("text", text, empty=True)
+    validate.text("source", source)
     try:
         if source.endswith(".toml"):
             data: Any = tomllib.loads(text)

@@ -32,6 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
@@ -39,7 +40,9 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.meter import DEGRADED as _DEGRADED
 from floodwall._core.meter import EDGES as _EDGES
 from floodwall._core.meter import CallObserver, Degradation, Meter
+from floodwall._core.options import kwargs
 from floodwall._core.policy import Policy
+from floodwall._core.validate import PLAIN_INT
 from floodwall.adaptive import (
     AdaptiveLimiter,
     AIMDLimit,
@@ -51,14 +54,6 @@ from floodwall.adaptive import (
 from floodwall.adaptive.windowed import WindowedLimit
 from floodwall.backoff import (
     Backoff,
-    DecorrelatedJitter,
-    EqualJitter,
-    Exponential,
-    Fixed,
-    FullJitter,
-    Linear,
-    NoBackoff,
-    Uniform,
 )
 from floodwall.breaker import CircuitBreaker
 from floodwall.budget import RetryBudget
@@ -103,25 +98,9 @@ _log = logging.getLogger("floodwall.config")
 
 
 def build_backoff(config: BackoffConfig) -> Backoff:
-    """The backoff object a ``backoff:`` section describes."""
-    kind, base, cap, mult = config.kind, config.base, config.cap, config.multiplier
-    if kind == "none":
-        return NoBackoff()
-    if kind == "fixed":
-        return Fixed(base, cap=cap)
-    if kind == "linear":
-        return Linear(base, cap=cap)
-    if kind == "random":
-        low = config.low if config.low is not None else 0.0
-        high = config.high if config.high is not None else base
-        return Uniform(low, high, cap=cap)
-    if kind == "decorrelated":
-        return DecorrelatedJitter(base, cap=cap)
-    if config.jitter == "full":
-        return FullJitter(base, multiplier=mult, cap=cap)
-    if config.jitter == "equal":
-        return EqualJitter(base, multiplier=mult, cap=cap)
-    return Exponential(base, multiplier=mult, cap=cap)
+    """The backoff object a ``backoff:`` section describes (:meth:`BackoffConfig.backoff`)."""
+    validate.instance("config", config, BackoffConfig, "a BackoffConfig")
+    return config.backoff()
 
 
 def _new_budget(
@@ -216,14 +195,7 @@ def build_bulkhead(
             clock=clock,
             listeners=listeners,
         )
-    return Bulkhead(
-        name,
-        max_concurrent=config.max_concurrent,
-        max_queue=config.max_queue,
-        max_wait=config.max_wait,
-        clock=clock,
-        listeners=listeners,
-    )
+    return Bulkhead(name, clock=clock, listeners=listeners, **kwargs(config.options()))
 
 
 @dataclass(frozen=True)
@@ -324,7 +296,7 @@ def build(
         )
         policies.append(cache)
     if config.circuit_breaker is not None:
-        options = config.circuit_breaker.model_dump()
+        options = kwargs(config.circuit_breaker.options())
         breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
         policies.append(breaker)
     if config.bulkhead is not None:
@@ -368,12 +340,7 @@ def build(
         policies.append(retry)
     if config.timeout is not None:
         timeout = Timeout(
-            config.timeout.seconds,
-            name=name,
-            mode=config.timeout.mode,
-            thread_limit=config.timeout.thread_limit,
-            clock=clock,
-            listeners=listeners,
+            name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
         )
         policies.append(timeout)
     chaos = None
@@ -428,7 +395,7 @@ class Resource(Pipeline):
     kind = "resource"
 
     def __init__(self, name: str, config: ResourceConfig, registry: Registry) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.config = config
         self.level = config.level
         self._registry = registry
@@ -667,7 +634,7 @@ class Registry:
     ) -> None:
         from floodwall.config.loader import parse
 
-        self.metrics = metrics
+        self.metrics = validate.flag("metrics", metrics)
         """Whether resources keep a :class:`~floodwall.observe.Meter` (cumulative outcomes and
         latency, what the Prometheus and OpenTelemetry adapters read)."""
         self.clock = clock
@@ -698,6 +665,8 @@ class Registry:
 
     def get(self, name: str) -> Resource:
         """The resource called ``name`` (a policy: call it, await it, decorate with it)."""
+        if name.__class__ is not str:
+            validate.text("name", name, error=TypeError)
         try:
             return self._resources[name]
         except KeyError:
@@ -755,7 +724,7 @@ class Registry:
         """Swap ``built`` into ``resource``, keeping the live breaker's state (its window, open
         timer and counts), a live-tuned sampled drop and an unchanged cache's entries."""
         if built.breaker is not None and resource.breaker is not None:
-            resource.breaker.reconfigure(**built.breaker.options())
+            resource.breaker.reconfigure(built.breaker.options)
             built = built.replace(built.breaker, resource.breaker, "breaker")
         if built.sampled is not None and resource.sampled is not None and config.sampled_drop:
             # A live-tuned ratio (the config centre's knob) keeps the policy and its counters.
@@ -803,6 +772,8 @@ class Registry:
         invalid one (it is what a file caught mid-write looks like); ``allow_empty=True``
         drops every resource on purpose.
         """
+        validate.text("source", source)
+        validate.flag("allow_empty", allow_empty)
         refused: ConfigError | None = None
         with self._lock:  # one reload at a time, and no operator change between stage and swap
             try:
@@ -947,6 +918,9 @@ class Registry:
         self._breaker_override(name, "force_closed", ttl, reason)
 
     def _breaker_override(self, name: str, action: str, ttl: float | None, reason: str) -> None:
+        validate.text("reason", reason, empty=True)
+        if ttl is not None:
+            validate.seconds("ttl", ttl, positive=True)
         breaker = self.get(name).breaker
         if breaker is None:
             raise ConfigError(f"resources.{name} has no circuit_breaker to {action}")
@@ -968,6 +942,9 @@ class Registry:
         The configured limit comes back when the override ends; a reload in the meantime keeps
         the override in force.
         """
+        validate.text("reason", reason, empty=True)
+        if burst is not None:
+            validate.count("burst", burst, 0)
         resource = self.get(name)
         current = resource.config.rate_limit
         if current is None:
@@ -990,8 +967,9 @@ class Registry:
 
     def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
         """Shed dependency level ``level`` (2 or 3): its calls answer from their fallback."""
-        if level not in (2, 3):
+        if isinstance(level, bool) or not isinstance(level, int) or level not in (2, 3):
             raise ConfigError(f"level must be 2 or 3 (level 1 is never shed), got {level!r}")
+        validate.text("reason", reason, empty=True)
         text = reason or f"level {level} shed by operator"
         with self._lock:
             self._shed_levels = self._shed_levels | {level}
@@ -999,6 +977,9 @@ class Registry:
 
     def clear(self, target: str, action: str | None = None) -> None:
         """End the overrides on ``target`` (a resource name or ``"level:N"``)."""
+        validate.text("target", target)
+        if action is not None:
+            validate.text("action", action)
         with self._lock:
             ended = [k for k in self._overrides if k[0] == target and action in (None, k[1])]
             for key in ended:
@@ -1007,9 +988,7 @@ class Registry:
     def _until(self, ttl: float | None) -> float | None:
         if ttl is None:
             return None
-        if not ttl > 0:
-            raise ConfigError(f"ttl must be > 0 seconds, got {ttl!r}")
-        return self.clock.monotonic() + ttl
+        return self.clock.monotonic() + validate.seconds("ttl", ttl, positive=True)
 
     def _set_override(self, override: Override) -> None:
         with self._lock:
@@ -1059,6 +1038,8 @@ class Registry:
 
     def is_shed(self, level: int) -> bool:
         """Whether calls at ``level`` are being shed now (cheap: checked on every call)."""
+        if level.__class__ is not PLAIN_INT:  # resources pass ints; any other query is checked
+            validate.count("level", level, 1, 3, error=ValueError)
         if self.clock.monotonic() >= self._next_expiry:
             self.expire()
         return level in self._shed_levels
@@ -1093,7 +1074,7 @@ class Registry:
                 entry["bulkhead"] = {
                     "in_flight": resource.bulkhead.in_flight,
                     "queued": resource.bulkhead.queued,
-                    "max_concurrent": resource.bulkhead.max_concurrent,
+                    "max_concurrent": resource.bulkhead.options.max_concurrent,
                     "scope": "host" if isinstance(resource.bulkhead, HostBulkhead) else "local",
                 }
             limiter = resource.limiter
@@ -1157,6 +1138,8 @@ class Registry:
         """Show ``observer`` every call through every resource, from the next call on (and
         every resource a reload adds): what a tracer or a per-call histogram needs. Costs each
         call the observer's work; the registry's plain meter costs nothing extra."""
+        if not all(callable(getattr(observer, m, None)) for m in ("begin", "end")):
+            raise TypeError(f"observer must be a CallObserver (begin, end), got {observer!r}")
         if not self.metrics:
             raise ConfigError("add_observer needs a registry with metrics=True (the meter gate)")
         with self._lock:

@@ -21,23 +21,49 @@ Shape (keys may be added; these keep their names)::
 A policy section set to ``false`` (or ``null``) switches that policy off for the resource even
 when ``defaults`` has it. Every model forbids unknown keys, so a typo is an error, not a silently
 ignored setting.
+
+A section with a policy's options object (``circuit_breaker``, ``bulkhead``, ``timeout``, the
+options of ``retry``, ``budget``) checks each field with that object's own checks and builds the
+object itself (:meth:`CircuitBreakerConfig.options`, …): a bad value gets the same message from a
+file as from code, under the path of the field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from functools import partial
+from types import NoneType
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
+from floodwall._core.options import Checks, check_field, optional
+from floodwall.backoff import (
+    Backoff,
+    DecorrelatedJitter,
+    EqualJitter,
+    Exponential,
+    Fixed,
+    FullJitter,
+    Linear,
+    NoBackoff,
+    Uniform,
+)
+from floodwall.breaker import BreakerOptions
+from floodwall.budget import CHECKS as BUDGET_CHECKS
+from floodwall.bulkhead import BulkheadOptions
 from floodwall.config.units import Duration
+from floodwall.retry import RetryOptions
+from floodwall.timeout import TimeoutOptions
 
 __all__ = [
     "AdaptiveConfig",
@@ -60,32 +86,90 @@ __all__ = [
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number is a number and a flag is true or false: pydantic's lax mode would read
+        ``true`` as 1 and ``"yes"`` as true. (A duration has its own parser: ``"5s"``.)"""
+        name = info.field_name
+        assert name is not None
+        kind = _scalar_kind(cls.model_fields[name])
+        if kind == "number" and isinstance(value, bool | str):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if kind == "flag" and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+
+def _scalar_kind(field: FieldInfo) -> str | None:
+    """``"number"`` for an int/float field, ``"flag"`` for a bool one (``None`` allowed in
+    both when optional), else ``None`` (anything with a parser of its own: durations, rates)."""
+    if any(type(m).__module__.startswith("pydantic.functional") for m in field.metadata):
+        return None  # a parser of its own (a duration, a rate)
+    members = {a for a in get_args(field.annotation) or (field.annotation,) if a is not NoneType}
+    if any(get_origin(a) is Annotated for a in members):
+        return None
+    if members and members <= {int, float}:
+        return "number"
+    return "flag" if members == {bool} else None
+
+
+def _checked_by(checks: Checks, *, skip: tuple[str, ...] = ()) -> Any:
+    """A validator running an options object's own check on every field it has one for
+    (except ``skip``: a section of its own in the file, such as ``retry.backoff``)."""
+
+    def check(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name
+        assert name is not None
+        return value if name in skip else check_field(checks, name, value)
+
+    return field_validator("*")(check)
+
 
 class CircuitBreakerConfig(_Model):
-    """Options of :class:`floodwall.CircuitBreaker` (see docs/circuit-breaker.md)."""
+    """Options of :class:`floodwall.CircuitBreaker` (see docs/circuit-breaker.md); builds a
+    :class:`~floodwall.breaker.BreakerOptions` (``record``/``ignore``/``failure_result`` are
+    code-only: exception types and predicates have no file form)."""
 
-    failure_rate: float | None = Field(defaults.BREAKER_FAILURE_RATE, gt=0, le=1)
-    minimum_calls: int = Field(defaults.BREAKER_MINIMUM_CALLS, ge=1)
-    slow_call_rate: float | None = Field(None, gt=0, le=1)
+    failure_rate: float | None = defaults.BREAKER_FAILURE_RATE
+    minimum_calls: int = defaults.BREAKER_MINIMUM_CALLS
+    slow_call_rate: float | None = None
     slow_call_duration: Duration | None = None
-    error_count: int | None = Field(None, ge=1)
-    consecutive_failures: int | None = Field(None, ge=1)
+    error_count: int | None = None
+    consecutive_failures: int | None = None
     window: Duration = defaults.BREAKER_WINDOW
-    buckets: int = Field(defaults.BREAKER_BUCKETS, ge=1)
-    window_calls: int | None = Field(None, ge=1)
+    buckets: int = defaults.BREAKER_BUCKETS
+    window_calls: int | None = None
     open_duration: Duration = defaults.BREAKER_OPEN_DURATION
-    open_duration_growth: float = Field(defaults.BREAKER_OPEN_DURATION_GROWTH, ge=1)
+    open_duration_growth: float = defaults.BREAKER_OPEN_DURATION_GROWTH
     max_open_duration: Duration = defaults.BREAKER_MAX_OPEN_DURATION
-    half_open_calls: int = Field(defaults.BREAKER_HALF_OPEN_CALLS, ge=1)
+    half_open_calls: int = defaults.BREAKER_HALF_OPEN_CALLS
     probe_timeout: Duration = defaults.BREAKER_PROBE_TIMEOUT
+
+    _fields = _checked_by(BreakerOptions.CHECKS)
+
+    @model_validator(mode="after")
+    def _whole(self) -> CircuitBreakerConfig:
+        self.options()  # the checks between fields (slow_call_rate needs slow_call_duration, …)
+        return self
+
+    def options(self) -> BreakerOptions:
+        """The breaker's options this section describes."""
+        return BreakerOptions(**self.model_dump())
 
 
 class TimeoutConfig(_Model):
     """Options of :class:`floodwall.Timeout`; a bare duration (``timeout: 2s``) also works."""
 
-    seconds: Duration = Field(gt=0)
+    seconds: Duration
     mode: Literal["auto", "signal", "thread", "cooperative"] = "auto"
-    thread_limit: int = Field(defaults.TIMEOUT_THREAD_LIMIT, ge=1)
+    thread_limit: int = defaults.TIMEOUT_THREAD_LIMIT
+
+    _fields = _checked_by(TimeoutOptions.CHECKS)
+
+    def options(self) -> TimeoutOptions:
+        """The timeout's options this section describes."""
+        return TimeoutOptions(**self.model_dump())
 
 
 class FallbackConfig(_Model):
@@ -103,26 +187,55 @@ class BackoffConfig(_Model):
     )
     base: Duration = defaults.RETRY_BACKOFF_BASE
     cap: Duration = defaults.RETRY_BACKOFF_CAP
-    multiplier: float = Field(2.0, ge=1)
+    multiplier: float = 2.0
     jitter: Literal["none", "full", "equal"] = "full"
     low: Duration | None = None
     high: Duration | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> BackoffConfig:
+        self.backoff()  # the strategy's own checks (a zero base, an infinite multiplier, …)
+        return self
+
+    def backoff(self) -> Backoff:
+        """The backoff strategy this section describes (its own frozen, validated options)."""
+        kind, base, cap, mult = self.kind, self.base, self.cap, self.multiplier
+        if kind == "none":
+            return NoBackoff()
+        if kind == "fixed":
+            return Fixed(base, cap=cap)
+        if kind == "linear":
+            return Linear(base, cap=cap)
+        if kind == "random":
+            low = self.low if self.low is not None else 0.0
+            high = self.high if self.high is not None else base
+            return Uniform(low, high, cap=cap)
+        if kind == "decorrelated":
+            return DecorrelatedJitter(base, cap=cap)
+        if self.jitter == "full":
+            return FullJitter(base, multiplier=mult, cap=cap)
+        if self.jitter == "equal":
+            return EqualJitter(base, multiplier=mult, cap=cap)
+        return Exponential(base, multiplier=mult, cap=cap)
 
 
 class BudgetConfig(_Model):
     """A retry budget: retries / requests over the window stay under ``ratio``."""
 
-    ratio: float = Field(defaults.RETRY_BUDGET_RATIO, ge=0, le=1)
-    min_per_second: float = Field(defaults.RETRY_BUDGET_MIN_PER_SECOND, ge=0)
+    ratio: float = defaults.RETRY_BUDGET_RATIO
+    min_per_second: float = defaults.RETRY_BUDGET_MIN_PER_SECOND
     window: Duration = defaults.RETRY_BUDGET_WINDOW
     shared: str | None = None
     """Name of a budget shared by every resource that gives the same name."""
 
+    _fields = _checked_by(BUDGET_CHECKS)
+
 
 class RetryConfig(_Model):
-    """Options of :class:`floodwall.Retry`."""
+    """Options of :class:`floodwall.Retry` (checked as :class:`~floodwall.retry.RetryOptions`
+    checks them; the resource's ``level`` is the retry's)."""
 
-    attempts: int = Field(defaults.RETRY_ATTEMPTS, ge=1)
+    attempts: int = defaults.RETRY_ATTEMPTS
     backoff: BackoffConfig = BackoffConfig()
     budget: BudgetConfig | None = BudgetConfig()
     deadline: Duration | None = None
@@ -130,22 +243,36 @@ class RetryConfig(_Model):
     retry_overload: bool = False
     max_retry_after: Duration = defaults.RETRY_MAX_RETRY_AFTER
 
+    _fields = _checked_by(RetryOptions.CHECKS, skip=("backoff",))
+
 
 class BulkheadConfig(_Model):
     """Options of :class:`floodwall.Bulkhead` (``scope: local``, per process) or of
     :class:`floodwall.HostBulkhead` (``scope: host``: one count for every process of the host,
-    kept in the ``host://`` store named by ``store``)."""
+    kept in the ``host://`` store named by ``store``); the first three build a
+    :class:`~floodwall.bulkhead.BulkheadOptions` (``bypass`` is code-only)."""
 
-    max_concurrent: int = Field(ge=1)
-    max_queue: int = Field(0, ge=0)
-    max_wait: Duration = 0.0
+    max_concurrent: int
+    max_queue: int = defaults.BULKHEAD_MAX_QUEUE
+    max_wait: Duration = defaults.BULKHEAD_MAX_WAIT
     scope: Literal["local", "host"] = "local"
     store: str = "default"
     """``scope: host``: the ``stores`` entry (a ``host://NAME`` URL) holding the slots."""
-    expected_instances: int = Field(1, ge=1)
+    expected_instances: int = 1
     """``scope: host``: processes sharing the slots; each keeps ``max_concurrent ÷
     expected_instances`` while the store is unavailable (``on_store_error: local``)."""
     on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
+
+    _fields = _checked_by({**BulkheadOptions.CHECKS, "expected_instances": validate.count})
+
+    @model_validator(mode="after")
+    def _whole(self) -> BulkheadConfig:
+        self.options()  # max_wait > 0 needs max_queue >= 1
+        return self
+
+    def options(self) -> BulkheadOptions:
+        """The bulkhead's options this section describes."""
+        return BulkheadOptions(self.max_concurrent, self.max_queue, self.max_wait)
 
 
 def _rate_spec(value: object) -> str | float:
@@ -170,7 +297,7 @@ class RateLimitConfig(_Model):
     """A local or global rate limit."""
 
     rate: RateSpec
-    burst: int | None = Field(None, ge=0)
+    burst: int | None = None
     """Permits beyond the steady rate (default: one period's worth, ``count - 1``)."""
     algorithm: Literal["fixed", "sliding_log", "sliding", "token_bucket", "gcra", "leaky"] = "gcra"
     key: str | None = None
@@ -178,10 +305,17 @@ class RateLimitConfig(_Model):
     store: str = "default"
     """``scope: global`` or ``host``: the ``stores`` entry holding the shared counts (``host``
     requires a ``host://NAME`` store: the processes of one host, no server)."""
-    expected_instances: int = Field(1, ge=1)
+    expected_instances: int = 1
     """``scope: global``: processes sharing the limit; each keeps ``rate ÷ expected_instances``
     while the store is down (``on_store_error: local``)."""
     on_store_error: Literal["local", "fail_open", "fail_closed"] = "local"
+
+    _fields = _checked_by(
+        {
+            "burst": optional(partial(validate.count, minimum=0)),
+            "expected_instances": validate.count,
+        }
+    )
 
     @model_validator(mode="after")
     def _global_form(self) -> RateLimitConfig:
@@ -206,8 +340,10 @@ class AdaptiveConfig(_Model):
     options: dict[str, float | int] = Field(default_factory=dict)
     windowed: bool = False
     partitions: dict[str, float] | None = None
-    backlog_size: int = Field(0, ge=0)
+    backlog_size: int = 0
     backlog_timeout: Duration = defaults.LIFO_BACKLOG_TIMEOUT
+
+    _fields = _checked_by({"backlog_size": partial(validate.count, minimum=0)})
 
 
 class IdempotencyConfig(_Model):
@@ -225,17 +361,21 @@ class CacheConfig(_Model):
 
     ttl: Duration = defaults.CACHE_TTL
     stale_ttl: Duration = defaults.CACHE_STALE_TTL
-    max_entries: int = Field(defaults.CACHE_MAX_ENTRIES, ge=1)
+    max_entries: int = defaults.CACHE_MAX_ENTRIES
     kinds: tuple[str, ...] | None = None
     read_only: bool = False
     store: str | None = None
     """Name of a ``stores`` entry for a shared level (``None``: in-process only)."""
 
+    _fields = _checked_by({"max_entries": validate.count})
+
 
 class SampledDropConfig(_Model):
     """Drop this share of the calls (low-priority writes); tunable live by reloading."""
 
-    ratio: float = Field(ge=0, le=1)
+    ratio: float
+
+    _fields = _checked_by({"ratio": validate.share})
 
 
 class ChaosConfig(_Model):
@@ -247,8 +387,10 @@ class ChaosConfig(_Model):
     exception: Literal[True] | None = None
     result: Any = None
     hang: Duration | None = None
-    rate: float = Field(1.0, ge=0, le=1)
+    rate: float = 1.0
     enabled: bool = True
+
+    _fields = _checked_by({"rate": validate.share})
     schedule: tuple[tuple[Duration, Duration | None], ...] | None = None
     period: Duration | None = None
 

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall.config.loader import loads, parse
@@ -56,8 +57,7 @@ class FileSource:
         allow_empty: bool = False,
         clock: Clock | None = None,
     ) -> None:
-        if not interval > 0:
-            raise ConfigError(f"interval must be > 0 seconds, got {interval!r}")
+        validate.seconds("interval", interval, positive=True)
         self.path = Path(path)
         self.registry = registry
         self.interval = float(interval)

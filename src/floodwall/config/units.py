@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer, PlainValidator
 
+from floodwall._core import validate
 from floodwall.ratelimit._base import Rate as _Rate
 from floodwall.ratelimit._base import parse_rate
 
@@ -57,6 +58,9 @@ def parse_duration(value: object) -> float:
 
 def format_duration(seconds: float) -> str:
     """The shortest exact human form: ``0.25 -> '250ms'``, ``120 -> '2m'``."""
+    validate.seconds("seconds", seconds, infinite=True, error=ValueError)
+    if seconds == math.inf:
+        return "inf"
     for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
         count = seconds / size
         if count >= 1 and abs(count - round(count)) < 1e-9:

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -120,22 +120,20 @@ class Chunked(Generic[T]):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(f"size must be an integer >= 1, got {size!r}")
+        validate.count("size", size)
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a floodwall Policy or None, got {policy!r}")
         if max_failures is not None and (
             isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1
         ):
             raise ConfigError(f"max_failures must be an integer >= 1 or None, got {max_failures!r}")
-        if isinstance(pause, bool) or not 0 <= pause < float("inf"):
-            raise ConfigError(f"pause must be a finite number of seconds >= 0, got {pause!r}")
+        validate.seconds("pause", pause)
         self.items = items
         self.size = size
         self.policy = policy
         self.max_failures = max_failures
         self.pause = float(pause)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._failures = 0
@@ -204,8 +202,7 @@ class Chunked(Generic[T]):
         self, fn: Callable[[tuple[T, ...]], Awaitable[R]], *, concurrency: int = 1
     ) -> BatchResult[T, R]:
         """Await ``fn(chunk)`` for every chunk, up to ``concurrency`` at once."""
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        validate.count("concurrency", concurrency)
         self._failures = 0
         chunks: list[Chunk[T, Any]] = []
         slots = asyncio.Semaphore(concurrency)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -72,9 +72,9 @@ class CoalesceCore(Generic[K, V]):
     """Pending batches per key and which are due (pure; the shell locks and keeps time)."""
 
     def __init__(self, window: float, merge: Callable[[V, V], V], max_keys: int) -> None:
-        self.window = window
-        self.merge = merge
-        self.max_keys = max_keys
+        self.window = validate.seconds("window", window)
+        self.merge = validate.function("merge", merge, what="a callable (pending, value)")
+        self.max_keys = validate.count("max_keys", max_keys)
         self._pending: dict[K, Batch[K, V]] = {}
         self._busy: set[K] = set()
         self._seq = itertools.count()
@@ -158,10 +158,8 @@ class Coalesce(Generic[K, V]):
     ) -> None:
         if not callable(flush):
             raise ConfigError(f"flush must be callable, got {flush!r}")
-        if isinstance(window, bool) or not 0 <= window < float("inf"):
-            raise ConfigError(f"window must be a finite number of seconds >= 0, got {window!r}")
-        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
-            raise ConfigError(f"max_keys must be an integer >= 1, got {max_keys!r}")
+        validate.seconds("window", window)
+        validate.count("max_keys", max_keys)
         if on_error not in ("requeue", "drop"):
             raise ConfigError(f"on_error must be 'requeue' or 'drop', got {on_error!r}")
         if policy is not None and not isinstance(policy, Policy):
@@ -170,7 +168,7 @@ class Coalesce(Generic[K, V]):
         self.window = float(window)
         self.policy = policy
         self.on_error = on_error
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.core: CoalesceCore[K, V] = CoalesceCore(self.window, merge, max_keys)
@@ -258,7 +256,7 @@ class Coalesce(Generic[K, V]):
 
     def flush(self, *, everything: bool = False) -> list[Flushed[K, V]]:
         """Flush every batch due now (every pending batch, with ``everything``)."""
-        return settle(self._flush(everything))  # type: ignore[no-any-return]
+        return settle(self._flush(validate.flag("everything", everything, error=ValueError)))  # type: ignore[no-any-return]
 
     def flush_all(self) -> list[Flushed[K, V]]:
         """Flush every pending batch now (shutdown); failures are requeued or dropped as
@@ -293,7 +291,8 @@ class Coalesce(Generic[K, V]):
 
     async def flush_async(self, *, everything: bool = False) -> list[Flushed[K, V]]:
         """:meth:`flush` for async flush functions (a sync one is called directly)."""
-        return await settle_async(self._flush(everything))  # type: ignore[no-any-return]
+        flag = validate.flag("everything", everything, error=ValueError)
+        return await settle_async(self._flush(flag))  # type: ignore[no-any-return]
 
     async def flush_all_async(self) -> list[Flushed[K, V]]:
         return await self.flush_async(everything=True)

@@ -39,11 +39,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.validate import PLAIN_INT
+from floodwall._core.validate import seconds as _seconds
 
 __all__ = [
     "SHED_ORDER",
@@ -73,16 +75,6 @@ class ShedState(enum.IntEnum):
     """Levels 3 and 2 are shed: only level-1 dependencies are called."""
 
 
-def _seconds(name: str, value: float, *, positive: bool = False) -> float:
-    ok = value > 0 if positive else value >= 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be a number of seconds {bound}, got {value!r}")
-    if math.isinf(value):
-        raise ConfigError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True, slots=True)
 class ShedOptions:
     """The controller's thresholds and delays (defaults: [Degradation][guide-degradation])."""
@@ -95,10 +87,8 @@ class ShedOptions:
     max_restore_after: float = defaults.SHED_MAX_RESTORE_AFTER
 
     def __post_init__(self) -> None:
-        for name in ("shed_above", "restore_below"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+        validate.number("shed_above", self.shed_above, 0.0)
+        validate.number("restore_below", self.restore_below, 0.0)
         if not self.restore_below < self.shed_above:
             raise ConfigError(
                 f"restore_below must be < shed_above ({self.shed_above!r}), "
@@ -106,12 +96,12 @@ class ShedOptions:
             )
         _seconds("shed_after", self.shed_after)
         _seconds("restore_after", self.restore_after)
-        if not 1 <= self.restore_growth < math.inf:
-            raise ConfigError(f"restore_growth must be >= 1, got {self.restore_growth!r}")
-        if not self.restore_after <= self.max_restore_after < math.inf:
+        validate.number("restore_growth", self.restore_growth, 1.0)
+        _seconds("max_restore_after", self.max_restore_after)
+        if self.max_restore_after < self.restore_after:
             raise ConfigError(
-                f"max_restore_after must be finite and >= restore_after "
-                f"({self.restore_after!r}), got {self.max_restore_after!r}"
+                f"max_restore_after must be >= restore_after ({self.restore_after!r}), "
+                f"got {self.max_restore_after!r}"
             )
 
 
@@ -137,6 +127,8 @@ class ShedController:
     __slots__ = ("_above_since", "_below_since", "_depth", "_restore_after", "_restored_at", "opt")
 
     def __init__(self, options: ShedOptions | None = None) -> None:
+        if options is not None and not isinstance(options, ShedOptions):
+            raise ConfigError(f"options must be a ShedOptions or None, got {options!r}")
         self.opt = options if options is not None else ShedOptions()
         self._depth = 0
         self._above_since: float | None = None
@@ -252,8 +244,14 @@ class LevelOverride:
 
 
 def _check_level(level: int) -> int:
-    if level not in SHED_ORDER:
+    if isinstance(level, bool) or not isinstance(level, int) or level not in SHED_ORDER:
         raise ConfigError(f"level must be 2 or 3 (level 1 is never shed), got {level!r}")
+    return level
+
+
+def _any_level(level: object, *, error: type[Exception] = ConfigError) -> int:
+    if isinstance(level, bool) or not isinstance(level, int) or level not in (1, 2, 3):
+        raise error(f"level must be 1, 2 or 3, got {level!r}")
     return level
 
 
@@ -279,8 +277,9 @@ class Levels:
     def shed(self, level: int, *, ttl: float | None = None, reason: str = "") -> None:
         """Shed ``level`` (2 or 3) until :meth:`restore` or for ``ttl`` seconds."""
         _check_level(level)
-        if ttl is not None and not 0 < ttl < math.inf:
-            raise ConfigError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
+        if ttl is not None:
+            _seconds("ttl", ttl, positive=True)
+        validate.text("reason", reason, empty=True)
         now = self.clock.monotonic()
         text = reason or f"level {level} shed by operator"
         override = LevelOverride(f"level:{level}", "shed", None if ttl is None else now + ttl, text)
@@ -295,6 +294,9 @@ class Levels:
 
     def clear(self, target: str, action: str | None = None) -> None:
         """End the shed on ``target`` (``"level:2"`` or ``"level:3"``)."""
+        validate.text("target", target)
+        if action is not None:
+            validate.text("action", action)
         if action not in (None, "shed"):
             return
         with self._lock:
@@ -323,6 +325,8 @@ class Levels:
 
     def is_shed(self, level: int) -> bool:
         """Whether calls at ``level`` are shed now."""
+        if level.__class__ is not PLAIN_INT:  # gates pass ints; any other query is checked
+            _any_level(level, error=ValueError)
         if self._next_expiry != math.inf:
             now = self.clock.monotonic()
             if now >= self._next_expiry:
@@ -342,7 +346,7 @@ class Levels:
 
     def gate(self, level: int, *, name: str | None = None) -> LevelGate:
         """A :class:`LevelGate` on this switchboard."""
-        return LevelGate(self, level, name=name or f"level{level}")
+        return LevelGate(self, level, name=name)
 
     def _emit(self, kind: str, reason: str, now: float) -> None:
         if self.listeners:
@@ -371,11 +375,11 @@ class LevelGate(Gate):
         name: str | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if level not in (1, 2, 3):
-            raise ConfigError(f"level must be 1, 2 or 3, got {level!r}")
+        self.level = _any_level(level)
+        if not callable(getattr(switch, "is_shed", None)):
+            raise ConfigError(f"switch must be a LevelSwitch (with is_shed), got {switch!r}")
         self.switch = switch
-        self.level = level
-        self.name = name or f"level{level}"
+        self.name = f"level{level}" if name is None else validate.text("name", name)
         self.listeners = Listeners(listeners)
         self.shed_calls = 0
         """Calls refused because the level was shed."""
@@ -436,9 +440,13 @@ class AutoShedder:
         self.lease = _seconds("lease", lease, positive=True)
         if self.lease <= self.interval:
             raise ConfigError(f"lease must be > interval ({interval!r}), got {lease!r}")
+        if not all(callable(getattr(switch, m, None)) for m in ("shed", "clear", "is_shed")):
+            raise ConfigError(
+                f"switch must be a LevelSwitch (shed, clear, is_shed), got {switch!r}"
+            )
         self.switch = switch
-        self.signal = signal
-        self.name = name
+        self.signal = validate.function("signal", signal, what="a callable returning a float")
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.core = ShedController(self.options)

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import BulkheadFullError, ConfigError, RateLimitedError
@@ -67,8 +67,8 @@ class LevelReserve:
     level3: float = defaults.PRIORITY_RESERVE_LEVEL3
 
     def __post_init__(self) -> None:
-        if not 0 <= self.level2 < 1:
-            raise ConfigError(f"level2 must be in [0, 1), got {self.level2!r}")
+        validate.number("level2", self.level2, 0.0, 1.0, high_open=True)
+        validate.number("level3", self.level3, 0.0, 1.0, high_open=True)
         if not self.level2 <= self.level3 < 1:
             raise ConfigError(
                 f"level3 must be in [level2 ({self.level2!r}), 1), got {self.level3!r}"
@@ -120,9 +120,11 @@ class PriorityGate(Gate):
             raise ConfigError(f"max_concurrent must be an integer >= 1, got {max_concurrent!r}")
         self.clock = clock
         self.max_concurrent = max_concurrent
+        if reserve is not None and not isinstance(reserve, LevelReserve):
+            raise ConfigError(f"reserve must be a LevelReserve or None, got {reserve!r}")
         self.reserve = reserve if reserve is not None else LevelReserve()
         self.level = _check_level(level)
-        self.name = name
+        self.name = validate.text("name", name)
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
@@ -246,6 +248,8 @@ class LevelLimiter:
             if not callable(getattr(limiter, method, None)):
                 raise ConfigError(f"limiter must be a floodwall RateLimiter, got {limiter!r}")
         self.limiter = limiter
+        if reserve is not None and not isinstance(reserve, LevelReserve):
+            raise ConfigError(f"reserve must be a LevelReserve or None, got {reserve!r}")
         self.reserve = reserve if reserve is not None else LevelReserve()
         self.name: str = getattr(limiter, "name", "rate_limiter")
         self.listeners: Listeners = getattr(limiter, "listeners", Listeners())
@@ -309,7 +313,12 @@ def level_partitions(shares: Mapping[int, float] | None = None) -> dict[str, flo
     """Partitions for an :class:`~floodwall.adaptive.AdaptiveLimiter`, one per level, each
     guaranteed ``floor(limit × share)`` tokens (default 70 / 20 / 10 %)."""
     chosen = shares if shares is not None else {1: 0.7, 2: 0.2, 3: 0.1}
-    return {level_partition(level): share for level, share in chosen.items()}
+    if not isinstance(chosen, Mapping):
+        raise ConfigError(f"shares must be a mapping of level to share, got {shares!r}")
+    return {
+        level_partition(level): validate.share(f"shares[{level!r}]", share)
+        for level, share in chosen.items()
+    }
 
 
 def dagor_business(level: int) -> int:

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow
 from floodwall._core.answer import Answer
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -87,11 +88,17 @@ class SampledDrop(Flow):
         self._lock = threading.Lock()
         self.set_ratio(ratio, announce=False)
         self.on_drop = on_drop
+        if drop_factory is not None:
+            validate.function("drop_factory", drop_factory, what="a callable of the arguments")
+        if key is not None:
+            validate.function("key", key, what="a callable of the call's arguments")
         self.drop_factory = drop_factory
         self.key = key
+        if when is not None:
+            validate.function("when", when, what="a predicate of the call's arguments")
         self.when = when
         self.rng = rng if rng is not None else random.Random()
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.passed = 0
@@ -109,7 +116,7 @@ class SampledDrop(Flow):
             self._ratio = float(ratio)
         else:
             raise ConfigError(f"ratio must be a number in [0, 1], got {ratio!r}")
-        if announce:
+        if validate.flag("announce", announce, error=ValueError):
             self._emit("ratio_changed", f"drop ratio now {self.ratio:g}", {"ratio": self.ratio})
 
     @property

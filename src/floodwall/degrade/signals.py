@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 
 __all__ = [
@@ -65,14 +65,21 @@ class _Shedder(Protocol):
     def stats(self) -> _Stats: ...
 
 
+def _has(name: str, value: object, *attributes: str) -> None:
+    if not all(hasattr(value, attribute) for attribute in attributes):
+        raise ConfigError(f"{name} must have {', '.join(attributes)}, got {value!r}")
+
+
 def queueing_signal(admission: _Queueing) -> Signal:
     """``last_queueing_time / threshold`` of a
     :class:`~floodwall.adaptive.QueueingTimeAdmission` (fed ``on_start`` by its server)."""
+    _has("admission", admission, "last_queueing_time", "threshold")
     return lambda: admission.last_queueing_time / admission.threshold
 
 
 def limiter_signal(limiter: _Limiter) -> Signal:
     """``inflight / limit`` of an :class:`~floodwall.adaptive.AdaptiveLimiter`."""
+    _has("limiter", limiter, "inflight", "limit")
     return lambda: limiter.inflight / max(1, limiter.limit)
 
 
@@ -80,16 +87,17 @@ def cpu_signal(
     source: Callable[[], float], threshold: float = defaults.BBR_CPU_THRESHOLD
 ) -> Signal:
     """``source() / threshold`` for a CPU source (:mod:`floodwall.adaptive.cpu`)."""
-    if not 0 < threshold <= 1:
-        raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
+    validate.function("source", source, what="a callable returning a CPU usage")
+    validate.number("threshold", threshold, 0.0, 1.0, low_open=True)
     return lambda: source() / threshold
 
 
 def shed_rate_signal(shedder: _Shedder, at: float = 0.05) -> Signal:
     """The share of requests ``shedder`` refused since the previous reading, over ``at``: a
     guard refusing ``at`` (5 %) of the traffic reads 1.0. NaN while no request arrived."""
-    if not 0 < at <= 1:
-        raise ConfigError(f"at must be in (0, 1], got {at!r}")
+    if not callable(getattr(shedder, "stats", None)):
+        raise ConfigError(f"shedder must have stats() (a LoadShedder), got {shedder!r}")
+    validate.number("at", at, 0.0, 1.0, low_open=True)
     last = [0, 0]
 
     def read() -> float:

@@ -23,13 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, ParamSpec, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.policy import Policy
 from floodwall._core.steps import CALL, FlowSteps, Invoke, NeedsAsyncError
-from floodwall.degrade._common import Matcher, mark_degraded, reason_of
+from floodwall.degrade._common import mark_degraded, reason_of
 
 __all__ = ["FallbackSource"]
 
@@ -52,7 +54,7 @@ class FallbackSource(Flow):
         backup: Callable[..., Any],
         *,
         pipeline: Policy | None = None,
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         name: str = "fallback_source",
         clock: Clock = SYSTEM_CLOCK,
@@ -64,8 +66,9 @@ class FallbackSource(Flow):
             raise ConfigError(f"pipeline must be a floodwall Policy, got {pipeline!r}")
         self.backup = backup
         self.pipeline = pipeline
-        self.handles = Matcher.of(on, kinds)
-        self.name = name
+        self.handled = Outcomes.handled(on, kinds)
+        """The errors answered from the backup or the cache (``on=`` and ``kinds=``)."""
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.degraded = 0
@@ -91,7 +94,7 @@ class FallbackSource(Flow):
         try:
             return (yield CALL)
         except BaseException as primary:
-            if not self.handles(primary):
+            if not self.handled.error(primary):
                 raise
             what = f"fallback source {self.name!r} has an async backup"
             failed: Exception | None = None

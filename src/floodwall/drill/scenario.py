@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from pydantic import (
     model_validator,
 )
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.chaos import Latency
 from floodwall.config.loader import _path, loads, parse
@@ -556,6 +558,9 @@ def parse_scenario(
 ) -> tuple[Scenario, list[Mode]]:
     """Validate a raw mapping into a :class:`Scenario` and its runnable :class:`Mode` list;
     every floodwall config is read (files relative to ``base_dir``) and validated too."""
+    validate.text("source", source)
+    if base_dir is not None and not isinstance(base_dir, str | os.PathLike):
+        raise ConfigError(f"base_dir must be a directory path or None, got {base_dir!r}")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: the scenario must be a mapping, got {type(raw).__name__}")
     try:

@@ -24,6 +24,7 @@ are checked when the file is read, never when the first request arrives.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import ssl
 from pathlib import Path
@@ -42,6 +43,7 @@ from pydantic import (
 )
 from yarl import URL
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.config.loader import _path, inherit, loads
 from floodwall.config.schema import Document, RateLimitConfig
@@ -623,6 +625,7 @@ def _check_route_extras(doc: GatewayDocument, route: RouteConfig, where: str) ->
 def parse_gateway(raw: dict[str, Any], source: str = "<gateway>") -> GatewayDocument:
     """Validate a raw mapping into a :class:`GatewayDocument` (inheritance and level rules
     applied to ``resources`` first); :class:`~floodwall.ConfigError` names the path on error."""
+    validate.text("source", source)
     try:
         resolved = inherit(raw)
     except ConfigError as exc:
@@ -656,6 +659,8 @@ def parse_gateway_text(text: str, source: str = "<gateway>") -> GatewayDocument:
 
 def load_gateway(path: str | Path) -> tuple[GatewayDocument, str]:
     """Read and validate a gateway file: the document and its text."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"path must be a file path, got {path!r}")
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -316,7 +316,7 @@ class Route:
                 entry["bulkhead"] = {
                     "in_flight": bulkhead.in_flight,
                     "queued": bulkhead.queued,
-                    "max_concurrent": bulkhead.max_concurrent,
+                    "max_concurrent": bulkhead.options.max_concurrent,
                     "rejected": bulkhead.rejected,
                 }
             chaos = resource.chaos

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Protocol, TypedDict
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError, RejectedError, TimeoutExceeded
 from floodwall._core.tally import Tally
@@ -238,8 +239,7 @@ class RateLimit:
             key = _key_named(key, trusted_proxies)
         if key is not None and not isinstance(limiter, Keyed):
             limiter = Keyed(limiter)
-        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
-            raise ConfigError(f"cost must be an integer >= 0, got {cost!r}")
+        validate.count("cost", cost, 0)
         self.limiter: RateLimiter[Any] = limiter
         self.key = key
         self.cost = cost
@@ -579,8 +579,8 @@ class InboundGuard:
         if idempotency is not None and not isinstance(idempotency, Idempotency):
             raise ConfigError(f"idempotency must be an Idempotency policy, got {idempotency!r}")
         for name, value in (("deadline", deadline), ("max_deadline", max_deadline)):
-            if value is not None and not 0 < value < INF:
-                raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+            if value is not None:
+                validate.seconds(name, value, positive=True)
         self.limits = tuple(limits)
         self._quiet_limits = () if rate_limit_headers else self.limits
         """The limits taken without figures (all of them, unless answers report figures)."""

@@ -36,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
 from floodwall._core.policy import Policy
@@ -166,9 +167,7 @@ class AdmissionLevels:
     plus an expiry so a recovered server is asked again)."""
 
     def __init__(self, *, ttl: float = ADMISSION_TTL, clock: Clock = SYSTEM_CLOCK) -> None:
-        if not ttl > 0:
-            raise ConfigError(f"admission_ttl must be > 0 seconds, got {ttl!r}")
-        self.ttl = float(ttl)
+        self.ttl = validate.seconds("admission_ttl", ttl, positive=True)
         self.clock = clock
         self._levels: dict[str, tuple[tuple[int, int], float]] = {}
 
@@ -253,8 +252,7 @@ class Outbound:
         clock = options.get("clock", SYSTEM_CLOCK)
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a floodwall Policy, got {policy!r}")
-        if not 0 <= margin < float("inf"):
-            raise ConfigError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
+        validate.seconds("margin", margin)
         self.policy = policy
         self.registry = registry
         self.margin = float(margin)

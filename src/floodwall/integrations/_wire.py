@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Final
 
+from floodwall._core import validate
 from floodwall._core.errors import RejectedError
 from floodwall.context import _REQUEST
 
@@ -319,7 +320,7 @@ class Hop:
     __slots__ = ("final",)
 
     def __init__(self, final: bool = False) -> None:
-        self.final = final
+        self.final = validate.flag("final", final, error=ValueError)
 
     def __repr__(self) -> str:
         return f"Hop(final={self.final})"

@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from floodwall._core import validate
 from floodwall._core.extras import missing_extra
 from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
@@ -306,7 +307,7 @@ class InboundCollector(Collector):
 
     def __init__(self, guard: InboundGuard, name: str) -> None:
         self.guard = guard
-        self.name = name
+        self.name = validate.text("name", name)
 
     def describe(self) -> list[Metric]:
         return []

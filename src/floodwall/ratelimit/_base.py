@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
@@ -53,6 +53,10 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.steps import FlowSteps, Sleep, Step
 from floodwall._core.tally import Tally
+from floodwall._core.validate import PLAIN_INT
+from floodwall._core.validate import count as _count_check
+from floodwall._core.validate import number as _number_check
+from floodwall._core.validate import seconds as _seconds_check
 from floodwall.context import _DEADLINE
 
 __all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "parse_rate"]
@@ -91,10 +95,15 @@ _RATE = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """``count`` permits per ``period`` seconds (``Rate(10, 1.0)`` is ``"10/s"``)."""
+    """``count`` permits per ``period`` seconds (``Rate(10, 1.0)`` is ``"10/s"``): a whole
+    count >= 1 over a finite period > 0."""
 
     count: int
     period: float
+
+    def __post_init__(self) -> None:
+        _count_check("count", self.count)
+        object.__setattr__(self, "period", _seconds_check("period", self.period, positive=True))
 
     @property
     def per_second(self) -> float:
@@ -120,11 +129,11 @@ RateLike = Rate | str | float | int
 
 def parse_rate(value: RateLike, name: str = "rate") -> Rate:
     """Read ``value`` as a :class:`Rate` (see [Rate limiting][guide-rate-limiting]);
-    ``ConfigError`` if bad."""
+    ``ConfigError`` if bad, naming it ``name``."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name must be a non-empty string, got {name!r}")
     if isinstance(value, Rate):
-        if value.count < 1 or not 0 < value.period < INF:
-            raise ConfigError(f"{name} must have count >= 1 and a finite period > 0, got {value}")
-        return value
+        return value  # checked when it was made
     if isinstance(value, str):
         match = _RATE.match(value)
         unit = _UNITS.get(match.group(3).lower()) if match else None
@@ -180,12 +189,13 @@ about a fifth of the ``floodwall acquire() → Decision`` row of ``benchmarks/be
 (fixed window, interleaved A/B against ``Decision(...)``: median ratio 1.23)."""
 
 
+def check_cost(cost: object) -> float:
+    """A call's ``cost``: a finite number of permits >= 0 (an int passes on the fast path)."""
+    return _number_check("cost", cost, 0.0, error=ValueError)
+
+
 def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    if not allow_inf and value == INF:
-        raise ConfigError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return _seconds_check(name, value, infinite=allow_inf)
 
 
 class RateLimiter(Gate, Generic[S]):
@@ -223,7 +233,7 @@ class RateLimiter(Gate, Generic[S]):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.max_wait = _seconds("max_wait", max_wait)
         self.listeners = Listeners(listeners)
@@ -292,8 +302,8 @@ class RateLimiter(Gate, Generic[S]):
         """Take ``cost`` permits now if possible: True if admitted. The cheapest question."""
         # its own path, not acquire(...).allowed: the `floodwall try_acquire()` row of
         # benchmarks/bench_ratelimit.py is 1.85x as fast for it (no figures, no Decision)
-        if key is not None or cost < 0:
-            return self.acquire(key, cost).allowed
+        if key is not None or cost.__class__ is not PLAIN_INT or cost < 0:
+            return self.acquire(key, cost).allowed  # checks the cost (bool, float, NaN, …)
         self._lock_acquire()
         try:
             allowed = self._decide(self._state, self._now(), cost)
@@ -306,8 +316,8 @@ class RateLimiter(Gate, Generic[S]):
 
     def acquire(self, key: Hashable = None, cost: float = 1) -> Decision:
         """Take ``cost`` permits now if possible; the :class:`Decision` with its figures."""
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or cost < 0:
+            cost = check_cost(cost)
         self._lock_acquire()
         try:
             now = self._now()
@@ -325,8 +335,8 @@ class RateLimiter(Gate, Generic[S]):
     def peek(self, key: Hashable = None, cost: float = 1) -> Decision:
         """Whether ``acquire(key, cost)`` would admit now, with the figures as they stand
         (``remaining`` before anything is taken); consumes and changes nothing."""
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or cost < 0:
+            cost = check_cost(cost)
         self._lock_acquire()
         try:
             now = self._now()
@@ -384,9 +394,12 @@ class RateLimiter(Gate, Generic[S]):
                 return result
 
     def _wait_until(self, max_wait: float | None, cost: float) -> float:
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost!r}")
-        bound = self.max_wait if max_wait is None else _seconds("max_wait", max_wait)
+        check_cost(cost)
+        bound = (
+            self.max_wait
+            if max_wait is None
+            else _seconds_check("max_wait", max_wait, infinite=True, error=ValueError)
+        )
         outer = _DEADLINE.get()
         if outer is not None:
             bound = min(bound, outer.remaining())

@@ -33,6 +33,8 @@ def rate_limit_headers(
     >>> headers["RateLimit-Reset"], headers["Retry-After"]
     ('3', '1')
     """
+    if not isinstance(decision, Decision):
+        raise TypeError(f"decision must be a rate limiter's Decision, got {decision!r}")
     allowed, remaining, reset_after, retry_after, limit = decision
     headers = {
         "RateLimit-Limit": str(limit),

@@ -43,8 +43,9 @@ from typing import Generic, Literal, TypeVar
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
+from floodwall._core.validate import PLAIN_INT
 from floodwall._core.validate import count as _count
-from floodwall.ratelimit._base import INF, Decision, RateLimiter, _new
+from floodwall.ratelimit._base import INF, Decision, RateLimiter, _new, check_cost
 
 __all__ = ["Keyed"]
 
@@ -208,8 +209,8 @@ class Keyed(RateLimiter[S], Generic[S]):
     # -- the shells: every key goes through the table ---------------------------------------
 
     def try_acquire(self, key: Hashable = None, cost: float = 1) -> bool:
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or cost < 0:
+            cost = check_cost(cost)
         self._lock_acquire()
         try:
             now = self._now()
@@ -225,8 +226,8 @@ class Keyed(RateLimiter[S], Generic[S]):
         return False
 
     def acquire(self, key: Hashable = None, cost: float = 1) -> Decision:
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or cost < 0:
+            cost = check_cost(cost)
         self._lock_acquire()
         try:
             now = self._now()

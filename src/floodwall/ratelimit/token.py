@@ -27,9 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall._core.validate import count as _count
 from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
@@ -67,12 +66,7 @@ class TokenBucket(RateLimiter[Bucket], TokenBucketStep):
         self.window = self.capacity / self.rate.per_second
         if initial is None:
             initial = self.capacity
-        if isinstance(initial, bool) or not 0 <= initial <= self.capacity:
-            raise ConfigError(
-                f"initial must be a number of tokens in [0, capacity={self.capacity:g}], "
-                f"got {initial!r}"
-            )
-        self.initial = float(initial)
+        self.initial = validate.number("initial", initial, 0.0, self.capacity)
         # floats: the clock's ticks are floats, and a float meets a large int the slow way
         unit = float(period_ticks(self.rate))  # units per token: one per tick of the period
         TokenBucketStep.__init__(

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
 from floodwall.ratelimit._base import (
     INF,
@@ -43,11 +42,15 @@ from floodwall.ratelimit._base import (
     RateLike,
     RateLimiter,
     _new,
-    _seconds,
     parse_rate,
 )
 
 __all__ = ["WarmUp"]
+
+
+_MAX_COLD_FACTOR = 1e6
+"""A cold start a million times slower than the rate is no warm-up any more (and a larger factor
+makes the ramp's slope underflow to zero)."""
 
 
 class _Warm:
@@ -84,12 +87,10 @@ class WarmUp(RateLimiter[_Warm]):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.rate = parse_rate(rate)
-        self.warmup = _seconds("warmup", warmup, allow_inf=False)
-        if self.warmup <= 0:
-            raise ConfigError(f"warmup must be > 0 seconds, got {warmup!r}")
-        if isinstance(cold_factor, bool) or not 1 < cold_factor < INF:
-            raise ConfigError(f"cold_factor must be a finite number > 1, got {cold_factor!r}")
-        self.cold_factor = float(cold_factor)
+        self.warmup = validate.seconds("warmup", warmup, positive=True)
+        self.cold_factor = validate.number(
+            "cold_factor", cold_factor, 1.0, _MAX_COLD_FACTOR, low_open=True
+        )
         self.stable = self.rate.interval
         self.cold = self.stable * self.cold_factor
         self.threshold = 0.5 * self.warmup / self.stable

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.ratelimit._base import INF, Decision, Rate, _new
 from floodwall.ratelimit._steps import (
@@ -356,11 +357,12 @@ def _period_us(rate: Rate) -> int:
     return period
 
 
-def _exact(rate: Rate, *values: int) -> None:
+def _exact(rate: Rate, *values: int, burst: int | None = None) -> None:
     if max(values) >= EXACT:
+        with_burst = "" if burst is None else f" with burst {burst}"
         raise ConfigError(
-            f"rate {rate} is too large for a global limit's exact integer arithmetic "
-            f"(count × period in µs must stay below 2^52)"
+            f"rate {rate}{with_burst} is too large for a global limit's exact integer "
+            f"arithmetic (count × period in µs, and the burst's tolerance, must stay below 2^52)"
         )
 
 
@@ -384,6 +386,9 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
     period = _period_us(rate)
     count = rate.count
     window = rate.period
+    _exact(rate, count * period)  # the documented bound, the same for every algorithm
+    if burst is not None:
+        validate.count("burst", burst, 0)
     if name in {"fixed_window", "sliding_window_counter"}:
         _exact(rate, count * period * 2)
         op: _RateOp[Any, Any] = FIXED if name == "fixed_window" else SLIDING
@@ -396,7 +401,7 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
             raise ConfigError(
                 f"initial must be a number of tokens in [0, capacity={capacity}], got {initial!r}"
             )
-        _exact(rate, full * 2)
+        _exact(rate, full * 2, burst=burst)
         return Plan(
             name,
             TOKEN,
@@ -405,7 +410,7 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
             capacity * period / count / 1_000_000,
         )
     scale, emission, tolerance = GcraStep.units_of(rate, capacity)
-    _exact(rate, tolerance * 2, scale * period)
+    _exact(rate, tolerance * 2, scale * period, burst=burst)
     return Plan(
         name,
         GCRA_OP,

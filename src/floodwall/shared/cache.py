@@ -34,7 +34,6 @@ sync and async shells; only the store and the call differ between them.
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Sequence
@@ -42,15 +41,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.outcome import Outcomes
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.degrade._common import Matcher, mark_degraded, reason_of
+from floodwall.degrade._common import mark_degraded, reason_of
 from floodwall.shared.idempotency import JSON_CODEC, Codec
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
@@ -137,8 +137,8 @@ class LruTtl(Generic[T]):
     Thread-safe (one short lock); every operation O(1) amortised."""
 
     def __init__(self, max_entries: int, keep: float) -> None:
-        self.max_entries = max_entries
-        self.keep = keep
+        self.max_entries = validate.count("max_entries", max_entries)
+        self.keep = validate.seconds("keep", keep, infinite=True)
         self._data: OrderedDict[str, tuple[T, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.evictions = 0
@@ -176,6 +176,15 @@ class LruTtl(Generic[T]):
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+
+
+def _read_only(
+    name: str, value: object, *, error: type[Exception] = ConfigError
+) -> bool | Callable[[], bool]:
+    """A read-only switch: ``True``/``False``, or a callable consulted on each read."""
+    if not (isinstance(value, bool) or callable(value)):
+        raise error(f"{name} must be true, false or a callable returning one, got {value!r}")
+    return value
 
 
 # -- the policy -------------------------------------------------------------------------------
@@ -218,7 +227,7 @@ class Cache(Flow):
         stale_ttl: float = defaults.CACHE_STALE_TTL,
         max_entries: int = defaults.CACHE_MAX_ENTRIES,
         key: Callable[..., str] | None = None,
-        on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None,
         kinds: Collection[str] | None = None,
         read_only: bool | Callable[[], bool] = False,
         store: Store | str | None = None,
@@ -228,21 +237,26 @@ class Cache(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0 <= ttl < math.inf:
-            raise ConfigError(f"ttl must be a finite number of seconds >= 0, got {ttl!r}")
-        if not ttl <= stale_ttl < math.inf:
-            raise ConfigError(f"stale_ttl must be finite and >= ttl ({ttl!r}), got {stale_ttl!r}")
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ConfigError(f"max_entries must be an integer >= 1, got {max_entries!r}")
+        validate.seconds("ttl", ttl)
+        validate.seconds("stale_ttl", stale_ttl)
+        if stale_ttl < ttl:
+            raise ConfigError(f"stale_ttl must be >= ttl ({ttl!r}), got {stale_ttl!r}")
+        validate.count("max_entries", max_entries)
         self.ttl = float(ttl)
         self.stale_ttl = float(stale_ttl)
+        if key is not None:
+            validate.function("key", key, what="a callable of the call's arguments")
         self.key = key or default_key
-        self.handles = Matcher.of(on, kinds)
-        self.codec = codec
-        self.name = name
+        self.handled = Outcomes.handled(on, kinds)
+        """The errors answered from the cache (``on=`` and ``kinds=``)."""
+        self.codec = validate.codec("codec", codec)
+        _read_only("read_only", read_only)
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._read_only = read_only
+        if breaker is not None:
+            validate.instance("breaker", breaker, CircuitBreaker, "a CircuitBreaker or None")
         self.local: LruTtl[Any] = LruTtl(max_entries, self.stale_ttl)
         self.store = None if store is None else resolve(store)
         self.guard = (
@@ -271,7 +285,7 @@ class Cache(Flow):
 
     def set_read_only(self, on: bool | Callable[[], bool]) -> None:
         """Switch reading only from the cache on or off (or hand it a callable to consult)."""
-        self._read_only = on
+        self._read_only = _read_only("on", on, error=ValueError)
         self._emit("read_only", f"read only from cache: {on}", {})
 
     @property
@@ -313,7 +327,7 @@ class Cache(Flow):
         try:
             value = yield CALL
         except BaseException as exc:
-            if not self.handles(exc):
+            if not self.handled.error(exc):
                 raise
             return self._stale(key, best, reason_of(exc), exc)
         self.local.put(key, value, self.clock.monotonic())
@@ -383,6 +397,7 @@ class Cache(Flow):
     def lookup(self, key: str) -> Cached[Any] | None:
         """The first level's entry for ``key`` (fresh or stale), without calling anything;
         for a :class:`~floodwall.Fallback` factory: ``cache.lookup("gifts")``."""
+        validate.text("key", key, error=ValueError)
         now = self.clock.monotonic()
         entry = self.local.get(key, now)
         if entry is None:
@@ -392,16 +407,19 @@ class Cache(Flow):
 
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` in the first level (a warm-up, a pushed update)."""
+        validate.text("key", key, error=ValueError)
         self.local.put(key, value, self.clock.monotonic())
 
     def invalidate(self, key: str) -> None:
         """Drop ``key`` from both levels (the second level only while its store answers)."""
+        validate.text("key", key, error=ValueError)
         self.local.delete(key)
         if self.guard is not None:
             self.guard.apply(CACHE_DELETE, self._remote_key(key))
 
     async def invalidate_async(self, key: str) -> None:
         """:meth:`invalidate` for async callers."""
+        validate.text("key", key, error=ValueError)
         self.local.delete(key)
         if self.guard is not None:
             await self.guard.apply_async(CACHE_DELETE, self._remote_key(key))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
@@ -38,6 +39,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps, Step
+from floodwall._core.validate import PLAIN_INT
 from floodwall.breaker import CircuitBreaker
 from floodwall.shared._global_ops import FIXED, Verdict, encode
 from floodwall.stores import resolve
@@ -95,20 +97,15 @@ class Frequency(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ConfigError(f"limit must be an integer >= 1, got {limit!r}")
-        if not 0.001 <= per < float("inf"):
-            raise ConfigError(f"per must be a finite number of seconds >= 0.001, got {per!r}")
-        if not isinstance(expected_instances, int) or expected_instances < 1:
-            raise ConfigError(
-                f"expected_instances must be an integer >= 1, got {expected_instances!r}"
-            )
+        validate.count("limit", limit)
+        validate.seconds("per", per, minimum=0.001)
+        validate.count("expected_instances", expected_instances)
         if key is not None and not (callable(key) or (isinstance(key, str) and key)):
             raise ConfigError(f"key must be a non-empty string or a callable, got {key!r}")
         self.limit = limit
         self.per = float(per)
         self.key = key
-        self.name = name
+        self.name = validate.text("name", name)
         self.expected_instances = expected_instances
         self.local_limit = max(1, limit // expected_instances)
         self.clock = clock
@@ -138,8 +135,11 @@ class Frequency(Gate):
 
     def _request(self, key: str | None, cost: int) -> tuple[str, list[Arg], list[Arg]]:
         """The fixed-window op's key and arguments, on the store and for the local fallback."""
-        if not isinstance(cost, int) or not 1 <= cost <= self.limit:
-            raise ConfigError(f"cost must be an integer in [1, limit={self.limit}], got {cost!r}")
+        if cost.__class__ is not PLAIN_INT or not 1 <= cost <= self.limit:
+            validate.count("cost", cost, 1, self.limit)
+        given: object = key  # a caller's argument: any object may arrive
+        if given is not None and not isinstance(given, str):
+            validate.text("key", given, error=ValueError)
         full = f"freq:{self.name}" if key is None else f"freq:{self.name}:{key}"
         if cost == 1:
             return full, self._one, self._local_one

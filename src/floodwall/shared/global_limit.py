@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from functools import partial
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
@@ -166,15 +166,14 @@ class GlobalLimiter(_Acquiring, Gate):
         self.local_plan = local_share(algorithm, self.rate, burst, expected_instances)
         if key is not None and not callable(key):
             raise ConfigError(f"key must be a callable of the call's arguments, got {key!r}")
-        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or max_wait < 0:
-            raise ConfigError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
+        validate.seconds("max_wait", max_wait, infinite=True)
         self.max_batch = _count("max_batch", max_batch, 1)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = validate.text("name", name)
         self.key = key
         self.max_wait = float(max_wait)
-        self.batch = bool(batch)
+        self.batch = validate.flag("batch", batch)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._owns_store = isinstance(store, str)
@@ -283,9 +282,11 @@ class GlobalLimiter(_Acquiring, Gate):
         yield GuardedApply(self.guard, RESET, self._full(key), ())
 
     def _until(self, max_wait: float | None) -> float:
-        bound = self.max_wait if max_wait is None else max_wait
-        if not bound >= 0:
-            raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait!r}")
+        bound = (
+            self.max_wait
+            if max_wait is None
+            else validate.seconds("max_wait", max_wait, infinite=True, error=ValueError)
+        )
         outer = _DEADLINE.get()
         if outer is not None:
             bound = min(bound, outer.remaining())

@@ -28,7 +28,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import wait_async, wait_sync
@@ -37,7 +37,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.steps import Step, Wait
 from floodwall._core.tally import Tally
 from floodwall._core.validate import count
-from floodwall.bulkhead import Bulkhead
+from floodwall.bulkhead import Bulkhead, BulkheadOptions
 from floodwall.context import _DEADLINE
 from floodwall.stores import resolve
 from floodwall.stores.base import Store, StoreUnavailableError
@@ -50,6 +50,10 @@ _INF = float("inf")
 _POLL_MIN, _POLL_MAX = 0.0005, 0.005
 _BYPASSED = object()
 _NO_CALL: dict[str, Any] = {}
+
+
+_SEMVMX = 32767
+"""The largest value of a SysV semaphore: slots a host bulkhead can count."""
 
 
 class _Local:
@@ -145,29 +149,21 @@ class HostBulkhead(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = validate.text("name", name)
+        count("max_concurrent", max_concurrent, 1, _SEMVMX)  # a SysV semaphore's bound
+        if max_wait is None:
+            raise ConfigError("max_wait must be a number of seconds >= 0, got None")
+        self.options = BulkheadOptions(max_concurrent, max_queue, max_wait, bypass)
+        """The options (frozen, as :class:`~floodwall.Bulkhead`'s), read once below."""
         resolved: Store = resolve(store)
         if not isinstance(resolved, HostStore):
             raise ConfigError(f"store must be a host:// store, got {resolved.url!r}")
         self.store = resolved
         self._owns_store = isinstance(store, str)
-        self.max_concurrent = count("max_concurrent", max_concurrent, 1)
-        if max_concurrent > 32767:
-            raise ConfigError(f"max_concurrent must be <= 32767 (SEMVMX), got {max_concurrent}")
-        self.max_queue = count("max_queue", max_queue, 0)
-        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait >= 0:
-            raise ConfigError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
-        if max_wait > 0 and self.max_queue == 0:
-            raise ConfigError(
-                f"max_wait={max_wait!r} needs max_queue >= 1 (callers wait in the queue), got"
-                " max_queue=0; pass max_queue=N to let N callers of the host wait, or max_wait=0"
-            )
+        self.max_concurrent = self.options.max_concurrent
+        self.max_queue = self.options.max_queue
         self.max_wait = float(max_wait)
-        if bypass is not None and not callable(bypass):
-            raise ConfigError(f"bypass must be a callable (the call's arguments), got {bypass!r}")
-        self.bypass = bypass
+        self.bypass = self.options.bypass
         self.store.check_size(name, self.max_concurrent)  # a reload cannot resize it
         self.on_store_error = check_mode(on_store_error)
         self.expected_instances = count("expected_instances", expected_instances, 1)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
@@ -367,20 +367,19 @@ class Idempotency(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        for option, value in (("ttl", ttl), ("lock_ttl", lock_ttl)):
-            if not 0.001 <= value < float("inf"):
-                raise ConfigError(
-                    f"{option} must be a finite number of seconds >= 0.001, got {value!r}"
-                )
-        if lock_ttl > ttl:
+        self.ttl = validate.seconds("ttl", ttl, minimum=0.001)
+        self.lock_ttl = validate.seconds("lock_ttl", lock_ttl, minimum=0.001)
+        if self.lock_ttl > self.ttl:
             raise ConfigError(f"lock_ttl must be <= ttl ({ttl!r}), got {lock_ttl!r}")
-        self.ttl = float(ttl)
-        self.lock_ttl = float(lock_ttl)
+        if key is not None:
+            validate.function("key", key, what="a callable of the call's arguments")
+        if fingerprint is not None:
+            validate.function("fingerprint", fingerprint, what="a callable of the arguments")
         self.key = key
         self.fingerprint = fingerprint
-        self.codec = codec
-        self.required = required
-        self.name = name
+        self.codec = validate.codec("codec", codec)
+        self.required = validate.flag("required", required)
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.store = resolve(store)
@@ -511,10 +510,12 @@ class Idempotency(Flow):
 
     def lookup(self, key: str) -> IdempotencyRecord | None:
         """What the store holds for ``key`` (raises StoreUnavailableError when it is down)."""
+        validate.text("key", key, error=ValueError)
         return self._record(self.store.apply(GET, f"idem:{self.name}:{key}"))
 
     async def lookup_async(self, key: str) -> IdempotencyRecord | None:
         """:meth:`lookup` for async callers."""
+        validate.text("key", key, error=ValueError)
         return self._record(await self.store.apply_async(GET, f"idem:{self.name}:{key}"))
 
     def _record(self, peek: Peek) -> IdempotencyRecord | None:
@@ -552,10 +553,8 @@ class OneTimeTokens:
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if not 0.001 <= ttl < float("inf"):
-            raise ConfigError(f"ttl must be a finite number of seconds >= 0.001, got {ttl!r}")
-        self.ttl = float(ttl)
-        self.name = name
+        self.ttl = validate.seconds("ttl", ttl, minimum=0.001)
+        self.name = validate.text("name", name)
         self.store = resolve(store)
         self.guard = StoreGuard(
             self.store,

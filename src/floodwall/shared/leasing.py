@@ -36,7 +36,7 @@ from collections.abc import Callable, Hashable, Iterable
 from functools import partial
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
@@ -120,7 +120,7 @@ class LeasedLimiter(_Acquiring, Gate):
             listeners=listeners,
         )
         """The global limiter leases come from (its ``guard`` has the store's state)."""
-        self.name = name
+        self.name = validate.text("name", name)
         self.key = key
         self.limit = self.source.limit
         self.window = self.source.window
@@ -131,12 +131,8 @@ class LeasedLimiter(_Acquiring, Gate):
             lease = max(1, min(defaults.LEASE_MAX, self.limit // share))
         if not isinstance(lease, int) or isinstance(lease, bool) or lease < 1:
             raise ConfigError(f"lease must be an integer >= 1 permits, got {lease!r}")
-        if isinstance(lease_ttl, bool) or not 0 < lease_ttl < INF:
-            raise ConfigError(
-                f"lease_ttl must be a finite number of seconds > 0, got {lease_ttl!r}"
-            )
         self.lease = lease
-        self.lease_ttl = float(lease_ttl)
+        self.lease_ttl = validate.seconds("lease_ttl", lease_ttl, positive=True)
         self.leases = 0
         """Lease requests sent to the store (round trips)."""
         self.local_decisions = 0

@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
@@ -143,21 +143,19 @@ class TimeSliceLimiter(Gate):
         self.rate = parse_rate(rate)
         self.limit = self.rate.count
         self.window = self.rate.period
-        if isinstance(slice_length, bool) or not 0.001 <= slice_length < float("inf"):
-            raise ConfigError(f"slice_length must be finite seconds >= 0.001, got {slice_length!r}")
-        if not isinstance(expected_instances, int) or expected_instances < 1:
-            raise ConfigError(
-                f"expected_instances must be an integer >= 1, got {expected_instances!r}"
-            )
+        validate.seconds("slice_length", slice_length, minimum=0.001)
+        validate.count("expected_instances", expected_instances)
         if prefix is not None and not isinstance(store, str):
             raise ConfigError(
                 "prefix applies when store is a URL; set it on the Store itself otherwise"
             )
-        self.name = name
+        self.name = validate.text("name", name)
         self.slice_length = float(slice_length)
         self.expected_instances = expected_instances
-        self.instance = _default_instance() if instance is None else instance
-        self.background = background
+        self.instance = (
+            _default_instance() if instance is None else validate.text("instance", instance)
+        )
+        self.background = validate.flag("background", background)
         self.clock = clock
         self.rng = random.Random() if rng is None else rng
         self.listeners = Listeners(listeners)

@@ -51,6 +51,7 @@ import itertools
 import logging
 import math
 import random
+import sys
 import threading
 import uuid
 import weakref
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
@@ -142,20 +143,28 @@ class WriteQueue(Protocol):
     async def depth_async(self) -> int: ...
 
 
+def _ids(ids: object) -> None:
+    """Message ids to acknowledge: a sequence of strings (one bare string is refused)."""
+    if isinstance(ids, str) or not isinstance(ids, Sequence):
+        raise TypeError(f"ids must be a sequence of message ids, got {ids!r}")
+    for item in ids:
+        validate.text("ids items", item, error=ValueError)
+
+
 class MemoryQueue:
     """A bounded in-process queue (``max_pending`` writes); lost when the process ends."""
 
     durable = False
 
     def __init__(self, max_pending: int = defaults.WRITE_BEHIND_MAX_PENDING) -> None:
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-            raise ConfigError(f"max_pending must be an integer >= 1, got {max_pending!r}")
+        validate.count("max_pending", max_pending)
         self.max_pending = max_pending
         self._items: deque[Message] = deque()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
     def put(self, key: str, payload: Any) -> str | None:
+        validate.text("key", key, error=ValueError)
         with self._lock:
             if len(self._items) >= self.max_pending:
                 return None
@@ -164,10 +173,12 @@ class MemoryQueue:
             return message.id
 
     def take(self, count: int) -> list[Message]:
+        validate.count("count", count, 1, sys.maxsize, error=ValueError)
         with self._lock:
             return list(itertools.islice(self._items, count))
 
     def ack(self, ids: Sequence[str]) -> None:
+        _ids(ids)
         done = set(ids)
         with self._lock:
             while self._items and self._items[0].id in done:
@@ -217,6 +228,8 @@ class StreamQueue:
     ) -> None:
         from floodwall.stores.streams import RedisStream  # needs redis-py: import on use
 
+        validate.count("max_pending", max_pending)
+        validate.codec("codec", codec)
         self.stream = RedisStream(
             store,
             name,
@@ -286,9 +299,15 @@ class DeliveryCore:
     """
 
     def __init__(self, backoff: Backoff, rng: Rng, max_attempts: int | None) -> None:
+        if not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
+        if not callable(getattr(rng, "random", None)):
+            raise ConfigError(f"rng must have a random() method, got {rng!r}")
         self.backoff = backoff
         self.rng = rng
-        self.max_attempts = max_attempts
+        self.max_attempts = (
+            None if max_attempts is None else validate.count("max_attempts", max_attempts)
+        )
         self.blocked_until = -math.inf
         self.attempts: dict[str, int] = {}
         self._delays: Iterator[float] | None = None
@@ -352,20 +371,22 @@ class WriteBehind:
     ) -> None:
         if not callable(write):
             raise ConfigError(f"write must be callable, got {write!r}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ConfigError(f"batch must be an integer >= 1, got {batch!r}")
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise ConfigError(f"max_attempts must be an integer >= 1 or None, got {max_attempts!r}")
+        validate.count("batch", batch)
+        if max_attempts is not None:
+            validate.count("max_attempts", max_attempts)
         if on_full not in ("reject", "write_through"):
             raise ConfigError(f"on_full must be 'reject' or 'write_through', got {on_full!r}")
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a floodwall Policy or None, got {policy!r}")
-        if isinstance(idle_wait, bool) or not 0 < idle_wait < math.inf:
-            raise ConfigError(
-                f"idle_wait must be a finite number of seconds > 0, got {idle_wait!r}"
-            )
+        validate.seconds("idle_wait", idle_wait, positive=True)
+        if queue is not None and not all(
+            callable(getattr(queue, m, None)) for m in ("put", "take", "ack", "depth")
+        ):
+            raise ConfigError(f"queue must be a WriteQueue (put, take, ack, depth), got {queue!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must have a delays() method, got {backoff!r}")
+        if dead_letter is not None:
+            validate.function("dead_letter", dead_letter, what="a callable (message, error)")
         self.write = write
         self.queue: WriteQueue = queue if queue is not None else MemoryQueue(max_pending)
         self.batch = batch
@@ -373,7 +394,7 @@ class WriteBehind:
         self.dead_letter = dead_letter
         self.on_full = on_full
         self.idle_wait = float(idle_wait)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         chosen = backoff or FullJitter(
@@ -484,6 +505,8 @@ class WriteBehind:
         """One delivery round: write what is queued (at most ``limit``), oldest first, until
         the queue is empty or a write fails. Returns how many writes were applied. Does
         nothing while a retry is not due, or while another thread delivers."""
+        if limit is not None:
+            validate.count("limit", limit, error=ValueError)
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(f"write-behind {self.name!r} has an async write; use the async API")
         return settle(self._deliver(limit))  # type: ignore[no-any-return]
@@ -561,8 +584,7 @@ class WriteBehind:
         (the write in progress when the time is up is not interrupted: bound it with a
         ``Timeout`` in ``policy``). Returns how many writes are left; a non-zero count is
         reported in a ``closed`` event and a warning, since on a memory queue they are lost."""
-        if isinstance(timeout, bool) or not 0 <= timeout < math.inf:
-            raise ConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        validate.seconds("timeout", timeout)
         if inspect.iscoroutinefunction(self.write):
             raise ConfigError(
                 f"write-behind {self.name!r} has an async write: drain it with deliver_async(), "
@@ -613,6 +635,8 @@ class WriteBehind:
 
     async def deliver_async(self, limit: int | None = None) -> int:
         """:meth:`deliver` for async writes and queues."""
+        if limit is not None:
+            validate.count("limit", limit, error=ValueError)
         return await settle_async(self._deliver(limit))  # type: ignore[no-any-return]
 
     async def run_async(self) -> None:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from floodwall._core import validate
 from floodwall.adaptive import AdmissionLevel, UpstreamLevels, user_priority
 from floodwall.sim.engine import Simulation
 from floodwall.sim.metrics import Recorder
@@ -36,6 +37,13 @@ class Phase:
     duration: float
     rate: float
     name: str = ""
+
+    def __post_init__(self) -> None:
+        validate.seconds("duration", self.duration)
+        closed = isinstance(self.rate, float) and math.isnan(self.rate)
+        if not closed:  # NaN: a closed loop's phase, with no arrival rate
+            validate.number("rate", self.rate, 0.0)
+        validate.text("name", self.name, empty=True)
 
 
 def phase_bounds(phases: Sequence[Phase]) -> list[tuple[float, float, Phase]]:

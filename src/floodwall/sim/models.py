@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError, OverloadedError
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -70,6 +71,9 @@ class Distribution(Protocol):
 class Constant:
     value: float
 
+    def __post_init__(self) -> None:
+        validate.seconds("value", self.value)
+
     def sample(self, rng: random.Random) -> float:
         return self.value
 
@@ -82,6 +86,9 @@ class Constant:
 class Exponential:
     mean: float
 
+    def __post_init__(self) -> None:
+        validate.seconds("mean", self.mean, positive=True)
+
     def sample(self, rng: random.Random) -> float:
         return rng.expovariate(1.0 / self.mean)
 
@@ -90,6 +97,12 @@ class Exponential:
 class Uniform:
     low: float
     high: float
+
+    def __post_init__(self) -> None:
+        validate.seconds("low", self.low)
+        validate.seconds("high", self.high)
+        if self.high < self.low:
+            raise ConfigError(f"high must be >= low ({self.low!r}), got {self.high!r}")
 
     def sample(self, rng: random.Random) -> float:
         return rng.uniform(self.low, self.high)
@@ -107,6 +120,10 @@ class LogNormal:
     mean: float
     sigma: float = 1.0
 
+    def __post_init__(self) -> None:
+        validate.seconds("mean", self.mean, positive=True)
+        validate.number("sigma", self.sigma, 0.0)
+
     def sample(self, rng: random.Random) -> float:
         mu = math.log(self.mean) - self.sigma**2 / 2
         return rng.lognormvariate(mu, self.sigma)
@@ -119,6 +136,12 @@ class Hang:
     base: Distribution
     probability: float
     duration: float
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.base, "sample", None)):
+            raise ConfigError(f"base must be a distribution (with sample()), got {self.base!r}")
+        validate.share("probability", self.probability)
+        validate.seconds("duration", self.duration)
 
     def sample(self, rng: random.Random) -> float:
         if rng.random() < self.probability:
@@ -133,6 +156,7 @@ class Hang:
 def distribution(spec: Any, path: str = "distribution") -> Distribution:
     """Build a distribution from a scenario value: a number (constant seconds) or a one-key
     mapping ``{constant|exponential|uniform|lognormal|hang: {...}}``."""
+    validate.text("path", path)
     if isinstance(spec, int | float) and not isinstance(spec, bool):
         return Constant(float(spec))
     if not isinstance(spec, dict) or len(spec) != 1:

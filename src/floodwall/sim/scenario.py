@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.adaptive import (
     AdaptiveLimiter,
@@ -110,6 +111,9 @@ def read_scenario(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[st
 
 def build_limit(spec: Mapping[str, Any], path: str = "guard") -> Limit:
     """The limit algorithm of a guard spec, windowed unless ``windowed: false``."""
+    validate.text("path", path)
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"spec must be a mapping (a guard section), got {spec!r}")
     name = spec.get("algorithm", "gradient2")
     options = dict(_mapping(spec.get("options"), f"{path}.options"))
     try:

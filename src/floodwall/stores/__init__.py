@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores.base import (
     DELETE,
@@ -93,6 +94,7 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     ``auto_migrate``, ``wall_clock``. Host: ``max_keys``, ``record_bytes``, ``bulkheads``
     (also as URL query parameters). Nothing connects until the first operation.
     """
+    validate.text("url", url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(url, **options)
@@ -138,6 +140,8 @@ def migrate(url: str | Store, **options: Any) -> list[int]:
     deploy step when the application's database user may not create tables, and build the
     stores with ``auto_migrate=False``.
     """
+    if not isinstance(url, str | Store):
+        raise ConfigError(f"url must be a store URL or a Store, got {url!r}")
     if isinstance(url, str):
         if urlsplit(url).scheme.lower() not in {"postgresql", "postgres", "sqlite"}:
             return []

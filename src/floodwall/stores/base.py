@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
+from floodwall._core import validate
 from floodwall._core.errors import ConfigError, FloodwallError
 from floodwall._core.events import Listeners
 
@@ -205,6 +206,7 @@ class Store(ABC):
     """Seconds that bound each call on a server (``None``: the store never waits on one)."""
 
     def __init__(self, url: str, *, prefix: str) -> None:
+        validate.text("url", url)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise ConfigError(f"prefix must be a string without braces, got {prefix!r}")
         self.url = redact(url)

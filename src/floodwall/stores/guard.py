@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Literal, NamedTuple, get_args
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import CircuitOpenError, ConfigError
@@ -137,10 +137,14 @@ class StoreGuard:
         clock: Clock = SYSTEM_CLOCK,
         listeners: Listeners | Iterable[EventListener] = (),
     ) -> None:
-        self.store = store
+        self.store = validate.instance("store", store, Store, "a Store")
         self.mode = check_mode(on_store_error)
-        self.name = name
+        self.name = validate.text("name", name)
         self.clock = clock
+        if breaker is not None:
+            validate.instance("breaker", breaker, CircuitBreaker, "a CircuitBreaker or None")
+        if local is not None:
+            validate.instance("local", local, Store, "a Store or None")
         self.breaker = breaker if breaker is not None else default_breaker(f"{name}.store", clock)
         self.local: Store = (
             local if local is not None else MemoryStore(prefix=store.prefix, clock=clock)

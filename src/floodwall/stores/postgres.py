@@ -72,8 +72,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from floodwall._core import defaults
-from floodwall._core.errors import ConfigError
+from floodwall._core import defaults, validate
 from floodwall.stores import _sql
 from floodwall.stores._turns import Progress, take_turn, take_turn_async
 from floodwall.stores.base import (
@@ -380,10 +379,8 @@ class PostgresStore(Store):
         **connect_options: Any,
     ) -> None:
         super().__init__(url, prefix=prefix)
-        if not 0 < timeout < math.inf:
-            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-        if not isinstance(pool_size, int) or pool_size < 1:
-            raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
+        validate.seconds("timeout", timeout, positive=True)
+        validate.count("pool_size", pool_size)
         self.timeout = float(timeout)
         self.pool_size = pool_size
         self.auto_migrate = auto_migrate

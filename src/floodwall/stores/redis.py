@@ -67,7 +67,7 @@ from redis.exceptions import ClusterDownError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
 from floodwall.stores._turns import Progress, deadline, take_turn_async
@@ -251,8 +251,7 @@ class RedisStore(Store):
         scheme = urlsplit(url).scheme
         if scheme not in _SCHEMES:
             raise ConfigError(f"url scheme must be one of {sorted(_SCHEMES)}, got {url!r}")
-        if not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        validate.seconds("timeout", timeout, positive=True)
         self.timeout = float(timeout)
         self.max_connections = max_connections
         self.check_persistence = check_persistence

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
 from floodwall.stores.base import (
@@ -91,10 +91,8 @@ class SqliteStore(Store):
         purge_every: int = defaults.STORE_SQL_PURGE_EVERY,
     ) -> None:
         super().__init__(url, prefix=prefix)
-        if not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
-            raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
+        validate.seconds("timeout", timeout, positive=True)
+        validate.count("pool_size", pool_size)
         self.path = sqlite_path(url)
         self.timeout = float(timeout)
         self.pool_size = pool_size

@@ -27,13 +27,12 @@ group share the entries and do not keep a global order.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores.base import StoreUnavailableError
 from floodwall.stores.redis import RedisStore, load_script
@@ -95,12 +94,11 @@ class RedisStream:
         for option, value in (("name", name), ("consumer", consumer), ("group", group)):
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{option} must be a non-empty string, got {value!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-            raise ConfigError(f"max_length must be an integer >= 1, got {max_length!r}")
-        if claim_after is not None and not 0 < claim_after < math.inf:
-            raise ConfigError(f"claim_after must be > 0 seconds or None, got {claim_after!r}")
+        validate.count("max_length", max_length)
+        if claim_after is not None:
+            validate.seconds("claim_after", claim_after, positive=True)
         self.store = store
-        self.name = name
+        self.name = validate.text("name", name)
         self.consumer = consumer
         self.group = group
         self.max_length = max_length

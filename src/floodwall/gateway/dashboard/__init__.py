@@ -16,9 +16,11 @@ It is the Hystrix/Sentinel dashboard, for this gateway.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from floodwall._core import validate
 from floodwall._core.window import latency_bin_bounds
 
 __all__ = ["asset", "frame", "histogram_percentile", "merge_status", "shares"]
@@ -32,13 +34,18 @@ ASSETS = {
 
 def asset(name: str) -> tuple[bytes, str]:
     """``(content, content type)`` of one of the page's files."""
-    content_type = ASSETS[name]
+    content_type = ASSETS.get(name) if isinstance(name, str) else None
+    if content_type is None:
+        raise ValueError(f"name must be one of {', '.join(sorted(ASSETS))}, got {name!r}")
     return resources.files(__name__).joinpath(name).read_bytes(), content_type
 
 
 def histogram_percentile(bins: dict[int, int], q: float) -> float | None:
     """The ``q`` quantile (0..1) of a histogram of log-linear bins, in seconds (the bin's
     midpoint, ±12 %); ``None`` when the histogram is empty."""
+    if not isinstance(bins, Mapping):
+        raise TypeError(f"bins must be a mapping of bin index to count, got {bins!r}")
+    validate.share("q", q, error=ValueError)
     total = sum(bins.values())
     if total == 0:
         return None

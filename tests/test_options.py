@@ -1,0 +1,227 @@
+"""Issue 16: options as frozen, validated objects shared by code and configuration, swapped whole.
+
+A policy's options object holds the documented defaults, refuses a bad value naming it, cannot
+be changed in place, is what the configuration builds, and is replaced in one assignment: a
+reader in another thread never sees half of a reconfiguration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import floodwall as fw
+from floodwall._core import defaults
+from floodwall._core.options import kwargs
+from floodwall.breaker import BreakerOptions
+from floodwall.bulkhead import BulkheadOptions
+from floodwall.config import parse
+from floodwall.retry import RetryOptions
+from floodwall.timeout import TimeoutOptions
+
+A = BreakerOptions(failure_rate=0.5, minimum_calls=10, open_duration=5.0, window=10.0)
+B = BreakerOptions(failure_rate=0.25, minimum_calls=40, open_duration=30.0, window=20.0)
+
+
+def fingerprint(options: BreakerOptions) -> tuple[Any, ...]:
+    """Fields that differ between A and B, and a derived one that must follow its source."""
+    return (
+        options.failure_rate,
+        options.minimum_calls,
+        options.open_duration,
+        options.window,
+        options.failure_ratio,
+    )
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Let threads interleave every microsecond, so a torn read has every chance to show."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_reconfigure_is_seen_whole_by_concurrent_readers(clock: fw.FakeClock) -> None:
+    """One thread flips the options between A and B 10 000 times while two others read them and
+    run calls through the breaker: every read is A or B entirely (never A's rate with B's
+    minimum), the derived exact ratio always belongs to the rate beside it, and no call fails.
+    (Written field by field on one object instead, the same run shows thousands of mixed reads.)
+    """
+    breaker = fw.CircuitBreaker("flip", clock=clock, **kwargs(A))
+    allowed = {fingerprint(A), fingerprint(B)}
+    stop = threading.Event()
+    torn: list[tuple[Any, ...]] = []
+    reads = [0, 0]
+    errors: list[BaseException] = []
+
+    def reader(index: int) -> None:
+        try:
+            while not stop.is_set():
+                seen = fingerprint(breaker.options)
+                if seen not in allowed:
+                    torn.append(seen)
+                breaker.call(lambda: None)
+                reads[index] += 1
+        except BaseException as exc:  # a failure here must fail the test, not vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        started = threading.Event()
+        while min(reads) == 0 and not errors:  # both readers are reading before the flips
+            started.wait(0.001)
+        for i in range(10_000):
+            breaker.reconfigure(B if i % 2 == 0 else A)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not errors
+    assert not torn
+    assert min(reads) > 1  # both readers kept reading while the options changed
+    assert breaker.options == A  # the last one applied
+    assert breaker.state is fw.CircuitState.CLOSED
+
+
+def test_reconfigure_takes_changes_or_a_whole_object(clock: fw.FakeClock) -> None:
+    breaker = fw.CircuitBreaker(clock=clock, minimum_calls=5)
+    before = breaker.options
+    breaker.reconfigure(failure_rate=0.25)
+    assert breaker.options == dataclasses.replace(before, failure_rate=0.25)
+    breaker.reconfigure(B)
+    assert breaker.options is B
+    with pytest.raises(fw.ConfigError, match="minimum_calls must be an integer >= 1, got 0"):
+        breaker.reconfigure(minimum_calls=0)
+    with pytest.raises(fw.ConfigError, match="options must be a BreakerOptions, got 3"):
+        breaker.reconfigure(3)  # type: ignore[arg-type]
+    assert breaker.options is B  # a refused change leaves the options in force
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            BreakerOptions(),
+            {
+                "failure_rate": defaults.BREAKER_FAILURE_RATE,
+                "minimum_calls": defaults.BREAKER_MINIMUM_CALLS,
+                "window": defaults.BREAKER_WINDOW,
+                "buckets": defaults.BREAKER_BUCKETS,
+                "open_duration": defaults.BREAKER_OPEN_DURATION,
+                "open_duration_growth": defaults.BREAKER_OPEN_DURATION_GROWTH,
+                "max_open_duration": defaults.BREAKER_MAX_OPEN_DURATION,
+                "half_open_calls": defaults.BREAKER_HALF_OPEN_CALLS,
+                "probe_timeout": defaults.BREAKER_PROBE_TIMEOUT,
+            },
+        ),
+        (
+            BulkheadOptions(),
+            {
+                "max_concurrent": defaults.BULKHEAD_MAX_CONCURRENT,
+                "max_queue": defaults.BULKHEAD_MAX_QUEUE,
+                "max_wait": defaults.BULKHEAD_MAX_WAIT,
+            },
+        ),
+        (TimeoutOptions(1.0), {"thread_limit": defaults.TIMEOUT_THREAD_LIMIT}),
+        (
+            RetryOptions(),
+            {
+                "attempts": defaults.RETRY_ATTEMPTS,
+                "max_retry_after": defaults.RETRY_MAX_RETRY_AFTER,
+                "max_level": defaults.RETRY_MAX_LEVEL,
+            },
+        ),
+    ],
+    ids=lambda value: type(value).__name__ if not isinstance(value, dict) else "",
+)
+def test_defaults_come_from_the_one_defaults_module(options: Any, expected: dict[str, Any]) -> None:
+    assert {name: getattr(options, name) for name in expected} == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.__setattr__(next(iter(expected)), 1)
+
+
+def test_policies_hold_the_options_they_were_built_with(clock: fw.FakeClock) -> None:
+    assert fw.CircuitBreaker(clock=clock, **kwargs(B)).options == B
+    bulkhead = BulkheadOptions(max_concurrent=3, max_queue=2, max_wait=0.5)
+    assert fw.Bulkhead(clock=clock, **kwargs(bulkhead)).options == bulkhead
+    assert fw.Timeout(2.5, mode="thread", clock=clock).options == TimeoutOptions(2.5, "thread")
+    retry = fw.Retry(attempts=5, retry_on=KeyError, clock=clock, budget=None).options
+    assert retry == RetryOptions(
+        attempts=5, retry_on=fw.Outcomes((KeyError,)), backoff=retry.backoff
+    )
+
+
+def test_the_configuration_builds_the_same_objects(clock: fw.FakeClock) -> None:
+    document = parse(
+        {
+            "resources": {
+                "pay": {
+                    "circuit_breaker": {"minimum_calls": 40, "window": "20s", "window_calls": 30},
+                    "bulkhead": {"max_concurrent": 3, "max_queue": 2, "max_wait": "500ms"},
+                    "timeout": "2500ms",
+                }
+            }
+        }
+    )
+    config = document.resources["pay"]
+    assert config.circuit_breaker is not None
+    assert config.bulkhead is not None
+    assert config.timeout is not None
+    # the count window clamps minimum_calls in the one options object, from a file as in code
+    assert config.circuit_breaker.options() == BreakerOptions(
+        minimum_calls=40, window=20.0, window_calls=30
+    )
+    assert config.circuit_breaker.options().minimum_calls == 30
+    assert config.bulkhead.options() == BulkheadOptions(3, 2, 0.5)
+    assert config.timeout.options() == TimeoutOptions(2.5)
+    registry = fw.config.Registry(document, clock=clock)
+    resource = registry.get("pay")
+    assert resource.breaker is not None and resource.breaker.options == BreakerOptions(
+        minimum_calls=40, window=20.0, window_calls=30
+    )
+    assert resource.bulkhead is not None and resource.bulkhead.options == BulkheadOptions(3, 2, 0.5)
+    assert resource.timeout is not None and resource.timeout.options == TimeoutOptions(2.5)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("circuit_breaker", "failure_rate", 1.5),
+        ("circuit_breaker", "open_duration_growth", 0.5),
+        ("bulkhead", "max_concurrent", 0),
+        ("timeout", "thread_limit", 0),
+        ("retry", "attempts", 0),
+        ("retry", "max_retry_after", "-1s"),
+    ],
+)
+def test_a_file_and_code_get_the_same_words(section: str, key: str, value: Any) -> None:
+    """The message under the field's path is the options object's own, minus the name."""
+    base: dict[str, Any] = {"bulkhead": {"max_concurrent": 1}, "timeout": {"seconds": 1}}
+    body = {**base.get(section, {}), key: value}
+    with pytest.raises(fw.ConfigError) as from_file:
+        parse({"resources": {"r": {section: body}}}, "x.yaml")
+    options = {
+        "circuit_breaker": BreakerOptions,
+        "bulkhead": BulkheadOptions,
+        "timeout": TimeoutOptions,
+        "retry": RetryOptions,
+    }[section]
+    code_value = -1.0 if value == "-1s" else value
+    code_body = {**base.get(section, {}), key: code_value}
+    with pytest.raises(fw.ConfigError) as from_code:
+        options(**code_body)
+    said = str(from_code.value).removeprefix(f"{key} ")
+    if value == "-1s":  # a negative duration is refused by the unit parser, before the option
+        assert f"x.yaml: resources.r.{section}.{key}: " in str(from_file.value)
+    else:
+        assert f"x.yaml: resources.r.{section}.{key}: {said}" in str(from_file.value)
