@@ -1,13 +1,18 @@
-"""The floodwall gateway against a bare aiohttp proxy, nginx, and no proxy at all.
+"""The floodwall gateway beside its old revision, nginx, HAProxy, a bare aiohttp proxy and no proxy.
 
-Standalone: ``python benchmarks/gateway.py [--seconds 5] [--rounds 5] [--write docs/gateway.md]``.
-Starts, on loopback free ports, a fast upstream, the gateway with a typical policy set (route
-timeout, breaker, retry with budget, per-try timeout, bulkhead, per-client rate limit, outlier
-detection), a bare 30-line aiohttp pass-through proxy and nginx (when installed), then:
+Standalone: ``python benchmarks/gateway.py [--seconds 5] [--rounds 5] [--old DIR]
+[--workers] [--write docs/gateway.md]``. Starts, on loopback free ports, a fast upstream, the
+gateway with a typical policy set (route timeout, breaker, retry with budget, per-try timeout,
+bulkhead, per-client rate limit, outlier detection), the same gateway from an older checkout
+(``--old DIR``: a checkout's root, run with ``PYTHONPATH=DIR/src``; make one with
+``git worktree add /tmp/gw-old f9b4933``), a bare 30-line aiohttp pass-through proxy, nginx
+and HAProxy (Debian's packages, when installed; each with its own configuration in a
+temporary directory, never the system service: one worker, keep-alive to the upstream, no
+logs), then:
 
 1. **saturation**: closed-loop load with ``wrk`` (or a Python generator without it); requests/s,
-   and the CPU each proxy process spent per request (``/proc``: the figure that survives a
-   noisy shared machine);
+   and the CPU each proxy process spent per request (``/proc``: user + system time, the figure
+   that survives a noisy shared machine);
 2. **latency at a fixed rate**: half of the bare proxy's saturation rate, open-loop (requests
    are sent on a schedule, latency counted from the scheduled time: no coordinated omission),
    after a warm-up at the same rate; p50/p99, and the latency each proxy adds over calling the
@@ -17,14 +22,19 @@ Both run in ``--rounds`` rounds, the targets interleaved (the order rotates each
 burst of outside load hits one round of every target rather than all of one target; the table
 gives the median over rounds, and each measurement first waits (a while) for the rest of the
 machine to be quiet. The load generator runs with its garbage collector off: it is the
-instrument, its pauses are not the proxy's. By default every process may use every CPU, as in
-the earlier runs; ``--pin`` puts the proxies on one CPU and the upstream and load generator on
-another (a proxy then saturates higher, and half of that rate is a harder latency test: at low
-concurrency a Python proxy spends ~1.5x the CPU per request it spends when saturated, since
-nothing is batched).
+instrument, its pauses are not the proxy's. ``--pin`` puts the proxies on one CPU and the
+upstream and load generator on another. ``--workers`` adds floodwall with ``workers: 2``
+(CPU summed over its processes); on a machine with fewer than 4 CPUs the load generator and
+the upstream cannot be kept off the workers' CPUs, which the report says.
 
-Targets (issue): gateway throughput >= 0.8 x the bare proxy; added p99 <= 2 ms at half the bare
-proxy's saturation rate. Every process is stopped at the end, whatever happens.
+``--instructions`` instead counts the user-space instructions per request of this gateway (and
+of ``--old``) under ``valgrind --tool=callgrind``: sequential keep-alive requests, counted
+between ``callgrind_control -i on`` and ``off``, so the figure does not move with the
+machine's load.
+
+Targets (issue 20): CPU per request <= 0.5 x the old revision's and <= 3.5 x nginx's; added
+p99 <= 2 ms at half the bare proxy's saturation rate. Every process is stopped at the end,
+whatever happens.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -133,6 +143,23 @@ http {{
 }}
 """
 
+HAPROXY = """
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+frontend edge
+    bind 127.0.0.1:{port}
+    default_backend app
+backend app
+    server one 127.0.0.1:{upstream}
+"""
+
 MAX_CONNECTIONS = 128
 """Connections the latency generator opens at most (wrk2 keeps a fixed set too); past it a
 request waits for one, the wait counted in its latency."""
@@ -189,6 +216,7 @@ class Target:
     name: str
     port: int
     pid: int | None  # the proxy process whose CPU we count (None: the upstream itself)
+    family: bool = False  # count its children's CPU too (a supervisor and its workers)
 
 
 def cpu_sets(pin: bool) -> tuple[set[int], set[int]] | None:
@@ -200,9 +228,17 @@ def cpu_sets(pin: bool) -> tuple[set[int], set[int]] | None:
     return {cpus[0]}, {cpus[1]}
 
 
+@dataclass
+class Options:
+    with_nginx: bool = True
+    with_haproxy: bool = True
+    old: Path | None = None
+    workers: bool = False
+
+
 @contextlib.contextmanager
 def processes(
-    workdir: Path, with_nginx: bool, cpus: tuple[set[int], set[int]] | None = None
+    workdir: Path, options: Options, cpus: tuple[set[int], set[int]] | None = None
 ) -> Iterator[list[Target]]:
     started: list[subprocess.Popen[bytes]] = []
     log = (workdir / "processes.log").open("wb")
@@ -219,6 +255,17 @@ def processes(
             os.sched_setaffinity(pid, cpus[1])
         return pid
 
+    def floodwall(name: str, upstream: int, src: Path | None, workers: int = 1) -> Target:
+        port = free_port()
+        config = workdir / f"gateway-{port}.json"
+        config.write_text(json.dumps({**gateway_config(port, upstream), "workers": workers}))
+        env = dict(os.environ)
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
+        proc = spawn(sys.executable, "-m", "floodwall.gateway", "-c", str(config), env=env)
+        wait_port(port)
+        return Target(name, port, proxy(proc.pid), family=workers > 1)
+
     try:
         upstream = free_port()
         spawn(sys.executable, "-c", UPSTREAM, str(upstream))
@@ -228,23 +275,15 @@ def processes(
         proc = spawn(sys.executable, "-c", BARE_PROXY, str(bare), f"http://127.0.0.1:{upstream}")
         wait_port(bare)
         targets.append(Target("bare aiohttp proxy", bare, proxy(proc.pid)))
-        gateway = free_port()
-        config = workdir / "gateway.json"
-        config.write_text(json.dumps(gateway_config(gateway, upstream)))
-        proc = spawn(sys.executable, "-m", "floodwall.gateway", "-c", str(config))
-        wait_port(gateway)
-        targets.append(Target("floodwall gateway", gateway, proxy(proc.pid)))
-        nginx = shutil.which("nginx") or (
-            "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+        targets.append(floodwall("floodwall gateway", upstream, None))
+        if options.old is not None:
+            targets.append(floodwall(OLD, upstream, options.old / "src"))
+        if options.workers:
+            targets.append(floodwall("floodwall, 2 workers", upstream, None, workers=2))
+        targets.extend(
+            Target(peer.name, peer.port, proxy(peer.pid or 0))
+            for peer in _peers(workdir, options, upstream, spawn)
         )
-        if with_nginx and nginx:
-            port = free_port()
-            conf = workdir / "nginx.conf"
-            conf.write_text(NGINX.format(dir=workdir, upstream=upstream, port=port))
-            proc = spawn(nginx, "-c", str(conf), "-p", str(workdir))
-            wait_port(port)
-            proxy(proc.pid)
-            targets.append(Target("nginx", port, proxy(_nginx_worker(proc.pid))))
         yield targets
     finally:
         for proc in started:
@@ -259,6 +298,43 @@ def processes(
         log.close()
 
 
+OLD = "floodwall, old revision"
+
+
+def _binary(name: str) -> str | None:
+    return shutil.which(name) or (
+        f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None
+    )
+
+
+def _peers(
+    workdir: Path,
+    options: Options,
+    upstream: int,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+) -> list[Target]:
+    """nginx and HAProxy in front of ``upstream``, each on its own configuration (the process
+    whose CPU counts: nginx's one worker, HAProxy's one process)."""
+    peers = []
+    nginx = _binary("nginx")
+    if options.with_nginx and nginx:
+        port = free_port()
+        conf = workdir / "nginx.conf"
+        conf.write_text(NGINX.format(dir=workdir, upstream=upstream, port=port))
+        proc = spawn(nginx, "-c", str(conf), "-p", str(workdir))
+        wait_port(port)
+        peers.append(Target("nginx", port, _nginx_worker(proc.pid)))
+    haproxy = _binary("haproxy")
+    if options.with_haproxy and haproxy:
+        port = free_port()
+        conf = workdir / "haproxy.cfg"
+        conf.write_text(HAPROXY.format(upstream=upstream, port=port))
+        proc = spawn(haproxy, "-db", "-f", str(conf))
+        wait_port(port)
+        peers.append(Target("HAProxy", port, proc.pid))
+    return peers
+
+
 def _nginx_worker(master: int) -> int:
     time.sleep(0.2)
     children = Path(f"/proc/{master}/task/{master}/children")
@@ -267,11 +343,18 @@ def _nginx_worker(master: int) -> int:
     return master
 
 
-def cpu_ticks(pid: int | None) -> int:
+def cpu_ticks(pid: int | None, family: bool = False) -> int:
+    """User + system CPU ticks of ``pid`` (and of its descendants with ``family``)."""
     if pid is None:
         return 0
+    if family:
+        return sum(_ticks(p) for p in _family(pid))
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return int(fields[11]) + int(fields[12])
+
+
+def target_ticks(target: Target) -> int:
+    return cpu_ticks(target.pid, target.family)
 
 
 def _family(pid: int) -> list[int]:
@@ -479,11 +562,12 @@ Rounds = dict[str, dict[str, list[float]]]
 """target → figure → one value per round."""
 
 
-def run(seconds: float, rounds: int, with_nginx: bool, pin: bool) -> str:
+def run(seconds: float, rounds: int, options: Options, pin: bool) -> str:
     cpus = cpu_sets(pin)
+    loads = [os.getloadavg()[0]]
     with (
         tempfile.TemporaryDirectory(prefix="floodwall-bench-") as tmp,
-        processes(Path(tmp), with_nginx, cpus) as targets,
+        processes(Path(tmp), options, cpus) as targets,
     ):
         data: Rounds = {t.name: {} for t in targets}
         for target in targets:
@@ -492,9 +576,9 @@ def run(seconds: float, rounds: int, with_nginx: bool, pin: bool) -> str:
         for index in range(rounds):
             for target in rotated(targets, index):
                 outside.append(wait_quiet())
-                before = cpu_ticks(target.pid)
+                before = target_ticks(target)
                 rate, count = saturate(target.port, seconds)
-                ticks = cpu_ticks(target.pid) - before
+                ticks = target_ticks(target) - before
                 cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / count if target.pid else math.nan
                 data[target.name].setdefault("rps", []).append(rate)
                 data[target.name].setdefault("cpu_us", []).append(cpu)
@@ -502,15 +586,16 @@ def run(seconds: float, rounds: int, with_nginx: bool, pin: bool) -> str:
         for index in range(rounds):
             for target in rotated(targets, index):
                 outside.append(wait_quiet())
-                before = cpu_ticks(target.pid)
+                before = target_ticks(target)
                 p50, p99 = latency_round(target.port, half, seconds)
-                ticks = cpu_ticks(target.pid) - before
+                ticks = target_ticks(target) - before
                 sent = half * (seconds + 1.0)  # with the warm-up
                 cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / sent if target.pid else math.nan
                 data[target.name].setdefault("cpu_fixed", []).append(cpu)
                 data[target.name].setdefault("p50", []).append(p50)
                 data[target.name].setdefault("p99", []).append(p99)
-    return report(data, half, seconds, rounds, cpus, outside)
+            loads.append(os.getloadavg()[0])
+    return report(data, half, seconds, rounds, cpus, outside, loads)
 
 
 def report(  # noqa: PLR0917 - one figure per argument, from run() only
@@ -520,6 +605,7 @@ def report(  # noqa: PLR0917 - one figure per argument, from run() only
     rounds: int,
     cpus: tuple[set[int], set[int]] | None,
     outside: list[float],
+    loads: list[float],
 ) -> str:
     direct = data["direct (no proxy)"]
     for row in data.values():  # added latency: against the direct figure of the same round
@@ -536,11 +622,12 @@ def report(  # noqa: PLR0917 - one figure per argument, from run() only
         f"Loopback, one run of {rounds} interleaved round(s), {os.cpu_count()} CPU(s) "
         f"({placement}); per round: saturation with {tool} for {seconds:g} s, then latency "
         f"open-loop at {half:.0f} req/s (half the bare proxy's median saturation) for "
-        f"{seconds:g} s after a 1 s warm-up. Medians over the rounds. Each measurement waits "
-        f"(up to {QUIET_PATIENCE:g} s) for other work on the machine to fall under "
-        f"{QUIET_LOAD:g} CPU; "
-        f"outside load at the starts: median {statistics.median(outside):.2f}, "
-        f"max {max(outside):.2f} CPU.",
+        f"{seconds:g} s after a 1 s warm-up. Medians over the rounds; CPU is user + system "
+        f"time of the proxy's process(es) per request. Each measurement waits (up to "
+        f"{QUIET_PATIENCE:g} s) for other work on the machine to fall under {QUIET_LOAD:g} "
+        f"CPU; outside load at the starts: median {statistics.median(outside):.2f}, max "
+        f"{max(outside):.2f} CPU; load average (1 min) from {min(loads):.1f} to "
+        f"{max(loads):.1f}.",
         "",
         "| target | req/s (saturation) | CPU µs/req | CPU µs/req at the fixed rate | p50 ms "
         "| p99 ms | added p50 ms | added p99 ms |",
@@ -556,21 +643,129 @@ def report(  # noqa: PLR0917 - one figure per argument, from run() only
             f"| {name} | {fig['rps']:.0f} | {cpu} | {fixed} | {fig['p50']:.2f} | {fig['p99']:.2f} "
             f"| {added50} | {added99} |"
         )
-    gateway, bare = data["floodwall gateway"], data["bare aiohttp proxy"]
-    ratios = [g / b for g, b in zip(gateway["rps"], bare["rps"], strict=True)]
-    ratio = statistics.median(gateway["rps"]) / statistics.median(bare["rps"])
-    cpu_ratio = med["bare aiohttp proxy"]["cpu_us"] / med["floodwall gateway"]["cpu_us"]
+    lines += ["", *_verdicts(data, med, half)]
+    return "\n".join(lines)
+
+
+def _ratio_line(label: str, mine: list[float], theirs: list[float], target: float) -> str:
+    """Median of ``mine`` over median of ``theirs`` against ``target``, with the rounds."""
+    ratio = statistics.median(mine) / statistics.median(theirs)
+    rounds = ", ".join(f"{a / b:.2f}" for a, b in zip(mine, theirs, strict=True))
+    verdict = "PASS" if ratio <= target else "FAIL"
+    return (
+        f"* CPU per request, {label}: **{ratio:.2f} x** (target <= {target:g}: **{verdict}**); "
+        f"per round: {rounds}"
+    )
+
+
+def _verdicts(data: Rounds, med: dict[str, dict[str, float]], half: float) -> list[str]:
+    gateway = data["floodwall gateway"]
+    out = []
+    if OLD in data:
+        out.append(
+            _ratio_line("floodwall / its old revision", gateway["cpu_us"], data[OLD]["cpu_us"], 0.5)
+        )
+    if "nginx" in data:
+        out.append(
+            _ratio_line("floodwall / nginx", gateway["cpu_us"], data["nginx"]["cpu_us"], 3.5)
+        )
+    if "HAProxy" in data:
+        ratio = med["floodwall gateway"]["cpu_us"] / med["HAProxy"]["cpu_us"]
+        out.append(f"* CPU per request, floodwall / HAProxy: {ratio:.2f} x")
     added = med["floodwall gateway"]["added99"]
     rounds_added = ", ".join(f"{a:+.2f}" for a in gateway["added99"])
-    lines += [
-        "",
-        f"* throughput, gateway / bare proxy: **{ratio:.2f}** (target >= 0.80: "
-        f"**{'PASS' if ratio >= 0.8 else 'FAIL'}**); per round: "
-        f"{', '.join(f'{r:.2f}' for r in ratios)}; by CPU per request: {cpu_ratio:.2f}",
+    out.append(
         f"* added p99 at {half:.0f} req/s: **{added:.2f} ms** (target <= 2 ms: "
-        f"**{'PASS' if added <= 2.0 else 'FAIL'}**); per round: {rounds_added}",
-    ]
-    return "\n".join(lines)
+        f"**{'PASS' if added <= 2.0 else 'FAIL'}**); per round: {rounds_added}"
+    )
+    two = "floodwall, 2 workers"
+    if two in data:
+        gain = med[two]["rps"] / med["floodwall gateway"]["rps"]
+        cores = len(os.sched_getaffinity(0))
+        where = (
+            "the load generator and the upstream share the workers' CPUs"
+            if cores < 4
+            else "every process may use every CPU"
+        )
+        out.append(
+            f"* 2 workers / 1 worker, requests/s: {gain:.2f} x on {cores} CPU(s) ({where}; "
+            f"pinning them apart takes at least 4 CPUs), CPU per request "
+            f"{med[two]['cpu_us']:.0f} µs against {med['floodwall gateway']['cpu_us']:.0f}"
+        )
+    return out
+
+
+INSTRUCTION_WARMUP = 500
+INSTRUCTION_REQUESTS = 2000
+
+
+def sequential(port: int, count: int) -> None:
+    """``count`` GETs one after the other on one keep-alive connection."""
+    request = b"GET /item HTTP/1.1\r\nHost: bench\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for _ in range(count):
+            sock.sendall(request)
+            data = b""
+            while True:
+                data += sock.recv(65536)
+                head, sep, body = data.partition(b"\r\n\r\n")
+                found = re.search(rb"(?i)content-length:\s*(\d+)", head) if sep else None
+                if found is not None and len(body) >= int(found.group(1)):
+                    break
+
+
+def instructions(src: Path | None, workdir: Path) -> float:
+    """User-space instructions per request of the gateway of ``src`` (``None``: this one) under
+    callgrind: :data:`INSTRUCTION_REQUESTS` sequential keep-alive requests after
+    :data:`INSTRUCTION_WARMUP` of warm-up, counted from the first to the last of them
+    (``callgrind_control -i on/off``): no other load enters the count."""
+    upstream, port = free_port(), free_port()
+    config = workdir / f"callgrind-{port}.json"
+    config.write_text(json.dumps(gateway_config(port, upstream)))
+    out = workdir / f"callgrind-{port}.out"
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+    command += [sys.executable, "-m", "floodwall.gateway", "-c", str(config)]
+    with contextlib.ExitStack() as stack:
+        up = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(upstream)])
+        stack.callback(_end, up)
+        wait_port(upstream)
+        gateway = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        stack.callback(_end, gateway)
+        wait_port(port, timeout=300)
+        sequential(port, INSTRUCTION_WARMUP)
+        control = ["callgrind_control"]
+        subprocess.run([*control, "-i", "on", str(gateway.pid)], check=True, capture_output=True)
+        sequential(port, INSTRUCTION_REQUESTS)
+        subprocess.run([*control, "-i", "off", str(gateway.pid)], check=True, capture_output=True)
+        subprocess.run([*control, "-d", str(gateway.pid)], check=True, capture_output=True)
+    total = 0
+    for dump in workdir.glob(f"callgrind-{port}.out*"):
+        for line in dump.read_text().splitlines():
+            if line.startswith("totals:"):
+                total = max(total, int(line.split()[1]))
+    return total / INSTRUCTION_REQUESTS
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def instruction_report(old: Path | None) -> str:
+    with tempfile.TemporaryDirectory(prefix="floodwall-callgrind-") as tmp:
+        new = instructions(None, Path(tmp))
+        before = instructions(old / "src", Path(tmp)) if old is not None else None
+    line = f"* user-space instructions per request (callgrind): this revision {new / 1000:.0f} k"
+    if before is not None:
+        line += f", the old revision {before / 1000:.0f} k ({new / before:.2f} x)"
+    return line
 
 
 def write(path: Path, table: str) -> None:
@@ -590,10 +785,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement (default 5)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    parser.add_argument("--no-haproxy", action="store_true", help="leave HAProxy out")
+    parser.add_argument("--old", type=Path, help="also run the gateway of this checkout")
+    parser.add_argument("--workers", action="store_true", help="also run it with 2 workers")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="only count instructions per request under callgrind (this and --old)",
+    )
     parser.add_argument("--pin", action="store_true", help="proxies on one CPU, load on another")
     parser.add_argument("--write", type=Path, help="put the table into this Markdown file")
     args = parser.parse_args()
-    table = run(args.seconds, args.rounds, not args.no_nginx, args.pin)
+    if args.instructions:
+        print(instruction_report(args.old))
+        return
+    options = Options(
+        with_nginx=not args.no_nginx,
+        with_haproxy=not args.no_haproxy,
+        old=args.old,
+        workers=args.workers,
+    )
+    table = run(args.seconds, args.rounds, options, args.pin)
     print(table)
     if args.write is not None:
         write(args.write, table)

@@ -22,6 +22,8 @@ from servers import require_binary
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 Start = Callable[[dict[str, Any]], GatewayThread]
+WORKER_START = 60.0
+"""Seconds a reload that starts worker processes may take (imports on a loaded machine)."""
 
 
 def _config(a: Upstream, b: Upstream, *, timeout: str = "1s") -> dict[str, Any]:
@@ -337,3 +339,97 @@ def test_chaos_is_switched_on_and_off_through_the_admin_api(
         assert gw.admin("DELETE", "/chaos/api").status_code == 200
         assert client.get(gw.url + "/api/x").status_code == 200
     assert gw.admin("POST", "/chaos/api?ttl=5").status_code == 400  # a switch, not a timer
+
+
+def test_listen_and_workers_change_under_steady_traffic_without_a_failed_request(
+    upstreams: Callable[..., list[Upstream]], tmp_path: Path
+) -> None:
+    """A reload that changes ``workers`` (1 -> 2 -> 1) and ``listen`` hands over to a new
+    generation of workers: new connections, keep-alive ones and a slow request in flight at
+    each change are all answered."""
+    from servers import free_port
+
+    (svc,) = upstreams("svc")
+    config: dict[str, Any] = {
+        "workers": 1,
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+    gateway = GatewayProcess(config, tmp_path / "handover.json").start()
+    current = {"url": gateway.url}
+    statuses: list[int] = []
+    errors: list[str] = []
+    slow: list[int] = []
+    stop = threading.Event()
+
+    def load(keep_alive: bool) -> None:
+        headers = {} if keep_alive else {"Connection": "close"}
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                try:
+                    statuses.append(client.get(current["url"] + "/x", headers=headers).status_code)
+                except httpx.HTTPError as exc:
+                    if not keep_alive or not isinstance(exc, httpx.RemoteProtocolError):
+                        errors.append(repr(exc))
+                    # (an idle keep-alive connection the old generation closed: a new one next)
+                time.sleep(0.005)
+
+    def slow_request() -> None:
+        svc.state.delay = 1.0
+        try:
+            slow.append(httpx.get(current["url"] + "/slow", timeout=10).status_code)
+        finally:
+            svc.state.delay = 0.0
+
+    applied: dict[str, Any] = json.loads(gateway.path.read_text())
+
+    def reload(change: dict[str, Any]) -> dict[str, Any]:
+        applied.update(change)
+        document = applied
+        thread = threading.Thread(target=slow_request)
+        thread.start()
+        time.sleep(0.3)  # the slow request is in flight when the handover starts
+        answer = httpx.post(  # (as long as new worker processes take to start on a busy box)
+            gateway.admin_url + "/reload?source=handover.json",
+            content=json.dumps(document),
+            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+            timeout=WORKER_START,
+        )
+        assert answer.status_code == 200, answer.text
+        if "listen" in change:
+            current["url"] = f"http://{change['listen']}"
+        time.sleep(1.0)  # traffic on the new generation, the old one drained
+        thread.join()
+        result: dict[str, Any] = answer.json()
+        return result
+
+    threads = [threading.Thread(target=load, args=(i == 0,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        two = reload({"workers": 2})
+        assert two["handover"]["workers"] == 2
+        assert gateway.admin("GET", "/status").json()["workers"] == 2
+        port = free_port()
+        moved = reload({"listen": f"127.0.0.1:{port}"})
+        assert moved["handover"] == {"listen": f"127.0.0.1:{port}", "workers": 2}
+        one = reload({"workers": 1})
+        assert one["handover"]["workers"] == 1
+        status = gateway.admin("GET", "/status").json()
+        assert status["workers"] == 1
+        assert status["version"] == 4  # each generation carries the version on
+    except Exception:
+        print(gateway.log.read_text())  # (what each generation logged, for the failure)
+        raise
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        code = gateway.stop()
+    assert not errors, errors[:5]
+    assert len(statuses) > 100 and set(statuses) == {200}
+    assert slow == [200, 200, 200]  # each handover let the request in flight finish
+    assert code == 0
+    with pytest.raises(httpx.ConnectError):  # the first address was given up
+        httpx.get(f"http://127.0.0.1:{gateway.port}/x", timeout=2)

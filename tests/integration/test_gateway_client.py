@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import pytest
 
 from floodwall.gateway._client import (
     ConnectionPool,
     Origin,
     UpstreamConnectError,
+    UpstreamDisconnectedError,
     UpstreamProtocolError,
 )
 
@@ -133,7 +133,7 @@ async def test_a_stale_connection_is_retried_once_for_idempotent_requests_only()
         assert await get(client, origin) == (200, b"ok")
         assert await get(client, origin) == (200, b"ok")  # stale, then a fresh connection
         assert (served, client.connects) == (2, 2)
-        with pytest.raises(aiohttp.ServerDisconnectedError):
+        with pytest.raises(UpstreamDisconnectedError):
             await get(client, origin, "POST")  # not idempotent: never sent twice
         assert served == 2
         await client.close()
@@ -242,9 +242,10 @@ async def test_a_field_with_a_line_break_is_never_written() -> None:
 @pytest.mark.parametrize(
     ("head", "why"),
     [
-        (b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n", "field name b'Content-Length ' is not"),
-        (b"HTTP/1.1 200 OK\r\nX-A: \x01\r\nContent-Length: 2\r\n", "value of X-A"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n", "Invalid header field char"),
+        (b"HTTP/1.1 200 OK\r\nX-A: \x01\r\nContent-Length: 2\r\n", "Invalid header value char"),
         (b"HTTP/1.1 200 O\x7fK\r\nContent-Length: 2\r\n", "reason phrase"),
+        (b"HTTP/1.1 100 Continue\r\nX-Early: \x01\r\n\r\n", "Invalid header value char"),
     ],
 )
 async def test_an_answer_head_that_breaks_the_field_syntax_is_refused(
@@ -254,7 +255,7 @@ async def test_an_answer_head_that_breaks_the_field_syntax_is_refused(
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 await read_head(reader)
-                writer.write(b"HTTP/1.1 100 Continue\r\nX-Early: \x01\r\n\r\n" + head + b"\r\nok")
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + head + b"\r\nok")
 
     async with serve(handler) as origin:
         client = pool()

@@ -1,27 +1,29 @@
-"""The gateway's upstream client: HTTP/1.1 keep-alive connections over aiohttp's response protocol.
+"""The gateway's upstream client: HTTP/1.1 keep-alive connections, parsed by llhttp.
 
 Why not ``aiohttp.ClientSession.request``: per request it builds a URL, a timeout, a merged
 header multidict, a ``ClientRequest`` (host, auth, cookies, proxy, encoding and body checks), a
-connection key and a response object, about 80 µs of CPU on loopback, half of what a whole
-proxied request costs. A reverse proxy already holds a validated request: it needs a pooled
-connection, one write and the parsed answer. This module does that in a fraction of the time
-and keeps what matters from aiohttp:
+connection key and a response object, about 80 µs of CPU on loopback. A reverse proxy already
+holds a validated request: it needs a pooled connection, one write and the parsed answer. This
+module does that with an asyncio protocol per connection and llhttp's response parser
+(``httptools``, strict mode), and keeps:
 
-* answers are parsed by aiohttp's own :class:`~aiohttp.client_proto.ResponseHandler` (llhttp,
-  strict: conflicting ``Content-Length``/``Transfer-Encoding``, bad chunking or oversized lines
-  fail the answer), with the same flow control on answer bodies; what its lenient response
-  mode lets through is refused here (a field name that is not a token, such as
-  ``Content-Length : 8``, a control character in a value or in the reason phrase), so the
-  proxy answers 502 and a warning names the endpoint and the reason;
+* **strict answers**: conflicting ``Content-Length``/``Transfer-Encoding``, bad chunking,
+  obs-fold, a field name that is not a token (``Content-Length : 8``) or a control character in
+  a field value fail the answer in the parser; a control character in the reason phrase fails
+  it here (:func:`~floodwall.gateway._headers.reason_error`), and so do a status line,
+  field or field count past ``max_line``/``max_field``/``max_headers``. The proxy answers 502
+  and a warning names the endpoint and the reason;
 * a request head is written only when no field breaks its line (no CR/LF injection);
-* a connection goes back to the pool only when its answer was read to the end, the request
-  body was sent whole, and neither side asked to close; anything else closes it;
+* a connection goes back to the pool only when its answer arrived whole, the request body was
+  sent whole, and neither side asked to close; anything else closes it;
 * ``limit`` connections in all and ``limit_per_origin`` per endpoint; a request beyond waits,
   at most ``connect_timeout`` (with the TCP connect itself);
 * idle connections live ``keepalive`` seconds (one sweep timer per pool, not one per request);
 * a connection the upstream closed while it was idle is retried once on a fresh connection
   when no byte of an answer came and the request can be sent again (idempotent method, body
-  in memory): the keep-alive race every HTTP client must handle.
+  in memory): the keep-alive race every HTTP client must handle;
+* answer bodies are buffered up to :data:`BODY_HIGH_WATER` bytes, then reading from the
+  upstream pauses until the proxy takes them (flow control both ways).
 
 Streamed request bodies are written by a task of their own while the answer is awaited, so an
 upstream that answers early (say 413) is heard, and a stalled body never blocks the answer.
@@ -37,31 +39,35 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Final, NamedTuple
 
-import aiohttp
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import RawResponseMessage
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import EofStream, StreamReader
-from multidict import CIMultiDictProxy
+import httptools
 
-from floodwall.gateway._headers import answer_head_error
+from floodwall.gateway._headers import reason_error
 
 __all__ = [
+    "BODY_HIGH_WATER",
     "ConnectionPool",
     "Origin",
     "UpstreamConnectError",
+    "UpstreamDisconnectedError",
+    "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamResponse",
 ]
 
+BODY_HIGH_WATER: Final = 256 * 1024
+"""Answer body bytes buffered before the connection stops reading from the upstream."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
-"""Methods sent without ``Content-Length: 0`` when they carry no body (as aiohttp does)."""
+"""Methods sent without ``Content-Length: 0`` when they carry no body."""
 _REPLAYABLE: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-log = logging.getLogger("floodwall.gateway")
 """RFC 9110 §9.2.2 idempotent methods: safe to send again after a stale-connection race."""
+log = logging.getLogger("floodwall.gateway")
 
 
-class UpstreamConnectError(aiohttp.ClientConnectionError):
+class UpstreamError(ConnectionError):
+    """The exchange with an endpoint broke (the base of this module's errors)."""
+
+
+class UpstreamConnectError(UpstreamError):
     """No connection to the endpoint could be opened (refused, unreachable, TLS, timeout).
 
     ``reason``: why, without the endpoint's address (what a client may be told), or empty.
@@ -72,7 +78,11 @@ class UpstreamConnectError(aiohttp.ClientConnectionError):
         self.reason = reason
 
 
-class UpstreamProtocolError(aiohttp.ClientConnectionError):
+class UpstreamDisconnectedError(UpstreamError):
+    """The endpoint closed the connection before its answer was complete."""
+
+
+class UpstreamProtocolError(UpstreamError):
     """The endpoint's answer is not valid HTTP/1.1 (or asks for an upgrade the gateway does
     not proxy)."""
 
@@ -85,21 +95,6 @@ class Origin(NamedTuple):
     tls: bool
 
 
-class _Connection(ResponseHandler):
-    """One upstream connection: aiohttp's response protocol plus the pool's bookkeeping."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, origin: Origin) -> None:
-        super().__init__(loop)
-        self.origin = origin
-        self.idle_since = 0.0
-        self.head_mode: bool | None = None
-        """The parser's mode (``True``: answers to HEAD, without body); ``None``: none yet."""
-        self.used = False
-        """Whether a request went out on it (a reused connection may have gone stale)."""
-        self.answered = False
-        """Whether the current exchange got an answer head."""
-
-
 class _Limits(NamedTuple):
     max_line: int
     max_field: int
@@ -107,41 +102,158 @@ class _Limits(NamedTuple):
 
 
 class UpstreamResponse:
-    """An upstream answer whose body is read from :attr:`content`; :meth:`release` gives the
-    connection back (or closes it when the answer was not read to its end)."""
+    """An upstream answer whose body is read with :meth:`read` / :meth:`readany`;
+    :meth:`release` gives the connection back (or closes it when the answer is not whole)."""
 
     __slots__ = (
+        "_chunks",
         "_connection",
+        "_error",
+        "_headers",
+        "_paused",
         "_pool",
+        "_size",
+        "_waiter",
         "_writer",
-        "content",
+        "complete",
+        "connection",
         "content_length",
-        "headers",
+        "raw_headers",
         "reason",
         "status",
     )
 
     def __init__(
         self,
-        pool: ConnectionPool,
         connection: _Connection,
-        message: RawResponseMessage,
-        content: StreamReader,
-        writer: asyncio.Task[None] | None,
+        status: int,
+        reason: str,
+        raw_headers: list[tuple[str, str]],
+        content_length: int | None,
     ) -> None:
-        self._pool = pool
+        self._pool: ConnectionPool | None = None
         self._connection: _Connection | None = connection
-        self._writer = writer
-        self.status: int = message.code
-        self.reason: str = message.reason
-        self.headers: CIMultiDictProxy[str] = message.headers
-        self.content = content
-        length = message.headers.get("Content-Length")
-        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self._writer: asyncio.Task[None] | None = None
+        self.status = status
+        self.reason = reason
+        self.raw_headers = raw_headers
+        """Every field as received, in order (names as the upstream wrote them)."""
+        self._headers: dict[str, str] | None = None
+        self.content_length = content_length
+        self.connection: str | None = None
+        """The answer's ``Connection`` field, if it has one."""
+        self.complete = False
+        """Whether the whole body has arrived (read or not)."""
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._paused = False
 
-    async def read(self) -> bytes:
-        """The whole body (the caller bounds the wait)."""
-        return await self.content.read()
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lower-case names to values (a repeated field joined with ``", "``)."""
+        headers = self._headers
+        if headers is None:
+            headers = {}
+            for name, value in self.raw_headers:
+                lower = name.lower()
+                headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
+            self._headers = headers
+        return headers
+
+    def header(self, name: str) -> str | None:
+        """The first value of field ``name`` (lower-case), without building :attr:`headers`."""
+        for field, value in self.raw_headers:
+            if len(field) == len(name) and field.lower() == name:
+                return value
+        return None
+
+    # -- the connection's side --------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > BODY_HIGH_WATER and not self._paused:
+            connection = self._connection
+            if connection is not None and connection.transport is not None:
+                self._paused = True
+                connection.transport.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.complete:
+            self._error = error
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def is_eof(self) -> bool:
+        """Whether the whole body has arrived and been read."""
+        return self.complete and not self._chunks
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`readany` returns without waiting."""
+        return bool(self._chunks) or self.complete or self._error is not None
+
+    async def readany(self) -> bytes:
+        """What has arrived of the body (waiting for some), ``b""`` at its end (the caller
+        bounds the wait); the connection's failure if it broke before the end."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        if self._paused:
+            self._paused = False
+            connection = self._connection
+            if connection is not None and connection.transport is not None:
+                connection.transport.resume_reading()
+        return data
+
+    def take(self) -> bytes:
+        """The whole body, once it has all arrived (:attr:`complete`)."""
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        return data
+
+    async def read(self, limit: int = -1) -> bytes:
+        """The whole body (or its first ``limit`` bytes); the caller bounds the wait."""
+        if self.complete and limit < 0:
+            chunks = self._chunks
+            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            return data
+        parts: list[bytes] = []
+        size = 0
+        while limit < 0 or size < limit:
+            chunk = await self.readany()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        data = b"".join(parts)
+        return data if limit < 0 else data[:limit]
 
     def release(self) -> None:
         """Give the connection back if the exchange is complete, else close it. Idempotent."""
@@ -155,7 +267,220 @@ class UpstreamResponse:
         )
         if writer is not None and not writer.done():
             writer.cancel()
-        self._pool.release(connection, reusable=sent and self.content.is_eof())
+        pool = self._pool
+        if pool is not None:
+            pool.release(connection, reusable=sent and self.complete and not self._paused)
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream connection: llhttp's response parser and the pool's bookkeeping."""
+
+    def __init__(self, origin: Origin, limits: _Limits) -> None:
+        self.origin = origin
+        self.limits = limits
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        self.used = False
+        """Whether a request went out on it (a reused connection may have gone stale)."""
+        self.answered = False
+        """Whether the current exchange got an answer head."""
+        self.should_close = False
+        self.writing_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[UpstreamResponse] | None = None
+        self._response: UpstreamResponse | None = None
+        self._reason = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._until_eof = False
+        self._error: str | None = None
+        self._head_bytes = 0
+
+    def is_connected(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- one exchange -----------------------------------------------------------------------
+
+    def expect(self) -> asyncio.Future[UpstreamResponse]:
+        """A future for the next answer's head."""
+        self.used = True
+        self.answered = False
+        self._response = None
+        self._head_bytes = 0
+        waiter = self._waiter = self.loop.create_future()
+        return waiter
+
+    # -- the transport's side ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.should_close = True
+        response = self._response
+        if response is not None and not response.complete:
+            if self._until_eof and self._error is None:
+                response._finish()
+            else:
+                response._fail(UpstreamDisconnectedError("the upstream closed mid-answer"))
+        self._fail(UpstreamDisconnectedError("the upstream closed the connection"))
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_exception(UpstreamDisconnectedError("the upstream closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    async def drain(self) -> None:
+        if self.writing_paused:
+            self._drain = self.loop.create_future()
+            try:
+                await self._drain
+            finally:
+                self._drain = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._response is None:
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._error = "the upstream switched protocols (not proxied)"
+        except httptools.HttpParserError as exc:
+            said = str(exc).strip()
+            self._error = self._error or (said.splitlines()[0] if said else "unparsable")
+        limits = self.limits
+        if self._error is None and self._response is None:
+            cap = limits.max_line + limits.max_headers * (limits.max_field + 4)
+            if self._head_bytes > cap:
+                self._error = "the answer head is too large"
+        if self._error is not None:
+            self._invalid(self._error)
+            return
+        waiter = self._waiter  # the head, once the whole read parsed: an answer whose body is
+        response = self._response  # malformed in the same read fails before it is handed on
+        if self.head_mode and response is not None and not self.should_close:
+            # llhttp cannot be told that an answer to HEAD has no body: a fresh parser for the
+            # next answer (any byte after this head made should_close, in on_body)
+            self.parser = httptools.HttpResponseParser(self)
+        if waiter is not None and response is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(response)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def _invalid(self, why: str) -> None:
+        origin = self.origin
+        log.warning("upstream %s:%d sent an invalid answer: %s", origin.host, origin.port, why)
+        self.should_close = True
+        error = UpstreamProtocolError(f"invalid answer: {why}")
+        response = self._response
+        if response is not None:
+            response._fail(error)
+        self._fail(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, error: BaseException) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        self._waiter = None
+
+    # -- the parser's callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reason = b""
+        self._fields = []
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                self._error = "the upstream switched protocols (not proxied)"
+            return  # 1xx: the answer is still to come
+        self.answered = True
+        fields = self._fields
+        reason = self._reason.decode("latin-1")
+        self._error = self._head_error(reason, fields)
+        if self._error is not None:
+            return
+        raw: list[tuple[str, str]] = []
+        length: int | None = None
+        chunked = False
+        connection: str | None = None
+        for field_name, field_value in fields:
+            name = field_name.decode("latin-1")
+            value = field_value.decode("latin-1")
+            raw.append((name, value))
+            if len(name) in (10, 14, 17):  # (a length test first: most names are none of these)
+                lower = name.lower()
+                if lower == "content-length":
+                    length = int(value)
+                elif lower == "transfer-encoding":
+                    chunked = True
+                elif lower == "connection":
+                    connection = value if connection is None else f"{connection}, {value}"
+        if not self.parser.should_keep_alive():
+            self.should_close = True
+        self._until_eof = length is None and not chunked and status not in (204, 304)
+        if self._until_eof and not self.head_mode:
+            self.should_close = True
+        response = UpstreamResponse(self, status, reason, raw, length)
+        response.connection = connection
+        self._response = response
+        if self.head_mode or status in (204, 304):
+            response.complete = True
+
+    head_mode = False
+    """Whether the current exchange answers a ``HEAD`` (no body follows its head)."""
+
+    def _head_error(self, reason: str, fields: list[tuple[bytes, bytes]]) -> str | None:
+        """Why the answer head may not be used (sizes, then syntax), or ``None``."""
+        limits = self.limits
+        if len(self._reason) > limits.max_line:
+            return "the status line is too long"
+        if len(fields) > limits.max_headers:
+            return "too many answer fields"
+        if self._head_bytes > limits.max_field and any(
+            len(n) + len(v) > limits.max_field for n, v in fields
+        ):
+            return "an answer field is too long"
+        # (llhttp's strict mode already refused names that are not tokens and control
+        # characters in values; :func:`answer_head_error` states the whole rule)
+        return reason_error(reason)
+
+    def on_body(self, body: bytes) -> None:
+        response = self._response
+        if self.head_mode:
+            self.should_close = True  # bytes after an answer to HEAD: not HTTP/1.1 as it is
+        elif response is not None:
+            response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self._response
+        if response is not None and self._error is None:
+            response._finish()
 
 
 class ConnectionPool:
@@ -213,59 +538,42 @@ class ConnectionPool:
         head = _head(method, target, fields, body, streamed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = await self._acquire(origin)
+            connection = self._reuse(origin) or await self._acquire(origin)
             reused = connection.used
+            connection.head_mode = method == "HEAD"
+            transport = connection.transport
+            writer: asyncio.Task[None] | None = None
             try:
-                return await self._exchange(connection, method, head, body)
-            except (aiohttp.ServerDisconnectedError, UpstreamProtocolError):
+                if transport is None or transport.is_closing():
+                    raise UpstreamDisconnectedError("the upstream closed the connection")
+                waiter = connection.expect()
+                if body is None:
+                    transport.write(head)
+                elif not streamed:
+                    transport.writelines((head, body))  # type: ignore[arg-type]
+                else:
+                    transport.write(head)
+                    sending = _send_body(connection, body, _chunked(head))  # type: ignore[arg-type]
+                    writer = self._loop.create_task(sending)
+                    writer.add_done_callback(_on_body_sent)
+                response = await waiter
+            except (UpstreamDisconnectedError, UpstreamProtocolError):
+                self._give_up(connection, writer)
                 if not (reused and replayable and not connection.answered):
                     raise
-            replayable = False  # once
+                replayable = False  # once
+                continue
+            except BaseException:
+                self._give_up(connection, writer)
+                raise
+            response._pool = self
+            response._writer = writer
+            return response
 
-    async def _exchange(
-        self,
-        connection: _Connection,
-        method: str,
-        head: bytes,
-        body: bytes | AsyncIterator[bytes] | None,
-    ) -> UpstreamResponse:
-        connection.used = True
-        connection.answered = False
-        head_mode = method == "HEAD"
-        if connection.head_mode is not head_mode:
-            self._set_parser(connection, head_mode)
-        transport = connection.transport
-        writer: asyncio.Task[None] | None = None
-        try:
-            if transport is None:
-                raise aiohttp.ServerDisconnectedError()
-            if body is None:
-                transport.write(head)
-            elif isinstance(body, bytes):
-                transport.writelines((head, body))
-            else:
-                transport.write(head)
-                writer = self._loop.create_task(_send_body(connection, body, _chunked(head)))
-                writer.add_done_callback(_on_body_sent)
-            message, payload = await _read_head(connection)
-        except BaseException:
-            if writer is not None:
-                writer.cancel()
-            self.release(connection, reusable=False)
-            raise
-        return UpstreamResponse(self, connection, message, payload, writer)
-
-    def _set_parser(self, connection: _Connection, head_mode: bool) -> None:
-        limits = self._limits
-        connection.set_response_params(
-            skip_payload=head_mode,
-            read_until_eof=True,  # no length, no chunks: the answer ends with the connection
-            auto_decompress=False,
-            max_line_size=limits.max_line,
-            max_field_size=limits.max_field,
-            max_headers=limits.max_headers,
-        )
-        connection.head_mode = head_mode
+    def _give_up(self, connection: _Connection, writer: asyncio.Task[None] | None) -> None:
+        if writer is not None:
+            writer.cancel()
+        self.release(connection, reusable=False)
 
     # -- the pool --------------------------------------------------------------------------------
 
@@ -336,8 +644,9 @@ class ConnectionPool:
                 self._ssl = ssl.create_default_context()
             context, name = self._ssl, self._server_name or origin.host
         try:
+            limits = self._limits
             _, connection = await loop.create_connection(
-                lambda: _Connection(loop, origin),
+                lambda: _Connection(origin, limits),
                 origin.host,
                 origin.port,
                 ssl=context,
@@ -428,53 +737,27 @@ def _head(
     streamed: bool,
 ) -> bytes:
     """The request head; ``ValueError`` if a field would break a line (header injection)."""
-    lines = [f"{method} {target} HTTP/1.1\r\n"]
-    lines.extend(f"{name}: {value}\r\n" for name, value in fields)
+    framing = ""
     if isinstance(body, bytes):
-        lines.append(f"Content-Length: {len(body)}\r\n")
+        framing = f"Content-Length: {len(body)}\r\n"
     elif streamed:
         if not any(name.lower() == "content-length" for name, _ in fields):
-            lines.append("Transfer-Encoding: chunked\r\n")
+            framing = "Transfer-Encoding: chunked\r\n"
     elif method not in _NO_BODY_METHODS:
-        lines.append("Content-Length: 0\r\n")
-    lines.append("\r\n")
-    text = "".join(lines)
-    breaks = len(lines)
+        framing = "Content-Length: 0\r\n"
+    lines = "".join(map("%s: %s\r\n".__mod__, fields))  # (C loops: no Python frame per field)
+    text = f"{method} {target} HTTP/1.1\r\n{lines}{framing}\r\n"
+    breaks = len(fields) + (3 if framing else 2)
     if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a request field contains CR or LF")
-    return text.encode("utf-8", "surrogateescape")
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8")
 
 
 def _chunked(head: bytes) -> bool:
     return head.endswith(b"Transfer-Encoding: chunked\r\n\r\n")
-
-
-async def _read_head(connection: _Connection) -> tuple[RawResponseMessage, StreamReader]:
-    """The answer's head, after any 1xx informational answers; ``UpstreamProtocolError`` (and a
-    warning naming the endpoint) if it is not valid HTTP/1.1."""
-    while True:
-        try:
-            message, payload = await connection.read()
-        except HttpProcessingError as exc:
-            said = (exc.message or "").strip()
-            raise _invalid(connection, said.splitlines()[0] if said else "unparsable") from exc
-        except EofStream:
-            raise aiohttp.ServerDisconnectedError() from None
-        connection.answered = True
-        code = message.code
-        if code == 101:
-            raise UpstreamProtocolError("the upstream switched protocols (not proxied)")
-        if code >= 200:
-            why = answer_head_error(message.reason, message.raw_headers)
-            if why is not None:
-                raise _invalid(connection, why)
-            return message, payload
-
-
-def _invalid(connection: _Connection, why: str) -> UpstreamProtocolError:
-    origin = connection.origin
-    log.warning("upstream %s:%d sent an invalid answer: %s", origin.host, origin.port, why)
-    return UpstreamProtocolError(f"invalid answer: {why}")
 
 
 async def _send_body(connection: _Connection, body: AsyncIterator[bytes], chunked: bool) -> None:
@@ -483,13 +766,12 @@ async def _send_body(connection: _Connection, body: AsyncIterator[bytes], chunke
         async for chunk in body:
             transport = connection.transport
             if transport is None:
-                raise aiohttp.ServerDisconnectedError()
+                raise UpstreamDisconnectedError("the upstream closed the connection")
             if chunked:
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
             else:
                 transport.write(chunk)
-            if connection.writing_paused:
-                await connection._drain_helper()  # aiohttp's drain: it has no public one
+            await connection.drain()
         if chunked and connection.transport is not None:
             connection.transport.write(b"0\r\n\r\n")
     except BaseException:

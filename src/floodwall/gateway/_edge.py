@@ -1,6 +1,6 @@
 """The edge rules: what a parsed request head must satisfy before the proxy sees it.
 
-llhttp, aiohttp's parser, already refuses ambiguous framing, bad tokens, control characters,
+llhttp, the server's parser, already refuses ambiguous framing, bad tokens, control characters,
 oversized lines and duplicate ``Host``. These rules refuse what it lets through, each where
 nginx or HAProxy (the stricter of the two) refuses it too:
 
@@ -28,17 +28,18 @@ comparisons per request: nothing is compiled or allocated on the common path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
-
-from aiohttp.http import HttpVersion, HttpVersion10, HttpVersion11, RawRequestMessage
+from typing import TYPE_CHECKING, Final
 
 from floodwall.gateway._headers import host_error
 from floodwall.gateway.config import EdgeConfig
 from floodwall.gateway.routing import normalise_host
 
+if TYPE_CHECKING:
+    from floodwall.gateway._server import Request
+
 __all__ = ["EdgeRefusal", "EdgeRules"]
 
-_HTTP09: Final = HttpVersion(0, 9)
+_VERSIONS: Final = frozenset({"1.1", "1.0"})
 GOOD_HOSTS: Final = 1024
 """Valid ``Host`` values remembered per configuration (beyond, each is checked every time)."""
 
@@ -50,11 +51,6 @@ class EdgeRefusal:
     status: int
     kind: str
     detail: str
-
-    @property
-    def version_error(self) -> bool:
-        """Whether the request's own version is unusable (the answer is written as 1.1)."""
-        return self.kind in ("no_http_version", "http_version_not_supported")
 
 
 _NO_VERSION: Final = EdgeRefusal(400, "no_http_version", "the request line has no HTTP version")
@@ -83,34 +79,30 @@ class EdgeRules:
         """``Host`` values already found valid: a set lookup instead of a regex per request
         (filled up to :data:`GOOD_HOSTS`; a reload starts a new one)."""
 
-    def check(self, message: RawRequestMessage) -> EdgeRefusal | None:
+    def check(self, request: Request) -> EdgeRefusal | None:
         """The refusal for this request head, or ``None`` if it may go on to the proxy."""
-        version = message.version
-        if version not in (HttpVersion11, HttpVersion10):
-            return _NO_VERSION if version == _HTTP09 else _BAD_VERSION
-        raw = message.raw_headers
-        size = len(message.method) + len(message.path) + 14 + 4 * len(raw)
-        for name, value in raw:
-            size += len(name) + len(value)
-        if size > self.max_head:
+        version = request.version
+        if version not in _VERSIONS:
+            return _NO_VERSION if version == "0.9" else _BAD_VERSION
+        if request.head_size > self.max_head:
             return self.too_large
-        host = message.headers.get("Host")
+        host = request.headers.get("host")
         if host is not None and host not in self._good_hosts:
             why = host_error(host)
             if why is not None:
                 return EdgeRefusal(400, "bad_host", why)
             if len(self._good_hosts) < GOOD_HOSTS:
                 self._good_hosts.add(host)
-        path = message.path
-        if path[:1] != "/" and message.url.absolute:
-            url = message.url
-            refused = _absolute_form(url.scheme, url.raw_authority, host)
+        authority = request.absolute
+        if authority is not None:
+            refused = _absolute_form(request.scheme_of_target, authority, host)
             if refused is not None:
                 return refused
+        path = request.raw_path
         if (
             not self.forward_parameters
             and (";" in path or "%" in path)
-            and _dot_parameters(message.url.path)
+            and _dot_parameters(request.path)
         ):
             return _DOT_PARAMETERS
         return None

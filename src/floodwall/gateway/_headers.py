@@ -42,6 +42,7 @@ __all__ = [
     "forwarding_headers",
     "host_error",
     "new_request_id",
+    "reason_error",
     "trust_check",
     "valid_request_id",
 ]
@@ -65,9 +66,10 @@ _FORWARDING: Final = frozenset(
 _WIRE: Final = frozenset({"x-request-deadline", "x-retry-attempt", "x-request-priority"})
 REQUEST_DROPPED: Final = HOP_BY_HOP | _FORWARDING | _WIRE | {"host", "content-length", "expect"}
 """Request fields never copied upstream as received (the proxy writes its own)."""
-RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level"}
+RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level", "server", "date"}
 """Response fields never copied to the client as received (the upstream's admission level is
-for the gateway's own early shedding, not for its clients)."""
+for the gateway's own early shedding, not for its clients; ``Server`` is the gateway's own
+choice, the upstream's software its own business; ``Date`` is written by the gateway)."""
 
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -217,7 +219,12 @@ def answer_head_error(reason: str, raw_headers: Sequence[tuple[bytes, bytes]]) -
         for name, value in raw_headers:
             if _CONTROL.search(value):
                 return f"a control character in the value of {name.decode('latin-1')}"
-    if _CONTROL_TEXT.search(reason):
+    return reason_error(reason)
+
+
+def reason_error(reason: str) -> str | None:
+    """Why a reason phrase may not be forwarded (a control character), or ``None``."""
+    if reason != "OK" and _CONTROL_TEXT.search(reason) is not None:
         return "a control character in the reason phrase"
     return None
 

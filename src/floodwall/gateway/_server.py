@@ -1,26 +1,31 @@
-"""The HTTP server under the proxy: aiohttp's low-level server, plus a request-head timeout.
+"""The HTTP/1.1 server under the proxy: one asyncio protocol per connection over llhttp.
 
-aiohttp's protocol (llhttp parser) enforces line, header-count and field-size limits and
-closes idle keep-alive connections after ``keepalive_timeout``; it has no bound on how long a
-request *head* may take once it has started, which is what slowloris exploits (a byte every few
-seconds keeps a connection, and a slot, forever). :class:`HeadTimeoutProtocol` adds one: from the
-first byte of a request head, the whole head must arrive within ``header_timeout`` seconds, or
-the connection is closed. Bodies are bounded by the proxy's per-chunk ``body_timeout``.
+Why not ``aiohttp.web``: per request it builds a ``RawRequestMessage`` with a yarl URL and a
+multidict, a ``StreamReader``, a ``BaseRequest``, a ``Response`` with its own multidict, and
+serialises the answer in several steps; for a proxy that already knows what it forwards, that
+was about a third of the gateway's CPU per request. This module keeps what mattered:
 
-The same protocol stops a head still arriving once it is past the edge rules' ``max_head``
-(431), so a connection never holds more than about that much of an unfinished head; a complete
-head is checked by :class:`~floodwall.gateway._edge.EdgeRules` when the request is made
-(:class:`EdgeServer`). Requests the parser refuses are answered as problem documents (505 for an
-unsupported version, 414 and 431 for an oversized line or field, 400 otherwise) and logged at
-debug level in one line, without a traceback; every answer's ``Server`` field is the
-configuration's (none by default), the parser's refusals included.
+* **parsing** is llhttp's, through ``httptools`` (the C parser aiohttp and Node.js use), in its
+  strict mode: conflicting ``Content-Length``/``Transfer-Encoding``, repeated or signed
+  ``Content-Length``, obfuscated ``Transfer-Encoding``, whitespace before a colon, obs-fold,
+  bare CR or LF and control characters are refused before a request exists. On top of it, the
+  line and field limits (414 for a long target, 431 for a long field or too many), a repeated
+  ``Host`` (400) and the :class:`~floodwall.gateway._edge.EdgeRules`;
+* **slow clients**: from the first byte of a request head, the whole head must arrive within
+  ``head_timeout`` seconds (slowloris); an idle keep-alive connection closes after
+  ``keepalive_timeout``; a head still arriving past the edge's ``max_head`` is refused (431)
+  before it grows further. One timer per connection, re-armed lazily (never one per request);
+* **bodies** arrive through :class:`RequestBody` with flow control (reading pauses above
+  :data:`BODY_HIGH_WATER` buffered bytes);
+* **answers** are written in one ``write`` of head and body (:meth:`Connection.send`), or
+  streamed (:meth:`Connection.begin`, :meth:`Connection.write`, :meth:`Connection.end`) with
+  the transport's flow control; a field that would break its line is never written;
+* a client that goes away cancels the task serving its request; pipelined requests are served
+  in order (one waits while another is served); :meth:`HttpServer.shutdown` stops gracefully.
 
-(The subclass uses internals of aiohttp's ``RequestHandler``: ``_request_count``, bumped per
-parsed message, ``_messages`` and ``_request_in_progress``, and ``_handle_request``, the
-per-request coroutine. Should a future aiohttp drop them, the head timeout falls back to
-``keepalive_timeout``, which still bounds it, and the head cap to ``max_headers × max_line``.
-The ``Server`` field is set in ``BaseRequest._prepare_hook``, which aiohttp calls for every
-answer between preparing its fields and writing them.)
+Every refusal is a problem document that closes the connection, logged at debug level in one
+line (no traceback, no request bytes quoted back). The ``Server`` field is the configuration's
+(none by default), on refusals too.
 """
 
 from __future__ import annotations
@@ -28,243 +33,832 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11, RawRequestMessage
-from aiohttp.http_exceptions import BadStatusLine, HttpProcessingError, LineTooLong
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import ERROR, RequestHandler
+import httptools
 
 from floodwall.gateway._edge import EdgeRefusal, EdgeRules
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 
 __all__ = [
-    "EdgeRequest",
-    "EdgeServer",
-    "HeadTimeoutProtocol",
+    "BODY_HIGH_WATER",
+    "Connection",
+    "HttpServer",
+    "Request",
+    "RequestBody",
+    "Response",
     "listen_socket",
     "no_server_field",
+    "parse_head",
     "parser_refusal",
 ]
 
 quiet = logging.getLogger("floodwall.gateway.protocol")
-"""aiohttp logs every malformed request with a traceback; the gateway counts them instead."""
+"""Malformed requests and slow clients, one debug line each."""
+log = logging.getLogger("floodwall.gateway")
+
+BODY_HIGH_WATER: Final = 256 * 1024
+"""Request body bytes buffered before the connection stops reading from the client."""
+_IDLE, _HEAD, _BUSY, _DRAIN = 0, 1, 2, 3
+"""Between requests; a head arriving; a request being served; its unread body read away."""
+_REASONS: Final = {s.value: s.phrase for s in HTTPStatus}
+_NO_BODY_STATUS: Final = frozenset({204, 304})
+
+Handler = Callable[["Request"], Awaitable["Response"]]
 
 
-class HeadTimeoutProtocol(RequestHandler):
-    """``RequestHandler`` that closes a connection whose request head is too slow."""
+class RequestBody:
+    """A request body as it arrives: :meth:`readany` returns what is buffered (``b""`` at its
+    end); reading from the client pauses while more than :data:`BODY_HIGH_WATER` bytes wait."""
 
-    _fw_head_timeout: float = 10.0
-    _fw_rules: EdgeRules | None = None
-    _fw_timer: asyncio.TimerHandle | None = None
-    _fw_between = True
-    _fw_head_bytes = 0
-    """Bytes received since the head now arriving began (while no head is complete)."""
-    _fw_body: StreamReader | None = None
-    """The last request's body: until it is all in, bytes are body, not a new head (aiohttp
-    reads away a body its handler left unread)."""
+    __slots__ = (
+        "_chunks",
+        "_connection",
+        "_error",
+        "_paused",
+        "_size",
+        "_waiter",
+        "discard",
+        "eof",
+    )
 
-    def data_received(self, data: bytes) -> None:
-        before = self._request_count
-        super().data_received(data)
-        if self._request_count != before:
-            self._fw_between = False
-            self._fw_head_bytes = 0
-            self._fw_cancel()
-        elif data and self._fw_between and self.transport is not None:
-            body = self._fw_body
-            if body is not None and not body.is_eof():
-                return
-            self._fw_head_bytes += len(data)
-            rules = self._fw_rules
-            over = rules is not None and self._fw_head_bytes > rules.max_head
-            if over and rules is not None and self._fw_refuse_head(rules):
-                return
-            if self._fw_timer is None:
-                self._fw_timer = self._loop.call_later(self._fw_head_timeout, self._fw_expire)
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._paused = False
+        self.eof = False
+        self.discard = False
+        """Set once the request was answered without reading it all: the rest is dropped."""
 
-    def _fw_refuse_head(self, rules: EdgeRules) -> bool:
-        """A head still arriving past ``max_head``: 431 and close, before it grows further
-        (unless an answer is still due: the parser's own limits bound the head meanwhile)."""
-        if self._messages or self._request_in_progress or self.transport is None:
-            return False
-        quiet.debug("refusing a request head: more than %d bytes", rules.max_head)
-        self.transport.write(_raw_answer(rules.too_large, rules.server_header))
-        self.force_close()
-        return True
+    def feed(self, data: bytes) -> None:
+        if self.discard:
+            return
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > BODY_HIGH_WATER and not self._paused:
+            self._paused = True
+            self._connection.pause_reading()
+        self._wake()
 
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        """The parser's refusals as problem documents, logged in one line (no traceback);
-        anything else (a handler that failed) as aiohttp answers it, logged with its
-        traceback: that one is a bug."""
-        if not isinstance(exc, HttpProcessingError) or status == 500:
-            return super().handle_error(request, status, exc, message)
-        refused = parser_refusal(exc)
-        quiet.debug("refusing a request (%d): %s", refused.status, refused.detail)
-        if request.writer.output_size > 0:
-            raise ConnectionError("an answer was already sent: no room for the refusal")
-        return answer(refused)
+    def feed_eof(self) -> None:
+        self.eof = True
+        self._wake()
 
-    def _fw_cancel(self) -> None:
-        timer = self._fw_timer
-        if timer is not None:
-            timer.cancel()
-            self._fw_timer = None
+    def fail(self, error: BaseException) -> None:
+        if not self.eof:
+            self._error = error
+            self._wake()
 
-    def _fw_expire(self) -> None:
-        self._fw_timer = None
-        if self._fw_between and not self._messages and not self._request_in_progress:
-            quiet.debug("closing a connection: request head not complete in time")
-            self.force_close()
+    def is_eof(self) -> bool:
+        """Whether the whole body has arrived and been read."""
+        return self.eof and not self._chunks
 
-    async def _handle_request(self, request: web.BaseRequest, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super()._handle_request(request, *args, **kwargs)
-        finally:
-            self._fw_between = True
-            self._fw_head_bytes = 0
-            self._fw_body = request.content
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._fw_cancel()
-        super().connection_lost(exc)
+    async def readany(self) -> bytes:
+        """The bytes buffered now (waiting for some), ``b""`` once the body has ended;
+        ``ConnectionResetError`` if the client went away before it ended."""
+        while not self._chunks:
+            if self.eof:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        if self._paused:
+            self._paused = False
+            self._connection.resume_reading()
+        return data
 
 
-class EdgeRequest(web.BaseRequest):
-    """A request that carries its edge verdict and writes the configured ``Server`` field."""
+class Request:
+    """One parsed request head (and its body, if any) as the proxy sees it.
 
-    ATTRS = web.BaseRequest.ATTRS | frozenset(["refusal", "server_header"])
-    refusal: EdgeRefusal | None = None
-    server_header: str | None = None
+    ``headers`` maps lower-case names to values (a repeated field joined with ``", "``, as
+    :class:`~floodwall.integrations._inbound.Inbound` wants them); ``raw_headers`` keeps every
+    field as received, in order. ``path`` is the percent-decoded path, ``raw_path`` the path as
+    sent (no query), ``path_qs`` the path and query as sent. ``host`` is the ``Host`` field,
+    or an absolute-form target's authority (RFC 9112 §3.2.2: the target wins)."""
 
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        server = self.server_header
-        if server is None:
-            response.headers.popall("Server", None)
-        else:
-            response.headers["Server"] = server
+    __slots__ = (
+        "absolute",
+        "body",
+        "connection",
+        "content_length",
+        "head_size",
+        "headers",
+        "host",
+        "keep_alive",
+        "method",
+        "path",
+        "path_qs",
+        "raw_headers",
+        "raw_path",
+        "remote",
+        "scheme_of_target",
+        "target",
+        "version",
+    )
 
-
-class EdgeServer(web.Server):
-    """``aiohttp.web.Server`` with the head timeout (:class:`HeadTimeoutProtocol`) and the
-    edge rules in front of ``handler``; assign :attr:`rules` to change them (a reload)."""
+    scheme: Final = "http"
 
     def __init__(
         self,
-        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-        *,
-        head_timeout: float,
-        rules: EdgeRules,
-        **kwargs: Any,
+        method: str,
+        target: str,
+        version: str,
+        raw_headers: list[tuple[str, str]],
+        headers: dict[str, str],
     ) -> None:
-        super().__init__(self._serve, request_factory=self._request, **kwargs)
-        self.head_timeout = head_timeout
-        self.rules = rules
-        self._handler = handler
-
-    def __call__(self) -> RequestHandler:
-        protocol = HeadTimeoutProtocol(self, loop=self._loop, **self._kwargs)
-        protocol._fw_head_timeout = self.head_timeout
-        protocol._fw_rules = self.rules
-        return protocol
-
-    def _request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> EdgeRequest:
-        rules = self.rules
-        if isinstance(protocol, HeadTimeoutProtocol):
-            protocol._fw_rules = rules  # a reload reaches open connections' next head
-        refusal = None
-        host = None
-        if message is ERROR:  # the parser refused it: handle_error answers, in HTTP/1.1
-            message = _ERROR_11
+        self.method = method
+        self.target = target
+        self.version = version
+        """``"1.1"``, ``"1.0"`` (anything else is refused by the edge rules)."""
+        self.raw_headers = raw_headers
+        self.headers = headers
+        self.head_size = 0
+        """The request line and fields as parsed (name, ``: ``, value, CRLF each), in bytes."""
+        self.host = headers.get("host", "")
+        self.absolute: str | None = None
+        """An absolute-form target's authority (``None``: origin form)."""
+        self.scheme_of_target = ""
+        if target[:1] == "/":
+            raw_path, _, _ = target.partition("?")
+            self.path_qs = target
+        elif target == "*":
+            raw_path = self.path_qs = "*"
         else:
-            refusal = rules.check(message)
-            if refusal is not None and refusal.version_error:
-                message = message._replace(version=HttpVersion11, should_close=True)
-            elif refusal is None and message.path[:1] != "/" and message.url.absolute:
-                host = message.url.raw_authority  # RFC 9112 §3.2.2: the target's wins
-        request = EdgeRequest(message, payload, protocol, writer, task, self._loop, host=host)
-        if refusal is not None:  # (the defaults are class attributes: no writes per request)
-            request.refusal = refusal
-        if rules.server_header is not None:
-            request.server_header = rules.server_header
-        return request
+            raw_path = self._absolute(target)
+        self.raw_path = raw_path
+        self.path = unquote(raw_path, errors="replace") if "%" in raw_path else raw_path
+        length = headers.get("content-length")
+        self.content_length = int(length) if length is not None else None
+        self.body: RequestBody | None = None
+        self.remote: str | None = None
+        self.keep_alive = True
+        self.connection: Connection | None = None
 
-    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        refusal = request.refusal if isinstance(request, EdgeRequest) else None
-        if refusal is not None:
-            quiet.debug("refusing a request (%d): %s", refusal.status, refusal.detail)
-            return answer(refusal)
-        return await self._handler(request)
+    def _absolute(self, target: str) -> str:
+        parts = urlsplit(target)
+        self.scheme_of_target = parts.scheme
+        self.absolute = parts.netloc
+        raw_path = parts.path or "/"
+        self.path_qs = f"{raw_path}?{parts.query}" if parts.query else raw_path
+        self.host = self.absolute
+        return raw_path
 
-
-_ERROR_11 = ERROR._replace(version=HttpVersion11)
-"""aiohttp's stand-in for a request it could not parse, answered in HTTP/1.1 (not 1.0)."""
-
-
-async def no_server_field(request: web.Request, response: web.StreamResponse) -> None:
-    """An ``on_response_prepare`` hook: no ``Server`` field (the admin listener's answers)."""
-    response.headers.popall("Server", None)
+    @property
+    def body_exists(self) -> bool:
+        return self.body is not None
 
 
-def answer(refusal: EdgeRefusal) -> web.Response:
+class Response:
+    """An answer: status, fields (in order), and a body sent in one write."""
+
+    __slots__ = ("body", "clean", "close", "headers", "reason", "sent", "status")
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[str, str]] | None = None,
+        body: bytes = b"",
+        *,
+        reason: str | None = None,
+        close: bool = False,
+    ) -> None:
+        self.status = status
+        self.headers = headers if headers is not None else []
+        self.body = body
+        self.reason = reason
+        self.close = close
+        self.sent = False
+        """Set once the answer went out (a streamed answer sends itself)."""
+        self.clean = False
+        """Whether :attr:`headers` hold none of the fields the gateway adds (request id, rate
+        limit): they are appended without a look for an earlier field of the same name."""
+
+    def set(self, name: str, value: str) -> None:
+        """Set field ``name`` (any case) to ``value``, replacing what it had."""
+        lower = name.lower()
+        headers = self.headers
+        if any(n.lower() == lower for n, _ in headers):
+            headers[:] = [(n, v) for n, v in headers if n.lower() != lower]
+        headers.append((name, value))
+
+    def get(self, name: str) -> str | None:
+        lower = name.lower()
+        for n, v in self.headers:
+            if n.lower() == lower:
+                return v
+        return None
+
+
+def problem_response(refusal: EdgeRefusal) -> Response:
     """The problem document for ``refusal``; the connection closes after it."""
-    response = web.Response(
-        status=refusal.status, body=problem(refusal.status, refusal.kind, refusal.detail)
-    )
-    response.headers["Content-Type"] = PROBLEM_JSON
-    response.force_close()
-    return response
+    body = problem(refusal.status, refusal.kind, refusal.detail)
+    return Response(refusal.status, [("Content-Type", PROBLEM_JSON)], body, close=True)
 
 
-def parser_refusal(exc: HttpProcessingError) -> EdgeRefusal:
-    """What to answer for a request the parser refused: 505 for a well-formed version other
-    than 1.x, 414 for a long request line, 431 for a long field or too many fields, else 400.
-    The detail is the parser's first line, never the request bytes it quotes."""
-    said = (exc.message or "").strip()
-    if isinstance(exc, BadStatusLine) and "Invalid HTTP version" in said:
-        return EdgeRefusal(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1")
-    if isinstance(exc, LineTooLong):
-        said_line = exc.args[0] if exc.args else b""
-        line = bytes(said_line) if isinstance(said_line, bytes | bytearray) else b""
-        if line.startswith((b"/", b"*")) or b"://" in line[:16]:  # the target, not a field
-            return EdgeRefusal(414, "request_line_too_long", "the request line is too long")
-        return EdgeRefusal(431, "request_field_too_large", "a request field is too long")
-    if said.startswith("Too many headers"):
-        return EdgeRefusal(431, "request_field_too_large", "too many request fields")
+class _Date:
+    """The ``Date`` field's value, formatted once a second."""
+
+    __slots__ = ("second", "value")
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = ""
+
+    def now(self) -> str:
+        second = int(time.time())
+        if second != self.second:
+            self.second = second
+            self.value = formatdate(second, usegmt=True)
+        return self.value
+
+
+_DATE = _Date()
+
+
+class HttpServer:
+    """The protocol factory of a listener: ``handler`` answers every admitted request.
+
+    Assign :attr:`rules` to change the edge rules (a reload): open connections apply them to
+    their next request."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        rules: EdgeRules,
+        head_timeout: float,
+        keepalive_timeout: float,
+        max_line: int,
+        max_field: int,
+        max_headers: int,
+    ) -> None:
+        self.handler = handler
+        self.rules = rules
+        self.head_timeout = head_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self.max_line = max_line
+        self.max_field = max_field
+        self.max_headers = max_headers
+        self.connections: set[Connection] = set()
+        self.closing = False
+
+    def __call__(self) -> Connection:
+        return Connection(self)
+
+    async def shutdown(self, grace: float) -> None:
+        """Close connections idle between requests now; let the others finish the request
+        they are serving or sending (each closes after its answer, and one just accepted gets
+        :data:`FRESH_GRACE` for its first head) for up to ``grace`` seconds, then close all."""
+        self.closing = True
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        pending = any(c.pending() for c in self.connections)
+        while pending and loop.time() < until:  # (a bounded poll, at shutdown only)
+            await asyncio.sleep(0.05)
+            pending = any(c.pending() for c in self.connections)
+        for connection in list(self.connections):
+            connection.abort()
+        await asyncio.sleep(0)
+
+
+FRESH_GRACE: Final = 1.0
+"""Seconds a connection accepted just before a shutdown has to send its first head."""
+
+
+class Connection(asyncio.Protocol):
+    """One client connection (see :mod:`floodwall.gateway._server`)."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.rules = server.rules
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        """The task serving the current request (``None`` between requests)."""
+        self._state = _IDLE
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        """Bytes received since the last complete head, but a body's (bounded by the cap)."""
+        self._in_head = False
+        self._in_body = False
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._receiving: Request | None = None
+        """The request whose body is arriving."""
+        self._ready: deque[tuple[Request, EdgeRefusal | None]] = deque()
+        """Heads the parser completed during the current read (served once it succeeded)."""
+        self._queue: deque[tuple[Request, EdgeRefusal | None]] = deque()
+        self._read_paused = False
+        self._write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._chunked = False
+        self._close_after = False
+        self.served = 0
+        """Requests answered on this connection."""
+        self.born = self.loop.time()
+
+    # -- the transport's side ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        self.server.connections.add(self)
+        self._idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        receiving = self._receiving
+        if receiving is not None and receiving.body is not None:
+            receiving.body.fail(ConnectionResetError("the client closed the connection"))
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client went away: nobody waits for the answer
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_exception(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    def pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._read_paused and self.transport is not None and not self._queue:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._state == _IDLE:
+            self._state = _HEAD
+            self._deadline = self.loop.time() + self.server.head_timeout
+            if self._timer is None:
+                self._arm(self._deadline)
+        in_body = self._in_body
+        if not in_body:  # bytes of a head (or between requests), not of a body
+            self._head_bytes += len(data)
+        ready = self._ready
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._close_after = True  # an upgrade is not proxied: no byte after it is read
+            self.pause_reading()
+        except httptools.HttpParserError as exc:
+            ready.clear()  # (llhttp refuses some framing only once the head is complete)
+            receiving = self._receiving
+            if receiving is not None and receiving.body is not None:
+                receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
+            self._refuse(parser_refusal(exc))
+            return
+        if in_body and self._in_head:  # a body ended and the next head began in this read:
+            self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
+        if ready:
+            self._dispatch()
+        if self._head_bytes > self.rules.max_head and not self._in_body:
+            quiet.debug("refusing a request head: more than %d bytes", self.rules.max_head)
+            self._refuse(self.rules.too_large)
+
+    def _dispatch(self) -> None:
+        """Serve the heads this read completed: the first now if none is being served, the
+        others in turn (reading pauses while any waits)."""
+        ready = self._ready
+        if self.task is None:
+            request, refusal = ready.popleft()
+            self._start(request, refusal)
+        if ready:
+            self._queue.extend(ready)
+            ready.clear()
+            self.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        receiving = self._receiving
+        if receiving is not None and receiving.body is not None:
+            receiving.body.fail(ConnectionResetError("the client closed the connection"))
+        return None
+
+    # -- the parser's callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._fields = []
+        self._in_head = True
+        if self._state == _IDLE:  # (a pipelined head: its bytes arrived with the last body)
+            self._state = _HEAD
+            self._deadline = self.loop.time() + self.server.head_timeout
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        request, refusal = self._request()
+        self._state = _BUSY
+        self._head_bytes = 0
+        self._in_head = False
+        if request.content_length or "transfer-encoding" in request.headers:
+            request.body = RequestBody(self)
+            self._in_body = True
+        self._receiving = request
+        self._ready.append((request, refusal))
+
+    def on_body(self, body: bytes) -> None:
+        receiving = self._receiving
+        if receiving is not None and receiving.body is not None:
+            receiving.body.feed(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        receiving = self._receiving
+        if receiving is not None:
+            if receiving.body is not None:
+                receiving.body.feed_eof()
+            self._receiving = None
+        if self._state == _DRAIN:  # the answered request's body is all read away
+            self._state = _BUSY
+            self._next()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _request(self) -> tuple[Request, EdgeRefusal | None]:
+        server = self.server
+        fields = self._fields
+        parser = self.parser
+        raw: list[tuple[str, str]] = []
+        headers: dict[str, str] = {}
+        refusal = None
+        size = 0
+        for field_name, field_value in fields:  # (a loop: CPython 3.11 runs a comprehension
+            name = field_name.decode("latin-1")  # as a function call of its own)
+            value = field_value.decode("latin-1")
+            raw.append((name, value))
+            size += len(name) + len(value)
+            lower = name.lower()
+            if lower in headers:
+                if lower == "host":
+                    refusal = _TWO_HOSTS
+                headers[lower] = f"{headers[lower]}, {value}"
+            else:
+                headers[lower] = value
+        method = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        url = self._url
+        request = Request(method, url.decode("latin-1"), version, raw, headers)
+        rules = self.rules = server.rules  # a reload reaches open connections' next request
+        request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
+        request.remote = self.peer
+        request.connection = self
+        request.keep_alive = parser.should_keep_alive()
+        if len(url) > server.max_line:
+            refusal = _LONG_TARGET
+        elif len(fields) > server.max_headers:
+            refusal = _MANY_FIELDS
+        elif self._head_bytes > server.max_field and any(
+            len(n) + len(v) > server.max_field for n, v in fields
+        ):
+            refusal = _LONG_FIELD
+        if refusal is None:
+            refusal = rules.check(request)
+        if refusal is not None:
+            request.keep_alive = False
+        return request, refusal
+
+    def _start(self, request: Request, refusal: EdgeRefusal | None) -> None:
+        self.task = self.loop.create_task(self._serve(request, refusal))
+
+    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:
+        response: Response | None = None
+        try:
+            if refusal is not None:
+                quiet.debug("refusing a request (%d): %s", refusal.status, refusal.detail)
+                response = problem_response(refusal)
+            else:
+                response = await self.server.handler(request)
+            if not response.sent:
+                self.send(response, request)
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        except Exception:  # a bug in a handler: answered as one, logged with its traceback
+            log.exception("error serving %s %s", request.method, request.path)
+            if response is None or not response.sent:
+                self.send(
+                    Response(500, [("Content-Type", "text/plain")], b"500", close=True), request
+                )
+            else:
+                self.abort()
+        finally:
+            self._done(request)
+
+    def _done(self, request: Request) -> None:
+        self.task = None
+        self.served += 1
+        transport = self.transport
+        if transport is None:
+            return
+        if not request.keep_alive or self._close_after or self.server.closing:
+            transport.close()
+            return
+        body = request.body
+        if self._receiving is request and body is not None:  # answered before its body ended
+            body.discard = True  # read the rest away (within head_timeout), then go on
+            body._chunks.clear()
+            self.resume_reading()
+            self._state = _DRAIN
+            self._deadline = self.loop.time() + self.server.head_timeout
+            if self._timer is None:
+                self._arm(self._deadline)
+            return
+        self._next()
+
+    def _next(self) -> None:
+        """The next queued request, or wait for one."""
+        if self._queue:
+            queued, refusal = self._queue.popleft()
+            self._start(queued, refusal)
+            if not self._queue:
+                self.resume_reading()
+            return
+        self._idle()
+
+    def _idle(self) -> None:
+        if self._in_head:  # a pipelined head is arriving: it has head_timeout from now
+            self._state = _HEAD
+            self._deadline = self.loop.time() + self.server.head_timeout
+        elif self._state == _BUSY:
+            self._state = _IDLE
+        if self._state == _IDLE:
+            self._deadline = self.loop.time() + self.server.keepalive_timeout
+        if self._timer is None:
+            self._arm(self._deadline)
+
+    def _arm(self, at: float) -> None:
+        self._timer = self.loop.call_at(
+            min(at, self.loop.time() + self.server.head_timeout), self._tick
+        )
+
+    def _tick(self) -> None:
+        """The connection's one timer: a head or an idle spell that took too long closes it.
+        It fires at least every ``head_timeout`` while it may be needed, so a deadline set
+        after it was armed is never missed; it is not re-armed while a request is served."""
+        self._timer = None
+        if self._state == _BUSY or self.transport is None:
+            return
+        if self.loop.time() >= self._deadline:
+            if self._state == _HEAD:
+                quiet.debug("closing a connection: request head not complete in time")
+            self.transport.close()
+            return
+        self._arm(self._deadline)
+
+    def close_when_idle(self) -> None:
+        """Close now if idle between requests, else after the answer to the request it is
+        serving or sending (a connection that has not sent its first head yet may)."""
+        if self.task is None and self._state == _IDLE and self.served and self.transport:
+            self.transport.close()
+
+    def pending(self) -> bool:
+        """Whether a shutdown should wait for this connection's answer."""
+        if self.transport is None:
+            return False
+        if self.task is not None or self._state in (_HEAD, _DRAIN):
+            return True
+        return not self.served and self.loop.time() - self.born < FRESH_GRACE
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _refuse(self, refusal: EdgeRefusal) -> None:
+        """Answer a head the parser or the size cap refused, and close."""
+        quiet.debug("refusing a request (%d): %s", refusal.status, refusal.detail)
+        transport = self.transport
+        self._state = _BUSY
+        self.parser = _Refused()  # type: ignore[assignment]
+        if transport is None:
+            return
+        if self.task is None:
+            answer = problem_response(refusal)
+            transport.write(self._head(answer, True, len(answer.body)) + answer.body)
+        transport.close()
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def _head(
+        self,
+        response: Response,
+        close: bool,
+        length: int | None,
+        chunked: bool = False,
+        version: str = "1.1",
+    ) -> bytes:
+        """The answer's head: status line, fields, ``Server``, ``Date``, framing."""
+        status = response.status
+        reason = response.reason or _REASONS.get(status, "Unknown")
+        fields = "".join(map("%s: %s\r\n".__mod__, response.headers))  # (C loops)
+        server = self.rules.server_header
+        if server is not None:
+            fields += f"Server: {server}\r\n"
+        if length is not None:
+            framing = f"Content-Length: {length}\r\n"
+        elif chunked:
+            framing = "Transfer-Encoding: chunked\r\n"
+        else:
+            framing = ""
+        if close:
+            framing += "Connection: close\r\n"
+        elif version == "1.0":
+            framing += "Connection: keep-alive\r\n"
+        # (No field can break its line: the upstream's were parsed by llhttp, which refuses
+        # CR and LF in values; configured ones are checked when the file is read; the rest
+        # are the gateway's own.)
+        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {_DATE.now()}\r\n{framing}\r\n"
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            return text.encode("utf-8")
+
+    def send(self, response: Response, request: Request) -> None:
+        """Write ``response`` whole (head and body in one write)."""
+        response.sent = True
+        transport = self.transport
+        if transport is None:
+            return
+        close = response.close or not request.keep_alive or self.server.closing
+        if close:
+            request.keep_alive = False
+        status = response.status
+        version = "1.0" if request.version == "1.0" else "1.1"
+        if status in _NO_BODY_STATUS:
+            transport.write(self._head(response, close, None, False, version))
+        elif request.method == "HEAD":
+            given = response.get("Content-Length") if not response.body else None
+            length = len(response.body)
+            if given is not None:
+                response.headers = [
+                    (n, v) for n, v in response.headers if n.lower() != "content-length"
+                ]
+                length = int(given)
+            transport.write(self._head(response, close, length, False, version))
+        else:
+            body = response.body
+            head = self._head(response, close, len(body), False, version)
+            if len(body) < 16384:
+                transport.write(head + body)
+            else:
+                transport.writelines((head, body))
+
+    def begin(self, response: Response, request: Request, length: int | None) -> None:
+        """Write the head of a streamed answer: ``length``, else chunked framing (HTTP/1.1)
+        or the end of the connection (HTTP/1.0)."""
+        response.sent = True
+        transport = self.transport
+        if transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        close = response.close or not request.keep_alive or self.server.closing
+        chunked = length is None and request.version == "1.1"
+        if length is None and not chunked:
+            close = True
+        if close:
+            request.keep_alive = False
+        self._chunked = chunked
+        version = "1.0" if request.version == "1.0" else "1.1"
+        transport.write(self._head(response, close, length, chunked, version))
+
+    async def write(self, data: bytes, limit: float) -> None:
+        """Write a piece of a streamed answer, waiting (at most ``limit`` seconds) while the
+        client is slow to take it."""
+        transport = self.transport
+        if transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        if self._chunked:
+            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        else:
+            transport.write(data)
+        if self._write_paused:
+            self._drain = self.loop.create_future()
+            try:
+                async with asyncio.timeout(limit):
+                    await self._drain
+            finally:
+                self._drain = None
+
+    def end(self) -> None:
+        """The end of a streamed answer."""
+        if self._chunked and self.transport is not None:
+            self.transport.write(b"0\r\n\r\n")
+        self._chunked = False
+
+    def write_raw(self, data: bytes) -> None:
+        """Bytes as they are (``100 Continue``)."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+
+class _Refused:
+    """Stands in for the parser once a connection refused a head: every later byte is ignored."""
+
+    def feed_data(self, data: bytes) -> None:
+        return None
+
+
+_TWO_HOSTS: Final = EdgeRefusal(400, "bad_request", "Duplicate Host header")
+_LONG_TARGET: Final = EdgeRefusal(414, "request_line_too_long", "the request line is too long")
+_LONG_FIELD: Final = EdgeRefusal(431, "request_field_too_large", "a request field is too long")
+_MANY_FIELDS: Final = EdgeRefusal(431, "request_field_too_large", "too many request fields")
+_VERSION: Final = EdgeRefusal(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1")
+
+
+def parser_refusal(exc: Exception) -> EdgeRefusal:
+    """What to answer for a request llhttp refused: 505 for a version it does not know, else
+    400 with its first line (never the request bytes)."""
+    said = str(exc).strip()
+    if "Invalid HTTP version" in said:
+        return _VERSION
     first = said.splitlines()[0].rstrip(":") if said else "malformed request"
     return EdgeRefusal(400, "bad_request", first)
 
 
-def _raw_answer(refusal: EdgeRefusal, server: str | None) -> bytes:
-    """``refusal`` as bytes, for a protocol that answers before any request exists."""
-    body = problem(refusal.status, refusal.kind, refusal.detail)
-    reason = HTTPStatus(refusal.status).phrase
-    lines = [
-        f"HTTP/1.1 {refusal.status} {reason}",
-        f"Content-Type: {PROBLEM_JSON}",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-    ]
-    if server is not None:
-        lines.append(f"Server: {server}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body
+def parse_head(data: bytes, server: HttpServer | None = None) -> Request:
+    """``data`` (a whole request head) parsed as a connection would, without a connection: for
+    tests of the edge rules."""
+
+    class _Collect:
+        def __init__(self) -> None:
+            self.url = b""
+            self.fields: list[tuple[bytes, bytes]] = []
+
+        def on_url(self, url: bytes) -> None:
+            self.url += url
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.fields.append((name, value))
+
+    collect = _Collect()
+    parser = httptools.HttpRequestParser(collect)
+    parser.feed_data(data)
+    raw = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in collect.fields]
+    headers: dict[str, str] = {}
+    for name, value in raw:
+        lower = name.lower()
+        headers[lower] = f"{headers[lower]}, {value}" if lower in headers else value
+    request = Request(
+        parser.get_method().decode("ascii"),
+        collect.url.decode("latin-1"),
+        parser.get_http_version(),
+        raw,
+        headers,
+    )
+    fields = sum(len(name) + len(value) + 4 for name, value in raw)
+    request.head_size = len(request.method) + len(request.target) + 14 + fields
+    return request
+
+
+async def no_server_field(request: Any, response: Any) -> None:
+    """An aiohttp ``on_response_prepare`` hook: no ``Server`` field (the admin listener's
+    answers)."""
+    response.headers.popall("Server", None)
 
 
 def listen_socket(

@@ -1,7 +1,7 @@
 """The gateway process: its proxy (:class:`Gateway`), live reloads, and graceful shutdown.
 
 A :class:`Gateway` is one worker: the routes, upstream pools and registry of one
-configuration, the aiohttp server in front of them, and the operations the admin API calls
+configuration, the HTTP server in front of them, and the operations the admin API calls
 (status, overrides, reload, metrics). :mod:`floodwall.gateway.supervisor` runs one in-process
 (``workers: 1``) or spreads N of them over processes sharing the port (``SO_REUSEPORT``).
 
@@ -11,7 +11,8 @@ request sees either the old configuration or the new one, never a mix, and none 
 Unchanged upstream pools keep their connections, outlier and health state; unchanged routes
 keep their rate-limit state, shedder, cache and figures; breakers keep their state (the
 registry reconfigures them). A bad document raises :class:`~floodwall.ConfigError` and
-changes nothing. ``listen``, ``workers``, ``admin`` and ``event_loop`` need a restart
+changes nothing. A changed ``listen`` or ``workers`` is a handover to a new generation of
+workers (:mod:`floodwall.gateway.supervisor`); ``admin`` and ``event_loop`` need a restart
 (reported, not applied).
 
 **Shutdown** (:meth:`Gateway.stop`): stop accepting, let requests in flight finish (up to
@@ -33,7 +34,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall.config.registry import Registry
 from floodwall.gateway._edge import EdgeRules
 from floodwall.gateway._headers import trust_check
-from floodwall.gateway._server import EdgeServer, listen_socket, quiet
+from floodwall.gateway._server import HttpServer, listen_socket
 from floodwall.gateway.config import GatewayDocument, parse_gateway_text
 from floodwall.gateway.policies import Route, build_route
 from floodwall.gateway.proxy import Proxy, Table
@@ -84,7 +85,7 @@ class Gateway:
         self._routes: dict[str, Route] = {}
         self.proxy: Proxy | None = None
         self._server: asyncio.Server | None = None
-        self._web: EdgeServer | None = None
+        self._web: HttpServer | None = None
         self.port = 0
         self.reloads_applied = 0
         self.reloads_rejected = 0
@@ -160,22 +161,18 @@ class Gateway:
         self._pools, self._routes = pools, routes
         self.proxy = Proxy(table, clock=self.clock)
         limits = doc.limits
-        self._web = EdgeServer(
+        self._web = HttpServer(
             self.proxy.handle,
-            head_timeout=limits.header_timeout,
             rules=EdgeRules(doc.edge),
+            head_timeout=limits.header_timeout,
             keepalive_timeout=limits.keepalive_timeout,
-            max_line_size=limits.max_line,
-            max_field_size=limits.max_line,
+            max_line=limits.max_line,
+            max_field=limits.max_line,
             max_headers=limits.max_headers,
-            lingering_time=1.0,
-            access_log=None,
-            logger=quiet,
-            handler_cancellation=True,
         )
-        if sock is None:
+        if sock is None:  # (SO_REUSEPORT: a new generation binds beside this one, see supervisor)
             host, port = doc.listen
-            sock = listen_socket(host, port, reuse_port=doc.workers > 1)
+            sock = listen_socket(host, port, reuse_port=True)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._web, sock=sock)
         if self.events:

@@ -73,6 +73,8 @@ __all__ = [
 ]
 
 KIB = 1024
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class _Model(BaseModel):
@@ -364,6 +366,11 @@ class RouteFallbackConfig(_Model):
             raise ValueError(
                 f"on: unknown failure kinds {sorted(unknown)}; known: {FALLBACK_KINDS}"
             )
+        for name, value in self.headers.items():  # written as they are into every such answer
+            if _TOKEN.fullmatch(name) is None:
+                raise ValueError(f"headers: {name!r} is not a field name (an RFC 9110 token)")
+            if _FIELD_CONTROL.search(value) is not None:
+                raise ValueError(f"headers.{name}: control characters in {value!r}")
         return self
 
     @property

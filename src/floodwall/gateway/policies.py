@@ -22,6 +22,7 @@ counts by outcome and a latency histogram in the library's log-linear bins (±12
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -44,6 +45,7 @@ from floodwall.adaptive import (
 )
 from floodwall.adaptive._base import Limit
 from floodwall.config.registry import Registry, Resource, build_limiter
+from floodwall.gateway._headers import RESPONSE_DROPPED
 from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimitConfig
 from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
 from floodwall.gateway.routing import Matcher
@@ -51,6 +53,7 @@ from floodwall.gateway.upstream import UpstreamPool
 from floodwall.integrations._inbound import Inbound, InboundGuard
 from floodwall.integrations._wire import parse_level
 from floodwall.ratelimit import Keyed, RateLimiter
+from floodwall.ratelimit._base import Decision
 from floodwall.shared.global_limit import GlobalLimiter
 
 __all__ = [
@@ -78,6 +81,12 @@ OUTCOMES = (
 )
 """What a route's answers are counted under besides their status class."""
 
+RATE_FIELDS = frozenset(
+    {"ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy"}
+)
+"""Lower-case names of the fields a route's rate limit writes into every answer."""
+RATE_FIELDS_KEPT = 1024
+"""Distinct ``RateLimit-*`` field sets a route keeps made (past it, the table starts over)."""
 DEPENDENCY_OUTCOMES = (*METER_OUTCOMES, "upstream_unavailable")
 """What the upstream did for a request, as a resource's meter says it (``success``, ``error``,
 ``timeout``, or the rejection that kept it from being called), plus ``upstream_unavailable``:
@@ -258,6 +267,7 @@ class Route:
         limiter: RateLimiter[Any] | GlobalLimiter | None,
         cache: LastGood | None,
         stats: RouteStats,
+        request_id: str = "X-Request-Id",
     ) -> None:
         self.name = name
         self.config = config
@@ -268,6 +278,11 @@ class Route:
         self.limiter = limiter
         self.global_limit = isinstance(limiter, GlobalLimiter)
         self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
+        own = {request_id.lower(), *(RATE_FIELDS if limiter is not None else ())}
+        self.answer_dropped = RESPONSE_DROPPED | own
+        """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
+        those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
+        self._rate_fields: dict[tuple[float, float, int], tuple[tuple[str, str], ...]] = {}
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -292,6 +307,28 @@ class Route:
     ) -> Hashable:
         key = self.key
         return None if key is None else key(ip, headers, params)
+
+    def rate_fields(self, decision: Decision) -> tuple[tuple[str, str], ...]:
+        """The ``RateLimit-*`` fields of an admitted answer (what
+        :func:`~floodwall.ratelimit.headers.rate_limit_headers` writes, with
+        ``RateLimit-Policy``), kept per (limit, remaining, reset) seen (a bounded table:
+        a busy route repeats a few)."""
+        _, left, reset, _, limit = decision
+        key = (limit, left, math.ceil(reset - 1e-9))
+        fields = self._rate_fields.get(key)
+        if fields is None:
+            if len(self._rate_fields) >= RATE_FIELDS_KEPT:
+                self._rate_fields.clear()
+            window = self.limiter.window if self.limiter is not None else None
+            made: tuple[tuple[str, str], ...] = (
+                ("RateLimit-Limit", str(limit)),
+                ("RateLimit-Remaining", str(max(0, left))),
+                ("RateLimit-Reset", str(max(0, key[2]))),
+            )
+            if window is not None:
+                made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
+            fields = self._rate_fields[key] = made
+        return fields
 
     def snapshot(self) -> dict[str, Any]:
         resource = self.resource
@@ -428,4 +465,5 @@ def build_route(
         limiter=limiter,
         cache=cache,
         stats=prev.stats if prev is not None else RouteStats(),
+        request_id=doc.proxy.request_id_header,
     )

@@ -1,4 +1,4 @@
-"""The reverse proxy: one aiohttp request in, one protected upstream exchange, one answer out.
+"""The reverse proxy: one request in, one protected upstream exchange, one answer out.
 
 :meth:`Proxy.handle` is the request handler of the gateway's HTTP server. Its steps, each
 answering on its own when it refuses:
@@ -38,13 +38,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
-
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import RateLimitedError, RejectedError
@@ -52,6 +49,7 @@ from floodwall._core.meter import DEGRADED
 from floodwall.context import Deadline, remaining, retry_marker
 from floodwall.gateway._client import (
     UpstreamConnectError,
+    UpstreamError,
     UpstreamProtocolError,
     UpstreamResponse,
 )
@@ -64,6 +62,7 @@ from floodwall.gateway._headers import (
     new_request_id,
     valid_request_id,
 )
+from floodwall.gateway._server import Request, Response
 from floodwall.gateway.config import ClientLimits, ProxyConfig
 from floodwall.gateway.fallbacks import (
     DEGRADED_HEADER,
@@ -91,8 +90,8 @@ SMALL_BODY: Final = 64 * 1024
 """Answers up to this size (declared) are read whole and sent in one write."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _CONNECT_ERRORS = (UpstreamConnectError,)
-_IO_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-"""(After the connect errors, which are a kind of connection error.)"""
+_IO_ERRORS = (UpstreamError,)
+"""(After the connect errors, which are a kind of upstream error.)"""
 _FAILURES = (TimeoutError, ConnectionError, *_CONNECT_ERRORS, *_IO_ERRORS)
 """What a failed exchange may raise once the pipeline gave up: the client's errors, and plain
 ``ConnectionError`` (a ``chaos`` section's injected fault stands for the dependency failing)."""
@@ -131,6 +130,10 @@ class Table:
     trusted: Callable[[str | None], bool]
     request_id: str
     """The request id header's name."""
+    request_id_lower: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_id_lower", self.request_id.lower())
 
 
 class _Live:
@@ -148,7 +151,7 @@ class _Body:
 
     __slots__ = ("error", "idle", "limit", "request", "started")
 
-    def __init__(self, request: web.BaseRequest, limit: int, idle: float) -> None:
+    def __init__(self, request: Request, limit: int, idle: float) -> None:
         self.request = request
         self.limit = limit
         self.idle = idle
@@ -158,7 +161,8 @@ class _Body:
     async def chunks(self) -> AsyncIterator[bytes]:
         self.started = True
         received = 0
-        content = self.request.content
+        content = self.request.body
+        assert content is not None
         while True:
             try:
                 async with asyncio.timeout(self.idle):
@@ -175,7 +179,7 @@ class _Body:
             yield chunk
 
 
-async def _read_body(request: web.BaseRequest, limit: int, idle: float) -> bytes:
+async def _read_body(request: Request, limit: int, idle: float) -> bytes:
     body = _Body(request, limit, idle)
     return b"".join([chunk async for chunk in body.chunks()])
 
@@ -250,34 +254,27 @@ class _Attempt:
             raise call.io_error(ConnectionError("the streamed request body was already sent"))
         self.tried.append(endpoint)
         host = self.client_host if self.client_host is not None else endpoint.authority
+        headers = [*out.headers, ("Host", host), *call.headers()]
+        client = pool.client
+        assert client is not None
+        data = body.chunks() if isinstance(body, _Body) else body
+        limit = self._head_limit()
         endpoint.in_flight += 1
         try:
-            answer = await self._send(endpoint, [*out.headers, ("Host", host), *call.headers()])
-        except _CONNECT_ERRORS as exc:
-            self.failed = True  # nothing reached the upstream: any request may go again
-            raise self._gateway_failure(endpoint, "connect", call.connect_error(exc)) from None
-        except TimeoutError as exc:
-            endpoint.in_flight -= 1
-            if not self._client_ended():
-                self._count(endpoint, "timeout")
-            raise call.timeout_error(exc) from None
-        except _IO_ERRORS as exc:
-            if isinstance(body, _Body) and body.error is not None:
-                endpoint.in_flight -= 1
-                raise body.error from None  # the client's body broke a limit, not the upstream
-            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
-            raise self._gateway_failure(endpoint, why, call.io_error(exc)) from None
-        except asyncio.CancelledError:
-            endpoint.in_flight -= 1
-            if _past_deadline() and not self._client_ended():  # the per-try or route timeout
-                self._count(endpoint, "timeout")
-            raise  # else the client went away, or the gateway stops: not the endpoint's doing
-        except BaseException:
-            endpoint.in_flight -= 1
-            raise
+            if limit is None:
+                answer = await client.request(
+                    endpoint.origin, out.method, out.path_qs, headers, data
+                )
+            else:
+                async with asyncio.timeout(limit):
+                    answer = await client.request(
+                        endpoint.origin, out.method, out.path_qs, headers, data
+                    )
+        except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
+            raise self._failed(endpoint, exc) from None
         status = answer.status
         pool.report(endpoint, status)
-        failure = call.check(status, answer.headers.get, None)
+        failure = call.check(status, answer.header, None)
         if failure is None:
             return _Live(answer, endpoint)
         try:
@@ -286,29 +283,47 @@ class _Attempt:
             endpoint.in_flight -= 1
         raise failure
 
-    async def _send(self, endpoint: Endpoint, headers: list[tuple[str, str]]) -> UpstreamResponse:
-        """The answer's head, within ``read_timeout`` and the time this try has left.
+    def _head_limit(self) -> float | None:
+        """Seconds the answer's head may take: ``read_timeout`` and the time this try has
+        left; ``None`` when the resource's Timeout ends the try sooner. Unless the request may
+        not be sent again: the Timeout's error is one its retry takes as transient whatever the
+        method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on a timer of its own,
+        with an error the retry leaves alone."""
+        limit: float = self.pool.config.read_timeout
+        call = self.call
+        left = call.attempt_timeout()
+        if left is None or left > limit:
+            return limit
+        if not self.bounded:
+            return left
+        return None if call.retryable else max(0.0, left - UNRETRYABLE_LEAD)
 
-        When the resource's Timeout holds the try to less, its timer ends the try, unless the
-        request may not be sent again: the Timeout's error is one its retry takes as transient
-        whatever the method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on this
-        attempt's own timer, with an error the retry leaves alone."""
-        client = self.pool.client
-        assert client is not None
-        out = self.out
-        body = out.body
-        data = body.chunks() if isinstance(body, _Body) else body
-        limit = self.pool.config.read_timeout
-        left = self.call.attempt_timeout()
-        if left is not None and left <= limit:
-            if not self.bounded:
-                limit = left
-            elif self.call.retryable:
-                return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
-            else:
-                limit = max(0.0, left - UNRETRYABLE_LEAD)
-        async with asyncio.timeout(limit):
-            return await client.request(endpoint.origin, out.method, out.path_qs, headers, data)
+    def _failed(self, endpoint: Endpoint, exc: BaseException) -> BaseException:
+        """What to raise for a try that ended in ``exc``, counted against ``endpoint`` when
+        the endpoint is to blame (not the client's deadline, body, or departure)."""
+        call = self.call
+        if isinstance(exc, _CONNECT_ERRORS):
+            self.failed = True  # nothing reached the upstream: any request may go again
+            return self._gateway_failure(endpoint, "connect", call.connect_error(exc))
+        endpoint.in_flight -= 1
+        if isinstance(exc, TimeoutError):
+            if not self._client_ended():
+                self._count(endpoint, "timeout")
+            return call.timeout_error(exc)
+        if isinstance(exc, _IO_ERRORS):
+            body = self.out.body
+            if isinstance(body, _Body) and body.error is not None:
+                return body.error  # the client's body broke a limit, not the upstream
+            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
+            self._count(endpoint, why)
+            return call.io_error(exc)
+        if (  # the per-try or route timeout (else the client went away, or the gateway stops)
+            isinstance(exc, asyncio.CancelledError)
+            and _past_deadline()
+            and not self._client_ended()
+        ):
+            self._count(endpoint, "timeout")
+        return exc
 
     def _gateway_failure(
         self, endpoint: Endpoint, reason: str, error: BaseException
@@ -359,17 +374,19 @@ class Proxy:
         self.outbound = Outbound(clock=clock)
         self.in_flight = 0
         self.requests = 0
+        self._hosts: dict[str, str] = {}
+        """``Host`` values as received -> normalised (they repeat; bounded by HOSTS_KEPT)."""
 
     # -- the handler ---------------------------------------------------------------------------
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         table = self.table
         self.requests += 1
         method = request.method
         if method in ("CONNECT", "TRACE"):
             return _problem(405, "method_not_allowed", f"{method} is not proxied", close=True)
         headers = request.headers
-        if request.version < aiohttp.HttpVersion11 and "Transfer-Encoding" in headers:
+        if request.version == "1.0" and "transfer-encoding" in headers:
             return _problem(
                 400, "bad_framing", "Transfer-Encoding in an HTTP/1.0 request", close=True
             )
@@ -377,7 +394,12 @@ class Proxy:
         why = unsafe_path(path, request.raw_path)
         if why is not None:
             return _problem(400, "bad_path", why)
-        host = normalise_host(request.host)
+        host = self._hosts.get(request.host)
+        if host is None:
+            host = normalise_host(request.host)
+            if len(self._hosts) >= HOSTS_KEPT:
+                self._hosts.clear()
+            self._hosts[request.host] = host
         found = table.router.match(method, host, path, headers)
         if found is None:
             return _problem(404, "no_route", "no route for this host and path")
@@ -391,149 +413,121 @@ class Proxy:
         stats.requests += 1
         stats.in_flight += 1
         self.in_flight += 1
-        start = self.clock.monotonic()
-        response: web.StreamResponse | None = None
+        now = self.clock.monotonic
+        start = now()
+        response: Response | None = None
         try:
             response = await self._routed(request, table, route, params)
             return response
         finally:
             stats.in_flight -= 1
             self.in_flight -= 1
-            status = response.status if response is not None else 0
-            stats.done(status, self.clock.monotonic() - start)
+            stats.done(response.status if response is not None else 0, now() - start)
 
     async def _routed(
-        self, request: web.BaseRequest, table: Table, route: Route, params: dict[str, str]
-    ) -> web.StreamResponse:
+        self, request: Request, table: Table, route: Route, params: dict[str, str]
+    ) -> Response:
+        """The route's guard, rate limit and protected exchange; the answer tagged with the
+        request id and the guard's and rate limit's fields."""
         headers = request.headers
         peer = request.remote
         trusted = table.trusted(peer)
-        rid = headers.get(table.request_id)
+        rid = headers.get(table.request_id_lower)
         if rid is None or not (trusted and valid_request_id(rid)):
             rid = new_request_id()
-        client = client_address(peer, headers, table.trusted)
-        admitted = route.guard.admit(Inbound(request.method, request.path, headers, peer))
+        client = client_address(peer, headers, table.trusted) if trusted else peer
+        admitted = route.guard.admit(_inbound((request.method, request.path, headers, peer)))
         if isinstance(admitted, Refusal):
             route.stats.count(admitted.error.kind)
             route.stats.settle(rejection_outcome(admitted.error), "error")
-            return _tagged(_refused(admitted), table, rid)
+            return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
-            response = await self._admitted(
-                request, table, route, params=params, admitted=admitted, rid=rid, client=client
-            )
+            shortened = _client_deadline(admitted, route.config.timeout)
+            extra: list[tuple[str, str]] = []
+            limiter = route.limiter
+            if limiter is not None:
+                key = route.rate_key(client, headers, params)
+                if route.global_limit:
+                    decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
+                else:
+                    decision = limiter.acquire(key)
+                refused = _rate_decision(route, decision, extra)
+                if refused is not None:
+                    route.stats.count("rate_limited")
+                    route.stats.settle("rate_limited", "error")
+                    return _with(_refused(refused), table.request_id, rid, ())
+            expect = headers.get("expect")
+            if expect is not None:
+                if expect.lower() != "100-continue":
+                    why = f"Expect: {expect} is not supported"
+                    return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
+                if request.body_exists and request.connection is not None:
+                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                with admitted:
+                    response = await self._exchange(
+                        request,
+                        table=table,
+                        route=route,
+                        rid=rid,
+                        client=client,
+                        trusted=trusted,
+                        shortened=shortened,
+                    )
+            except _BodyError as error:
+                response = _problem(error.status, "request_body", str(error), close=True)
             status = response.status
-            _tagged(response, table, rid)
+            _tag(response, table.request_id, rid, extra, admitted.response_headers(status))
             if isinstance(response, _Streaming):
                 await response.stream(request)
             return response
         finally:
             admitted.close(status)
 
-    async def _admitted(
-        self,
-        request: web.BaseRequest,
-        table: Table,
-        route: Route,
-        *,
-        params: dict[str, str],
-        admitted: Admission,
-        rid: str,
-        client: str | None,
-    ) -> web.StreamResponse:
-        headers = request.headers
-        rate_headers: list[tuple[str, str]] = []
-        shortened = _client_deadline(admitted, route.config.timeout)
-        if route.limiter is not None:
-            refused = await self._rate_limit(route, client, headers, params, rate_headers)
-            if refused is not None:
-                route.stats.count("rate_limited")
-                route.stats.settle("rate_limited", "error")
-                return _refused(refused)
-        expect = headers.get("expect")
-        if expect is not None:
-            if expect.lower() != "100-continue":
-                return _problem(417, "expectation_failed", f"Expect: {expect} is not supported")
-            if request.body_exists:
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            with admitted:
-                response = await self._exchange(
-                    request, table, route, rid, client, shortened=shortened
-                )
-        except _BodyError as error:
-            return _problem(error.status, "request_body", str(error), close=True)
-        for name, value in (*rate_headers, *admitted.response_headers(response.status)):
-            response.headers[name] = value
-        return response
-
-    # -- rate limits ----------------------------------------------------------------------------
-
-    async def _rate_limit(
-        self,
-        route: Route,
-        client: str | None,
-        headers: Any,
-        params: dict[str, str],
-        out: list[tuple[str, str]],
-    ) -> Refusal | None:
-        limiter = route.limiter
-        assert limiter is not None
-        key = route.rate_key(client, headers, params)
-        if route.global_limit:
-            decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
-        else:
-            decision = limiter.acquire(key)
-        fields = rate_limit_headers(decision)
-        window = limiter.window
-        if window is not None:
-            fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
-        if decision[0]:
-            out.extend(fields.items())
-            return None
-        retry = decision[3]
-        error = RateLimitedError(
-            f"route {route.name}",
-            f"rate limit of route {route.name!r} exceeded",
-            None if retry == INF else retry,
-        )
-        return refusal(error, list(fields.items()))
-
     # -- the protected exchange ----------------------------------------------------------------
 
-    async def _outgoing(
-        self, request: web.BaseRequest, table: Table, route: Route, rid: str, client: str | None
+    def _outgoing(
+        self,
+        request: Request,
+        *,
+        table: Table,
+        route: Route,
+        rid: str,
+        client: str | None,
+        trusted: bool,
     ) -> _Outgoing:
-        """What goes upstream: method, path, headers, and the body (buffered or streamed)."""
-        trusted = table.trusted(request.remote)
+        """What goes upstream: method, path, headers; the body (if any) is the caller's."""
         headers = _upstream_headers(request, rid, trusted, client, table)
-        body: bytes | _Body | None = None
-        if request.body_exists:
-            length = request.content_length
-            limits = table.limits
-            if length is not None and length <= route.config.retry_body_limit:
-                body = await _read_body(request, limits.max_body, limits.body_timeout)
-            else:
-                body = _Body(request, limits.max_body, limits.body_timeout)
-                if length is not None:
-                    headers.append(("Content-Length", str(length)))
-        path_qs = request.rel_url.raw_path_qs
+        path_qs = request.path_qs
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
         key = request.headers.get("idempotency-key")
-        return _Outgoing(request.method, path_qs, headers, body, key)
+        return _Outgoing(request.method, path_qs, headers, None, key)
 
     async def _exchange(
         self,
-        request: web.BaseRequest,
+        request: Request,
+        *,
         table: Table,
         route: Route,
         rid: str,
         client: str | None,
-        *,
-        shortened: Deadline | None = None,
-    ) -> web.StreamResponse:
-        out = await self._outgoing(request, table, route, rid, client)
+        trusted: bool,
+        shortened: Deadline | None,
+    ) -> Response:
+        out = self._outgoing(
+            request, table=table, route=route, rid=rid, client=client, trusted=trusted
+        )
+        if request.body_exists:  # buffered (a retry can resend it) or streamed once
+            length = request.content_length
+            limits = table.limits
+            if length is not None and length <= route.config.retry_body_limit:
+                out.body = await _read_body(request, limits.max_body, limits.body_timeout)
+            else:
+                out.body = _Body(request, limits.max_body, limits.body_timeout)
+                if length is not None:
+                    out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
         try:
             result = await self._forward(route.pool, route.resource, out)
@@ -583,25 +577,28 @@ class Proxy:
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
         attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
-        made = 0  # tries made before this pass (0: the first, whose retry counts its own)
-        while True:
+        try:
+            return await call.run_async(attempt)
+        except Exception as error:
+            made = _try_elsewhere(error, attempt, policy, 0, self.clock.monotonic())
+            if not made:
+                raise
+        while True:  # on to endpoints not tried yet, with the time the deadline has left
+            pool.retries_elsewhere += 1
             attempt.failed = None
             try:
-                if not made:
-                    return await call.run_async(attempt)
                 with retry_marker(made + 1, f"gateway:{pool.name}"):
                     return await call.run_async(attempt)
             except Exception as error:
                 made = _try_elsewhere(error, attempt, policy, made, self.clock.monotonic())
                 if not made:
                     raise
-                pool.retries_elsewhere += 1
 
     # -- failures and fallbacks ------------------------------------------------------------------
 
     async def _failed(
         self,
-        request: web.BaseRequest,
+        request: Request,
         route: Route,
         out: _Outgoing,
         kind: str,
@@ -609,7 +606,7 @@ class Proxy:
         *,
         error: BaseException | None = None,
         answer: Answer | None = None,
-    ) -> web.StreamResponse:
+    ) -> Response:
         """The answer to a request whose exchange failed with ``kind`` (``outcome``: what the
         dependency did): the route's fallback's when it has one, else the failure's."""
         stats = route.stats
@@ -636,7 +633,7 @@ class Proxy:
         return _problem(status, kind, detail)
 
     async def _fallback(
-        self, request: web.BaseRequest, route: Route, kind: str, out: _Outgoing
+        self, request: Request, route: Route, kind: str, out: _Outgoing
     ) -> Answer | None:
         for source in route.fallback_order:
             if source == "cache" and route.cache is not None:
@@ -668,27 +665,26 @@ class Proxy:
             return None
         response = result.response
         try:
-            data = await response.read()
-        except (aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(backup.config.read_timeout):
+                data = await response.read()
+        except (UpstreamError, TimeoutError):
             return None
         finally:
             response.release()
             result.endpoint.in_flight -= 1
-        headers = _copy_response_headers(response.headers)
+        headers = _copy_response_headers(response)
         headers.append((DEGRADED_HEADER, degraded_value("backup", kind)))
         return Answer(response.status, headers, data)
 
-    def _cache_key(self, request: web.BaseRequest) -> str:
-        return cache_key(normalise_host(request.host), request.rel_url.raw_path_qs, request.headers)
+    def _cache_key(self, request: Request) -> str:
+        return cache_key(normalise_host(request.host), request.path_qs, request.headers)
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _live(
-        self, request: web.BaseRequest, route: Route, live: _Live, table: Table
-    ) -> web.StreamResponse:
+    async def _live(self, request: Request, route: Route, live: _Live, table: Table) -> Response:
         upstream = live.response
         status = upstream.status
-        headers = _copy_response_headers(upstream.headers)
+        headers = _copy_response_headers(upstream, route.answer_dropped)
         if table.proxy.via:
             headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
@@ -704,12 +700,12 @@ class Proxy:
             try:
                 if method == "HEAD":
                     data = b""
-                elif upstream.content.is_eof():  # all here already: no timer to arm
-                    data = await upstream.read()
+                elif upstream.complete:  # all here already: no timer to arm
+                    data = upstream.take()
                 else:
                     async with asyncio.timeout(route.pool.config.read_timeout):
                         data = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 route.stats.count("upstream_unavailable")
                 route.stats.settle("error", "error")
                 return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
@@ -725,12 +721,9 @@ class Proxy:
                 )
             if method == "HEAD" and length is not None:
                 headers.append(("Content-Length", str(length)))
-            return web.Response(
-                status=status,
-                reason=upstream.reason,
-                body=data or None,
-                headers=CIMultiDict(headers),
-            )
+            response = Response(status, headers, data, reason=upstream.reason)
+            response.clean = True  # (no field the route adds came through from the upstream)
+            return response
         route.stats.answered += 1
         return _Streaming(
             upstream,
@@ -743,8 +736,10 @@ class Proxy:
         )
 
 
-class _Streaming(web.StreamResponse):
-    """An answer streamed from the upstream as it arrives (prepared by :meth:`stream`)."""
+class _Streaming(Response):
+    """An answer streamed from the upstream as it arrives (sent by :meth:`stream`)."""
+
+    __slots__ = ("_endpoint", "_length", "_read_timeout", "_upstream", "_write_timeout")
 
     def __init__(
         self,
@@ -757,39 +752,60 @@ class _Streaming(web.StreamResponse):
         limits: ClientLimits,
         read_timeout: float,
     ) -> None:
-        super().__init__(status=status, reason=upstream.reason)
-        _set_headers(self, headers)
-        if length is not None:
-            self.content_length = length
+        super().__init__(status, headers, reason=upstream.reason)
+        self.clean = True  # (built from the route's copy of the upstream's fields)
+        self._length = length
         self._upstream = upstream
         self._endpoint = endpoint
         self._write_timeout = limits.write_timeout
         self._read_timeout = read_timeout
 
-    async def stream(self, request: web.BaseRequest) -> None:
+    async def stream(self, request: Request) -> None:
         upstream = self._upstream
+        connection = request.connection
+        assert connection is not None
         try:
-            await self.prepare(request)
-            content = upstream.content
+            connection.begin(self, request, self._length)
             while True:
-                async with asyncio.timeout(self._read_timeout):
-                    chunk = await content.readany()
+                if upstream.ready:  # no timer to arm for what is here already
+                    chunk = await upstream.readany()
+                else:
+                    async with asyncio.timeout(self._read_timeout):
+                        chunk = await upstream.readany()
                 if not chunk:
                     break
-                async with asyncio.timeout(self._write_timeout):
-                    await self.write(chunk)
-            await self.write_eof()
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                await connection.write(chunk, self._write_timeout)
+            connection.end()
+        except (UpstreamError, TimeoutError, ConnectionError) as exc:
             log.debug("streaming aborted: %r", exc)
-            transport = request.transport
-            if transport is not None:
-                transport.close()
+            connection.abort()
         finally:
             upstream.release()
             self._endpoint.in_flight -= 1
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]]) -> Refusal | None:
+    """The refusal for a rate-limit ``decision`` that refused, else ``None`` with the
+    ``RateLimit-*`` fields of the answer added to ``out``."""
+    limiter = route.limiter
+    assert limiter is not None
+    if decision[0]:
+        out.extend(route.rate_fields(decision))
+        return None
+    fields = rate_limit_headers(decision)
+    window = limiter.window
+    if window is not None:
+        fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
+    retry = decision[3]
+    error = RateLimitedError(
+        f"route {route.name}",
+        f"rate limit of route {route.name!r} exceeded",
+        None if retry == INF else retry,
+    )
+    return refusal(error, list(fields.items()))
 
 
 def _try_elsewhere(
@@ -825,32 +841,56 @@ def _try_elsewhere(
     return made
 
 
+HOSTS_KEPT: Final = 4096
+"""Normalised ``Host`` values remembered (past it, the table starts over)."""
+OWN_FORWARDING: Final = 4096
+"""(peer, host) pairs whose forwarding fields are kept ready (past it, the set starts over)."""
+_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[str, str], ...]] = {}
+
+
 def _upstream_headers(
-    request: web.BaseRequest, rid: str, trusted: bool, client: str | None, table: Table
+    request: Request, rid: str, trusted: bool, client: str | None, table: Table
 ) -> list[tuple[str, str]]:
     headers = request.headers
     dropped = REQUEST_DROPPED
-    named = connection_tokens(headers) if "Connection" in headers else None
+    named = connection_tokens(headers) if "connection" in headers else None
     rid_name = table.request_id.lower()
     out: list[tuple[str, str]] = []
-    for name, value in headers.items():
+    for name, value in request.raw_headers:
         lower = name.lower()
         if lower in dropped or lower == rid_name or (named is not None and lower in named):
             continue
         out.append((name, value))
     host = request.host
-    forwarded = ", ".join(headers.getall("Forwarded", ())) or None
-    out.extend(
-        forwarding_headers(
-            headers,
-            peer=request.remote,
-            client=client,
-            trusted=trusted,
-            proto=request.scheme,
-            host=host,
-            forwarded_all=forwarded,
+    if trusted:
+        out.extend(
+            forwarding_headers(
+                headers,
+                peer=request.remote,
+                client=client,
+                trusted=True,
+                proto=request.scheme,
+                host=host,
+                forwarded_all=headers.get("forwarded") or None,
+            )
         )
-    )
+    else:  # what a client claimed is replaced by what this hop saw: the same for a peer+host
+        key = (request.remote, host)
+        mine = _OWN_FORWARDING.get(key)
+        if mine is None:
+            if len(_OWN_FORWARDING) >= OWN_FORWARDING:
+                _OWN_FORWARDING.clear()
+            mine = _OWN_FORWARDING[key] = tuple(
+                forwarding_headers(
+                    headers,
+                    peer=request.remote,
+                    client=client,
+                    trusted=False,
+                    proto="http",
+                    host=host,
+                )
+            )
+        out.extend(mine)
     out.append((table.request_id, rid))
     if table.proxy.via:
         out.append(("Via", "1.1 floodwall"))
@@ -865,20 +905,17 @@ def client_host_of(headers: list[tuple[str, str]]) -> str:
     return ""
 
 
-def _copy_response_headers(headers: Any) -> list[tuple[str, str]]:
-    dropped = RESPONSE_DROPPED
-    named = connection_tokens(headers) if "Connection" in headers else None
-    return [
-        (name, value)
-        for name, value in headers.items()
-        if name.lower() not in dropped and (named is None or name.lower() not in named)
-    ]
-
-
-def _set_headers(response: web.StreamResponse, headers: list[tuple[str, str]]) -> None:
-    target: CIMultiDict[str] = response.headers
-    for name, value in headers:
-        target.add(name, value)
+def _copy_response_headers(
+    answer: UpstreamResponse, dropped: frozenset[str] = RESPONSE_DROPPED
+) -> list[tuple[str, str]]:
+    """The answer's fields a client may see: hop-by-hop ones (and those its ``Connection``
+    names), framing, and ``dropped`` (the route's own fields) left out."""
+    out = [field for field in answer.raw_headers if field[0].lower() not in dropped]
+    connection = answer.connection
+    if connection is None:
+        return out
+    named = connection_tokens({"connection": connection})
+    return [(name, value) for name, value in out if name.lower() not in named]
 
 
 def _strip(path_qs: str, prefix: str) -> str:
@@ -891,37 +928,60 @@ def _strip(path_qs: str, prefix: str) -> str:
 async def _buffered(response: UpstreamResponse, limit: int) -> Answer:
     """A failed answer, read up to ``limit`` bytes, its connection given back."""
     try:
-        data = await response.content.read(limit)
-    except (aiohttp.ClientError, TimeoutError):
+        data = await response.read(limit)
+    except (UpstreamError, TimeoutError):
         data = b""
     finally:
         response.release()
-    return Answer(response.status, _copy_response_headers(response.headers), data)
+    return Answer(response.status, _copy_response_headers(response), data)
 
 
 def _json(value: object) -> bytes:
     return json.dumps(value, default=str, separators=(",", ":")).encode()
 
 
-def _answer(answer: Answer) -> web.Response:
-    headers: CIMultiDict[str] = CIMultiDict(answer.headers)
-    return web.Response(status=answer.status, body=answer.body or None, headers=headers)
+def _answer(answer: Answer) -> Response:
+    return Response(answer.status, list(answer.headers), answer.body)
 
 
-def _refused(refused: Refusal) -> web.Response:
-    response = web.Response(status=refused.status, body=refused.body)
-    _set_headers(response, refused.headers)
+def _refused(refused: Refusal) -> Response:
+    return Response(refused.status, list(refused.headers), refused.body)
+
+
+def _with(
+    response: Response, rid_name: str, rid: str, fields: Sequence[tuple[str, str]] = ()
+) -> Response:
+    """``response`` with the request id and ``fields``, each replacing a field of its name the
+    upstream sent (one pass over the answer's fields)."""
+    headers = response.headers
+    if fields or headers:
+        names = {rid_name.lower(), *(name.lower() for name, _ in fields)}
+        if any(name.lower() in names for name, _ in headers):
+            headers[:] = [(n, v) for n, v in headers if n.lower() not in names]
+        headers.extend(fields)
+    headers.append((rid_name, rid))
     return response
 
 
-def _tagged(response: web.StreamResponse, table: Table, rid: str) -> web.StreamResponse:
-    response.headers[table.request_id] = rid
-    return response
+def _tag(
+    response: Response,
+    rid_name: str,
+    rid: str,
+    fields: list[tuple[str, str]],
+    guard_fields: Sequence[tuple[str, str]],
+) -> None:
+    """Add the route's ``fields``, the guard's and the request id to an admitted answer."""
+    if response.clean and not guard_fields:  # (the usual answer: one extend)
+        response.headers.extend(fields)
+        response.headers.append((rid_name, rid))
+    else:
+        _with(response, rid_name, rid, [*fields, *guard_fields])
 
 
-def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> web.Response:
-    response = web.Response(status=status, body=problem(status, kind, detail))
-    response.headers["Content-Type"] = PROBLEM_JSON
-    if close:
-        response.force_close()
-    return response
+_inbound = partial(tuple.__new__, Inbound)
+"""``Inbound`` from a tuple, without a Python-level ``__new__`` per request."""
+
+
+def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> Response:
+    body = problem(status, kind, detail)
+    return Response(status, [("Content-Type", PROBLEM_JSON)], body, close=close)

@@ -10,6 +10,15 @@ that dies. Workers exit by themselves when the supervisor is gone.
 Signals: ``SIGTERM``/``SIGINT`` stop gracefully (stop accepting, finish what is in flight for
 ``proxy.shutdown_timeout`` seconds, close); ``SIGHUP`` reloads the file.
 
+**Handover**: a reload that changes ``listen`` or ``workers`` starts a new generation of
+workers (in this process for one, else worker processes) on the new address with the new
+document, and only once every one of them answers does the old generation stop accepting and
+drain (its requests in flight finish, for up to ``proxy.shutdown_timeout``). Every listening
+socket has ``SO_REUSEPORT``, so a new generation on the same port binds beside the old one:
+no connection is refused during the change. The new generation's breakers, local rate limits
+and figures start afresh (as after a restart); idle keep-alive connections of the old one are
+closed, and clients open new ones.
+
 **Several gateways** (processes or hosts) with ``sync: {store: NAME}`` share, through that
 Redis store: their configuration (a reload on any admin API is published; every gateway applies
 it, and a gateway that starts later takes the shared one) and operator overrides (breakers
@@ -55,6 +64,8 @@ WORKER_START_TIMEOUT = 30.0
 GC_THRESHOLD = 20_000
 """Allocations between two young-generation collections (CPython's default: 700)."""
 RESTART_DELAY = 1.0
+HANDOVER_OVERLAP = 0.5
+"""Seconds both generations accept after a handover, for clients still switching address."""
 
 
 class Supervisor:
@@ -73,6 +84,8 @@ class Supervisor:
         self.text = text
         self.source = source
         self.workers = workers or document.workers
+        self._cli_workers = workers
+        """``--workers``: when given, it stays whatever a reloaded file says."""
         self.environ = dict(os.environ if environ is None else environ)
         self.handles: list[LocalWorker | RemoteWorker] = []
         self.admin: Admin | None = None
@@ -80,6 +93,10 @@ class Supervisor:
         self.gateway: Gateway | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._rundir: Path | None = None
+        self._gendir: Path | None = None
+        """The current generation's directory: its config.json and control sockets."""
+        self._generation = 0
+        self._retiring: set[asyncio.Task[None]] = set()
         self._reserved: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -97,14 +114,7 @@ class Supervisor:
         if doc.sync is not None:
             await self._adopt_shared()
             doc = self.document
-        if self.workers == 1:
-            gateway = Gateway(doc, text=self.text, source=self.source)
-            await gateway.start()
-            self.gateway = gateway
-            self.handles = [LocalWorker(gateway)]
-            self.port = gateway.port
-        else:
-            await self._start_workers()
+        await self._start_generation(doc, self.workers)
         if doc.sync is not None:
             await self._replay_overrides()
         if doc.admin is not None and token is not None:
@@ -114,29 +124,46 @@ class Supervisor:
         if doc.sync is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._follow()))
 
-    async def _start_workers(self) -> None:
-        host, port = self.document.listen
+    async def _start_generation(self, doc: GatewayDocument, workers: int, version: int = 1) -> None:
+        """Serve ``doc`` with ``workers`` workers (in this process for one) on its ``listen``;
+        return once all of them answer. Sets :attr:`handles`, :attr:`port` and
+        :attr:`workers`; the caller retires what served before."""
+        host, port = doc.listen
+        self._generation += 1
+        if workers == 1:
+            gateway = Gateway(doc, text=self.text, source=self.source)
+            gateway.version = version
+            await gateway.start()
+            self.gateway, self._procs = gateway, []
+            self.handles = [LocalWorker(gateway)]
+            self.port, self.workers = gateway.port, 1
+            return
         if port == 0:  # learn a free port; bound (not listening) so it stays ours
             self._reserved = listen_socket(host, 0, reuse_port=True, listen=False)
             port = self._reserved.getsockname()[1]
-        self.port = port
-        self._rundir = Path(tempfile.mkdtemp(prefix="floodwall-gateway-"))
-        self._write_config()
-        self.handles = [
-            RemoteWorker(str(self._rundir / f"worker-{i}.sock"), i) for i in range(self.workers)
-        ]
-        self._procs = [self._spawn(i) for i in range(self.workers)]
-        await asyncio.gather(*(self._wait_ready(i) for i in range(self.workers)))
-        self._tasks.append(asyncio.get_running_loop().create_task(self._watch()))
+        if self._rundir is None:
+            self._rundir = Path(tempfile.mkdtemp(prefix="floodwall-gateway-"))
+        gendir = self._rundir / f"gen-{self._generation}"
+        gendir.mkdir()
+        self.gateway, self._gendir, self.port, self.workers = None, gendir, port, workers
+        self._write_config(version)
+        self.handles = [RemoteWorker(str(gendir / f"worker-{i}.sock"), i) for i in range(workers)]
+        self._procs = [self._spawn(i) for i in range(workers)]
+        await asyncio.gather(*(self._wait_ready(i) for i in range(workers)))
+        if not any(t.get_name() == "floodwall-watch" for t in self._tasks):
+            watch = asyncio.get_running_loop().create_task(self._watch(), name="floodwall-watch")
+            self._tasks.append(watch)
 
-    def _write_config(self) -> None:
-        assert self._rundir is not None
-        (self._rundir / "config.json").write_text(
-            json.dumps({"text": self.text, "source": self.source}), encoding="utf-8"
+    def _write_config(self, version: int = 1) -> None:
+        if self._gendir is None:
+            return
+        (self._gendir / "config.json").write_text(
+            json.dumps({"text": self.text, "source": self.source, "version": version}),
+            encoding="utf-8",
         )
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        assert self._rundir is not None
+        assert self._gendir is not None
         command = [
             sys.executable,
             "-m",
@@ -144,11 +171,106 @@ class Supervisor:
             "--worker",
             str(index),
             "--rundir",
-            str(self._rundir),
+            str(self._gendir),
             "--port",
             str(self.port),
         ]
         return subprocess.Popen(command, env=self.environ)  # noqa: S603 - our own interpreter
+
+    async def _handover(self, document: GatewayDocument, text: str, source: str) -> dict[str, Any]:
+        """Serve ``document`` by a new generation (``listen`` or ``workers`` changed), then
+        retire the old one: it stops accepting and drains (see the module)."""
+        names = ("gateway", "_procs", "handles", "_reserved", "document", "text", "source")
+        saved = {name: getattr(self, name) for name in (*names, "workers", "port", "_gendir")}
+        old_doc = self.document
+        version = (await self.handles[0].status())["version"] + 1
+        self.text, self.document = text, document
+        if not source.startswith("<admin") and not source.startswith("redis:"):
+            self.source = source
+        self._reserved = None
+        try:
+            await self._start_generation(document, self._target_workers(document), version)
+        except BaseException:
+            new_gateway = self.gateway if self.gateway is not saved["gateway"] else None
+            await self._retire(new_gateway, self._procs, self.handles, self._reserved)
+            for name, value in saved.items():
+                setattr(self, name, value)
+            raise
+        old_gateway, old_procs = saved["gateway"], saved["_procs"]
+        old_handles, old_reserved = saved["handles"], saved["_reserved"]
+        retiring = asyncio.get_running_loop().create_task(
+            self._retire(old_gateway, old_procs, old_handles, old_reserved, HANDOVER_OVERLAP)
+        )
+        self._retiring.add(retiring)
+        retiring.add_done_callback(self._retiring.discard)
+        log.info(
+            "handover: %d worker(s) on %s:%d took over (version %d)",
+            self.workers,
+            document.listen[0],
+            self.port,
+            version,
+        )
+        restart = [
+            k for k in ("admin", "event_loop") if getattr(document, k) != getattr(old_doc, k)
+        ]
+        return {
+            "applied": True,
+            "version": version,
+            "restart_required": restart,
+            "handover": {"listen": f"{document.listen[0]}:{self.port}", "workers": self.workers},
+        }
+
+    async def _retire(
+        self,
+        gateway: Gateway | None,
+        procs: list[subprocess.Popen[bytes]],
+        handles: list[LocalWorker | RemoteWorker],
+        reserved: Any = None,
+        after: float = 0.0,
+    ) -> None:
+        """Stop a generation gracefully (``after`` seconds from now): it stops accepting and
+        finishes what is in flight."""
+        if after > 0:
+            await asyncio.sleep(after)
+        if gateway is not None:
+            await gateway.stop()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        grace = self.document.proxy.shutdown_timeout + 5.0
+        for proc in procs:
+            try:
+                await asyncio.to_thread(proc.wait, grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait, 5.0)
+        for handle in handles:
+            if isinstance(handle, RemoteWorker):
+                await handle.close()
+        if reserved is not None:
+            reserved.close()
+
+    def _kept(
+        self, document: GatewayDocument, text: str, source: str
+    ) -> tuple[GatewayDocument, str]:
+        """``document`` with the running ``listen`` and ``workers`` where its text does not
+        name them: a document that leaves them out keeps the gateway where it is (a handover
+        happens only for an address or a count the document asks for)."""
+        raw = loads(text, source)
+        missing = [key for key in ("listen", "workers") if key not in raw]
+        if not missing:
+            return document, text
+        host, port = self.document.listen
+        running = {
+            "listen": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            "workers": self.document.workers,
+        }
+        raw.update({key: running[key] for key in missing})
+        text = json.dumps(raw)
+        return parse_gateway_text(text, source), text
+
+    def _target_workers(self, document: GatewayDocument) -> int:
+        return self._cli_workers or document.workers
 
     async def _wait_ready(self, index: int) -> None:
         handle = self.handles[index]
@@ -168,13 +290,16 @@ class Supervisor:
     async def _watch(self) -> None:
         while not self._stopping:
             await asyncio.sleep(0.5)
-            for index, proc in enumerate(self._procs):
-                if proc.poll() is not None and not self._stopping:
+            procs = self._procs
+            for index, proc in enumerate(procs):
+                if proc.poll() is not None and not self._stopping and self._procs is procs:
                     log.warning(
                         "gateway worker %d exited (%s); restarting it", index, proc.returncode
                     )
                     await asyncio.sleep(RESTART_DELAY)
-                    self._procs[index] = self._spawn(index)
+                    if self._procs is not procs:  # a handover retired that generation
+                        break
+                    procs[index] = self._spawn(index)
                     with contextlib.suppress(RuntimeError):
                         await self._wait_ready(index)
 
@@ -202,16 +327,20 @@ class Supervisor:
                 source = self.source
             else:
                 document = parse_gateway_text(text, source or "<admin>")
+            document, text = self._kept(document, text, source)
             try:
                 Registry(document, metrics=False)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {exc}") from None
+            if document.listen != self.document.listen or (
+                self._target_workers(document) != self.workers
+            ):
+                return await self._handover(document, text, source)
             results = [await h.reload(text, source) for h in self.handles]
             self.document, self.text = document, text
             if not source.startswith("<admin") and not source.startswith("redis:"):
                 self.source = source
-            if self._rundir is not None:
-                self._write_config()
+            self._write_config(results[0].get("version", 1))
             if publish and self.document.sync is not None:
                 await self._publish({"type": "config", "text": text, "source": source})
             return {**results[0], "workers": len(results)}
@@ -389,25 +518,11 @@ class Supervisor:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
         if self.admin is not None:
             await self.admin.stop()
-        if self.gateway is not None:
-            await self.gateway.stop()
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        grace = self.document.proxy.shutdown_timeout + 5.0
-        for proc in self._procs:
-            try:
-                await asyncio.to_thread(proc.wait, grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                await asyncio.to_thread(proc.wait, 5.0)
-        for handle in self.handles:
-            if isinstance(handle, RemoteWorker):
-                await handle.close()
-        if self._reserved is not None:
-            self._reserved.close()
+        await self._retire(self.gateway, self._procs, self.handles, self._reserved)
         if self._rundir is not None:
             shutil.rmtree(self._rundir, ignore_errors=True)
 
@@ -479,6 +594,7 @@ async def _worker(index: int, rundir: Path, port: int) -> None:
     saved = json.loads((rundir / "config.json").read_text(encoding="utf-8"))
     document = parse_gateway_text(saved["text"], saved["source"])
     gateway = Gateway(document, text=saved["text"], source=saved["source"])
+    gateway.version = saved.get("version", 1)
     host, _ = document.listen
     await gateway.start(listen_socket(host, port, reuse_port=True))
     _tune_gc()

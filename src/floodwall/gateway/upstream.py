@@ -43,7 +43,6 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import ClientError
 from yarl import URL
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -396,7 +395,7 @@ class UpstreamPool:
                     endpoint.origin, "GET", health.config.path, fields, None
                 )
                 status = answer.status
-        except (ClientError, OSError, TimeoutError):
+        except (OSError, TimeoutError):  # (the client's errors are OSError too)
             status = None
         finally:
             if answer is not None:
