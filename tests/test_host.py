@@ -87,8 +87,11 @@ def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
     with HostStore(f"host://{name}") as store:
         _count(store)
         other = HostStore(f"host://{name}?max_keys=64")
-        with pytest.raises(fw.ConfigError, match=r"exists with max_keys=4096.*got max_keys=64"):
-            _count(other)
+        with pytest.raises(StoreUnavailableError) as caught:
+            _count(other)  # as any store that cannot serve: on_store_error decides
+        assert isinstance(caught.value.__cause__, fw.ConfigError)
+        assert "exists with max_keys=4096" in str(caught.value)
+        assert "got max_keys=64" in str(caught.value)
         store.slots("db", 3)
         with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
             store.slots("db", 4)
@@ -312,3 +315,198 @@ def test_a_forked_child_counts_as_a_user(name: str) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert info(name).users == 1 and slots.free == 2
     store.close()
+
+
+# -- first-law review (issue 21): what a user could make the host store fail with --------------
+
+
+def test_a_host_bulkhead_without_a_time_bound_waits_for_the_release(name: str) -> None:
+    """``max_wait=inf`` (no bound but the ambient deadline, as for ``Bulkhead``) waited in the
+    kernel with an infinite ``timespec``: the waiting caller got a raw ``OverflowError``."""
+    with HostStore(f"host://{name}") as store:
+        bulkhead = fw.HostBulkhead(
+            "db", store=store, max_concurrent=1, max_queue=1, max_wait=float("inf")
+        )
+        held = bulkhead.acquire()
+        got: list[object] = []
+
+        def wait_for_a_slot() -> None:
+            try:
+                got.append(bulkhead.call(lambda: "served"))
+            except BaseException as exc:
+                got.append(exc)
+
+        waiter = threading.Thread(target=wait_for_a_slot)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while bulkhead.queued == 0 and waiter.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        bulkhead.release(held)
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert got == ["served"]
+        assert bulkhead.in_flight == 0
+
+
+def test_a_host_bulkhead_refuses_a_max_wait_that_is_not_a_number_of_seconds() -> None:
+    with pytest.raises(fw.ConfigError, match=r"max_wait must be a number of seconds >= 0.*got nan"):
+        fw.HostBulkhead("db", store="host://app", max_concurrent=2, max_wait=float("nan"))
+
+
+def test_a_long_key_is_counted_like_any_other_and_never_takes_the_store_down(name: str) -> None:
+    """A key longer than a record (a client's header, a URL: a caller's input) was a store
+    error: three of them opened the guard's breaker, every key of the limiter fell back to the
+    local share, and ``store_down`` said the host store was down while it answered."""
+    from floodwall.shared import GlobalLimiter
+
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as store, HostStore(f"host://{name}") as second:
+        limiter = GlobalLimiter("fixed", "3/h", store=store, name="api", listeners=[events.append])
+        other = GlobalLimiter("fixed", "3/h", store=second, name="api")
+        long_key = "k" * 5000
+        assert [limiter.try_acquire(long_key) for _ in range(4)] == [True, True, True, False]
+        assert not other.try_acquire(long_key), "one count for the host, whatever the length"
+        assert other.try_acquire("k" * 4999), "a key of its own"
+        assert [limiter.try_acquire("short") for _ in range(4)] == [True, True, True, False]
+        assert limiter.guard.snapshot()["failures"] == 0
+        assert [e.kind for e in events if e.source == "store_guard"] == []
+
+
+def test_a_reload_that_would_resize_a_host_bulkhead_is_refused_and_the_old_one_runs(
+    name: str,
+) -> None:
+    """A reload changing ``max_concurrent`` of a ``scope: host`` bulkhead was applied, and then
+    every call of the resource raised ``ConfigError`` (the slots keep their size while a
+    process uses them): a hot reload turned the resource into an outage."""
+
+    def document(size: int) -> dict[str, object]:
+        bulkhead = {"max_concurrent": size, "scope": "host", "store": "h"}
+        return {
+            "stores": {"default": "memory://", "h": f"host://{name}"},
+            "resources": {"db": {"bulkhead": bulkhead}},
+        }
+
+    registry = Registry(document(2))
+    try:
+        assert registry.get("db").call(lambda: "ok") == "ok"
+        with pytest.raises(fw.ConfigError, match=r"max_concurrent=2 .*got max_concurrent=3"):
+            registry.reload(document(3))
+        assert registry.get("db").call(lambda: "ok") == "ok"
+        assert registry.get("db").bulkhead.max_concurrent == 2  # type: ignore[union-attr]
+    finally:
+        registry.close()
+
+
+def test_a_size_another_process_holds_degrades_as_a_store_outage_not_an_error(
+    name: str,
+) -> None:
+    """A worker deployed with another ``max_concurrent`` than the running ones (a rolling
+    deploy) got ``ConfigError`` from every call and from every read of its figures (a metrics
+    scrape); now ``on_store_error`` answers and ``store_down`` names both sizes."""
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as running, HostStore(f"host://{name}") as deployed:
+        fw.HostBulkhead("db", store=running, max_concurrent=2).call(lambda: None)
+        bulkhead = fw.HostBulkhead(
+            "db", store=deployed, max_concurrent=3, listeners=[events.append]
+        )
+        held = [bulkhead.acquire() for _ in range(3)]  # the local share: 3 / 1
+        with pytest.raises(fw.BulkheadFullError):
+            bulkhead.acquire()
+        assert (bulkhead.in_flight, bulkhead.available, bulkhead.queued) == (3, 0, 0)
+        for permit in held:
+            bulkhead.release(permit)
+        assert bulkhead.call(lambda: "ok") == "ok"
+        down = [e for e in events if e.kind == "store_down"]
+        assert len(down) == 1
+        assert "max_concurrent=2" in down[0].reason and "max_concurrent=3" in down[0].reason
+
+
+def test_a_store_of_another_layout_degrades_its_limiter_instead_of_raising(name: str) -> None:
+    """A process whose ``host://`` URL asks another layout than the running ones got
+    ``ConfigError`` from every call through a limiter on it, past ``on_store_error``."""
+    from floodwall.shared import GlobalLimiter
+
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}") as running, HostStore(f"host://{name}?max_keys=64") as other:
+        _count(running)
+        limiter = GlobalLimiter("fixed", "2/h", store=other, name="api", listeners=[events.append])
+        assert [limiter.try_acquire() for _ in range(3)] == [True, True, False]
+        down = [e for e in events if e.kind == "store_down"]
+        assert len(down) == 1 and "max_keys=4096" in down[0].reason, down
+
+
+def test_a_value_too_large_for_a_record_fails_that_op_only_not_the_store(name: str) -> None:
+    """An idempotent call whose result did not fit a record (an HTTP answer, a cached page)
+    was a store outage: three of them opened the guard's breaker, and every other key's call
+    was refused with ``IdempotencyUnavailableError`` (503) while the store answered."""
+    events: list[fw.Event] = []
+    with HostStore(f"host://{name}?record_bytes=256") as store:
+        idempotency = fw.Idempotency(store, key=lambda key, size: key, listeners=[events.append])
+
+        @idempotency
+        def write(key: str, size: int) -> str:
+            return "x" * size
+
+        for i in range(4):
+            assert len(write(f"big-{i}", 1000)) == 1000, "the caller still gets its answer"
+        assert write("small", 10) == "x" * 10
+        assert write("small", 10) == "x" * 10
+        assert idempotency.replays == 1, "the other keys are deduplicated as before"
+        assert idempotency.lock_lost == 4
+        assert [e.kind for e in events].count("lock_lost") == 4
+        assert idempotency.guard.state == "up"
+        assert "store_down" not in [e.kind for e in events]
+
+
+@pytest.mark.parametrize("user", ["rate limit", "host bulkhead"])
+async def test_a_first_async_op_waits_for_a_stopped_lock_holder_without_blocking_the_loop(
+    name: str, user: str
+) -> None:
+    """A process's first op (a rate limit's step, a host bulkhead's first slot) attaches
+    NAME, which takes the lock: from a task it waited for a stopped holder in the kernel, on
+    the event loop's thread, freezing every task of the process for the store's ``timeout``
+    (the bulkhead again at every retry, each second)."""
+    from floodwall.shared import GlobalLimiter
+
+    timeout = 1.0
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.002)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await asyncio.sleep(0.3)  # the loop's own hiccups on this machine, now
+        healthy = max(gaps)
+        with HostStore(f"host://{name}", timeout=timeout) as store:
+            child = _hold_lock(name, "holding")
+            child.send_signal(signal.SIGSTOP)
+            try:
+                limiter = GlobalLimiter("fixed", "5/s", store=store, name="api")
+                bulkhead = fw.HostBulkhead("db", store=store, max_concurrent=2)
+
+                async def served() -> str:
+                    return "served"
+
+                await asyncio.sleep(0.02)  # the ticker notes the gap starting the child left
+                gaps.clear()
+                began = time.monotonic()
+                if user == "rate limit":
+                    assert await limiter.try_acquire_async(), "the local share answers"
+                else:
+                    assert await bulkhead.call_async(served) == "served", "the local share"
+                waited = time.monotonic() - began
+                await asyncio.sleep(0.05)  # the ticker notes the gap the call left
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+    finally:
+        ticker.cancel()
+    remove(name)  # the killed holder made NAME; nothing else uses it now
+    assert waited <= timeout + 3 * healthy + 0.5, waited
+    assert max(gaps) < timeout / 2 + 3 * healthy, (max(gaps), healthy)

@@ -27,7 +27,15 @@ from floodwall.observe import Meter
 from floodwall.observe.logs import JsonLogListener
 from floodwall.observe.otel import SpanEventListener, instrument
 from floodwall.observe.prometheus import register
-from servers import HOST, free_port, log_tail, require_binary, terminate, wait_until
+from servers import (
+    HOST,
+    RestartableRedis,
+    free_port,
+    log_tail,
+    require_binary,
+    terminate,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
@@ -197,6 +205,7 @@ PARITY_DOC = {
     "resources": {
         **DOC["resources"],
         "ranking": {"adaptive": {"algorithm": "aimd", "options": {"initial_limit": 5}}},
+        "quota": {"rate_limit": {"rate": "5/s", "scope": "global"}},
     }
 }
 """Every policy a Prometheus family reads, so every family has series."""
@@ -484,3 +493,78 @@ def test_grafana_dashboard_evaluates_against_a_real_scrape(prometheus: Prometheu
         for series in prometheus.query(breaker.replace("$resource", ".*"))
     }
     assert states == {"payments": 1.0}
+
+
+@pytest.mark.integration
+def test_a_store_outage_shows_on_the_scrape_and_in_opentelemetry(
+    restartable_redis: RestartableRedis, clock: fw.FakeClock
+) -> None:
+    """A resource whose rate limit lives on Redis (killed here) and whose bulkhead lives on
+    ``host://`` (its objects removed under it) kept answering from its local share, and
+    neither Prometheus nor OpenTelemetry showed anything of it: the scrape (a Django
+    ``/metrics`` view, a FastAPI app) read as if all was well. Now ``floodwall_store_up`` is 0
+    and ``floodwall_store_degraded_total`` counts the calls on_store_error answered."""
+    import uuid
+
+    from floodwall.stores.host import remove
+
+    host = f"obs-{uuid.uuid4().hex[:12]}"
+    document = {
+        "stores": {"default": "memory://", "shared": restartable_redis.url, "h": f"host://{host}"},
+        "resources": {
+            "partner": {"rate_limit": {"rate": "100/s", "scope": "global", "store": "shared"}},
+            "db": {"bulkhead": {"max_concurrent": 4, "scope": "host", "store": "h"}},
+        },
+    }
+    registry = Registry(document, clock=clock)
+    reader = InMemoryMetricReader()
+    instrument(registry, MeterProvider(metric_readers=[reader]).get_meter("t"), spans=False)
+    prom = CollectorRegistry()
+    register(registry, prom)
+
+    def figures() -> dict[tuple[str, str, str], float]:
+        scraped = samples(generate_latest(prom).decode())
+        out: dict[tuple[str, str, str], float] = {}
+        for (name, labels), value in scraped.items():
+            if name in ("floodwall_store_up", "floodwall_store_degraded_total"):
+                tags = dict(labels)
+                out[(name, tags["resource"], tags["policy"])] = value
+        points = otel_points(reader)
+        for (name, resource, policy), value in out.items():
+            twin = {"floodwall_store_up": "floodwall.store.up"}.get(
+                name, "floodwall.store.degraded"
+            )
+            point = points[twin][(("policy", policy), ("resource", resource))]
+            assert point.value == value, (name, resource, policy)
+        return out
+
+    def call_both(times: int) -> None:
+        for _ in range(times):
+            assert registry.get("partner").call(lambda: "ok") == "ok"
+            assert registry.get("db").call(lambda: "ok") == "ok"
+
+    try:
+        call_both(1)
+        assert figures() == {
+            ("floodwall_store_up", "partner", "rate_limit"): 1.0,
+            ("floodwall_store_up", "db", "bulkhead"): 1.0,
+            ("floodwall_store_degraded_total", "partner", "rate_limit"): 0.0,
+            ("floodwall_store_degraded_total", "db", "bulkhead"): 0.0,
+        }
+        restartable_redis.stop()
+        remove(host, force=True)
+        call_both(3)
+        down = figures()
+        assert down[("floodwall_store_up", "partner", "rate_limit")] == 0.0
+        assert down[("floodwall_store_up", "db", "bulkhead")] == 0.0
+        assert down[("floodwall_store_degraded_total", "partner", "rate_limit")] == 3.0
+        assert down[("floodwall_store_degraded_total", "db", "bulkhead")] == 3.0
+        restartable_redis.start()
+        clock.advance(30.0)  # past every store breaker's open time
+        call_both(1)
+        up = figures()
+        assert up[("floodwall_store_up", "partner", "rate_limit")] == 1.0
+        assert up[("floodwall_store_up", "db", "bulkhead")] == 1.0
+    finally:
+        registry.close()
+        remove(host, force=True)

@@ -8,6 +8,7 @@ Dramatiq's ``StubBroker``): what is checked is the message each library would se
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -82,3 +83,66 @@ def test_celery_an_eager_task_refused_by_its_breaker_raises_instead_of_looping()
     with pytest.raises(fw.CircuitOpenError):  # deferred on a worker; eager: raised
         charge.delay("o-2").get()
     assert ran == ["o-1"]
+
+
+def test_dramatiq_a_guarded_actor_on_a_broker_without_the_middleware_is_refused() -> None:
+    """Without ``FloodwallMiddleware`` the guarded actor found no current message and ran
+    unguarded, silently: a redelivered message charged twice, an open breaker did not stop it,
+    the guard counted nothing."""
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from floodwall.dramatiq import FloodwallMiddleware, TaskGuard, actor
+
+    bare = StubBroker()
+    with pytest.raises(fw.ConfigError, match=r"needs FloodwallMiddleware on the broker"):
+        actor(lambda order: None, guard=TaskGuard(), broker=bare, actor_name="bare")
+    assert "bare" not in bare.actors
+
+    fitted = StubBroker()
+    fitted.add_middleware(FloodwallMiddleware())
+    breaker = fw.CircuitBreaker("payments")
+    ran: list[str] = []
+
+    def charge(order: str) -> None:
+        ran.append(order)
+
+    guard = TaskGuard(breaker)
+    guarded = actor(charge, guard=guard, broker=fitted, actor_name="charge")
+    breaker.force_open()
+    worker = dramatiq.Worker(fitted, worker_timeout=100)
+    worker.start()
+    try:
+        guarded.send("o-1")
+        deadline = time.monotonic() + 10
+        while guard.snapshot()["deferred"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+    assert ran == [] and guard.snapshot()["deferred"] == 1, "deferred, not run"
+    fitted.close()
+    bare.close()
+
+
+def test_celery_a_guarded_task_refuses_autoretry_for_and_a_guard_that_is_not_one() -> None:
+    """``GuardedTask`` switches Celery's ``max_retries`` off (a deferral must not use one up),
+    so ``autoretry_for`` on it retried every failure without bound, past the guard's
+    ``Retry(attempts=...)``; a policy given as ``guard`` failed each delivery with an
+    ``AttributeError``. Both are refused when the task is built."""
+    from celery import Celery
+
+    from floodwall.celery import GuardedTask, TaskGuard
+
+    app = Celery("checks", broker="memory://")
+
+    def charge(order: str) -> str:
+        return order
+
+    storm = app.task(base=GuardedTask, guard=TaskGuard(), autoretry_for=(ConnectionError,))
+    with pytest.raises(fw.ConfigError, match=r"autoretry_for.*without bound"):
+        storm(charge).name  # noqa: B018 - building the task is the check
+    wrong = app.task(base=GuardedTask, guard=fw.CircuitBreaker("payments"), name="wrong")
+    with pytest.raises(fw.ConfigError, match=r"guard must be a TaskGuard, got <CircuitBreaker"):
+        wrong(charge).name  # noqa: B018
+    plain = app.task(base=GuardedTask, autoretry_for=(ConnectionError,), name="plain")
+    assert plain(charge).name == "plain", "without a guard it is a plain Celery task"

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import floodwall as fw
@@ -275,7 +275,13 @@ def test_tasks_headers_round_trip(
     assert read.deferred_since == (None if since is None else pytest.approx(since, abs=1e-3))
 
 
-@given(st.dictionaries(st.sampled_from([ATTEMPT, RETRY, DEFERRED, "x"]), st.text() | st.none()))
+@given(
+    st.dictionaries(
+        st.sampled_from([ATTEMPT, RETRY, DEFERRED, "x"]),
+        st.text() | st.none() | st.integers() | st.floats() | st.binary(),
+    )
+)
+@example({ATTEMPT: 10**400, DEFERRED: -(10**400)})  # a JSON integer past float: OverflowError
 def test_tasks_malformed_headers_read_as_a_first_delivery(headers: dict[str, Any]) -> None:
     read = Delivery.read("t", "m", headers)
     assert read.attempt >= 1

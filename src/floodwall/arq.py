@@ -20,8 +20,9 @@ job whose in-progress marker expired, ``job_timeout`` + 10 s later) replays its 
 instead of repeating its side effect.
 
 arq messages carry no headers, so floodwall keeps them in a small hash beside the job,
-``floodwall:arq:<job id>`` (expiring with arq's own retry counter, a day), written when the job
-is re-queued or enqueued through :func:`enqueue_job`; arq's ``max_tries`` (which counts
+``floodwall:arq:<job id>``, written when the job is re-queued or enqueued through
+:func:`enqueue_job` and deleted when it finishes (as arq deletes its own retry counter; a day's
+expiry covers a worker that died first); arq's ``max_tries`` (which counts
 deferrals too) is set high by :func:`func`, since the guard bounds attempts (``attempts``) and
 deferrals (``max_defer``) itself.
 
@@ -32,6 +33,7 @@ and idempotency hold across them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -45,6 +47,7 @@ try:
     from arq.typing import WorkerCoroutine
     from arq.worker import Function, Retry
     from arq.worker import func as arq_func
+    from redis.exceptions import RedisError
 except ModuleNotFoundError as _missing:  # the extra is not installed
     raise missing_extra(_missing, "floodwall.arq", "arq") from _missing
 
@@ -55,7 +58,8 @@ __all__ = ["HEADERS", "MAX_TRIES", "TaskGuard", "enqueue_job", "func"]
 HEADERS: Final = "floodwall:arq:"
 """Key prefix of the hash holding a job's floodwall headers."""
 HEADERS_TTL: Final = 88_400
-"""Seconds a job's headers are kept (arq keeps its retry counter as long)."""
+"""Seconds a job's headers are kept at most (arq keeps its retry counter as long); a job that
+finishes deletes them."""
 MAX_TRIES: Final = 1000
 """arq's ``max_tries`` for guarded functions: a backstop only (deferrals count as tries)."""
 
@@ -67,6 +71,13 @@ def _text(value: Any) -> str:
 async def _headers(redis: ArqRedis, job_id: str) -> dict[str, str]:
     raw = await redis.hgetall(HEADERS + job_id)
     return {_text(name): _text(value) for name, value in raw.items()}
+
+
+async def _forget(redis: ArqRedis, job_id: str) -> None:
+    """Delete a finished job's headers, as arq deletes its retry counter (a failure here only
+    leaves them to expire: the job's answer stands)."""
+    with contextlib.suppress(RedisError, OSError, TimeoutError):
+        await redis.delete(HEADERS + job_id)
 
 
 async def _store(redis: ArqRedis, job_id: str, headers: dict[str, str]) -> None:
@@ -83,13 +94,21 @@ def _guarded(
     async def run(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         redis: ArqRedis = ctx["redis"]
         job_id = str(ctx["job_id"])
-        delivery = Delivery.read(name, job_id, await _headers(redis, job_id))
+        headers = await _headers(redis, job_id)
+        delivery = Delivery.read(name, job_id, headers)
 
         async def body(*args: Any, **kwargs: Any) -> Any:
             return await coroutine(ctx, *args, **kwargs)
 
-        outcome = await guard.run_async(delivery, body, args, kwargs)
+        try:
+            outcome = await guard.run_async(delivery, body, args, kwargs)
+        except Exception:  # the job fails for good: arq will not run it again
+            if headers:
+                await _forget(redis, job_id)
+            raise
         if isinstance(outcome, Done):
+            if headers:
+                await _forget(redis, job_id)
             return outcome.value
         await _store(redis, job_id, outcome.headers)
         raise Retry(defer=outcome.delay) from outcome.error

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from floodwall._core.errors import ConfigError
 from floodwall._core.extras import missing_extra
 
 try:
@@ -62,10 +63,28 @@ class GuardedTask(Task):  # type: ignore[misc] # celery ships no type informatio
     given as ``@app.task(base=GuardedTask, guard=...)``); without a guard it is a plain task.
     Called directly (``task(...)``, not through a worker) it runs the function unguarded; run
     eagerly (``task_always_eager``, ``apply()``) it is guarded, but a deferral or retry raises
-    its error instead (Celery would run an eager retry at once, ignoring the countdown)."""
+    its error instead (Celery would run an eager retry at once, ignoring the countdown).
+    A ``guard`` that is not a :class:`TaskGuard`, or ``autoretry_for`` beside a guard, is
+    refused (:class:`ConfigError`) when Celery builds the task."""
 
     guard: ClassVar[TaskGuard | None] = None
     max_retries = None  # floodwall counts attempts; a deferral must not use one up
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check a task's options when Celery builds its class (``@app.task(...)``)."""
+        super().__init_subclass__(**kwargs)
+        guard = cls.__dict__.get("guard")
+        if guard is None:
+            return
+        if not isinstance(guard, TaskGuard):
+            raise ConfigError(f"guard must be a TaskGuard, got {guard!r}")
+        if getattr(cls, "autoretry_for", ()):
+            raise ConfigError(
+                f"task {cls.__dict__.get('name', cls.__name__)!r}: autoretry_for="
+                f"{cls.autoretry_for!r} on a GuardedTask would retry every failure without "
+                "bound (max_retries is off for guarded tasks); retry with the guard's "
+                "Retry(...) instead"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+from floodwall._core.errors import ConfigError
 from floodwall._core.extras import missing_extra
 
 try:
@@ -90,16 +91,29 @@ def _guarded(guard: TaskGuard, fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _check_middleware(broker: Any, name: str) -> None:
+    """Refuse a guarded actor on a broker without :class:`FloodwallMiddleware`: the actor
+    would find no current message and run every delivery unguarded, silently."""
+    if not any(isinstance(m, FloodwallMiddleware) for m in broker.middleware):
+        raise ConfigError(
+            f"guarded actor {name!r} needs FloodwallMiddleware on the broker, got a "
+            f"{type(broker).__name__} without it (its deliveries would run unguarded): call "
+            "broker.add_middleware(FloodwallMiddleware()) before declaring guarded actors"
+        )
+
+
 def actor(fn: Callable[..., Any] | None = None, *, guard: TaskGuard, **options: Any) -> Any:
     """``dramatiq.actor`` whose messages run through ``guard``; ``options`` are Dramatiq's
     (``actor_name``, ``queue_name``, ``priority``, ``broker``, ``time_limit`` …). Usable bare
-    (``@actor(guard=g)``) or on a function (``actor(fn, guard=g)``)."""
+    (``@actor(guard=g)``) or on a function (``actor(fn, guard=g)``). The broker must have
+    :class:`FloodwallMiddleware` when the actor is declared (:class:`ConfigError` otherwise)."""
     if not isinstance(guard, TaskGuard):
         raise TypeError(f"guard must be a TaskGuard, got {guard!r}")
     options.setdefault("retry_when", only_floodwall_retries)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         options.setdefault("actor_name", fn.__name__)
+        _check_middleware(options.get("broker") or dramatiq.get_broker(), options["actor_name"])
         return dramatiq.actor(_guarded(guard, fn), **options)
 
     return decorate if fn is None else decorate(fn)

@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -193,3 +194,73 @@ def test_arq_a_job_run_again_after_kill_9_does_not_repeat_its_side_effect(
     )
     assert naive == ["order-1", "order-1"]
     assert guarded == ["order-2"]
+
+
+def test_arq_a_finished_job_leaves_no_floodwall_headers_behind(
+    broker: tuple[str, redis.Redis],
+) -> None:
+    """The hash of floodwall's headers beside a deferred or retried job stayed in the broker's
+    Redis for a day after the job finished (arq deletes its own retry counter at the finish):
+    at 100 such jobs a second, millions of keys. An arq worker in this process, burst mode."""
+    from arq.worker import Worker
+
+    import floodwall as fw
+    from floodwall.arq import HEADERS, TaskGuard, func
+    from floodwall.ratelimit import GCRA
+
+    url, db = broker
+    failures: dict[str, int] = {}
+
+    async def limited(ctx: dict[str, Any], i: int) -> int:
+        return i
+
+    async def flaky(ctx: dict[str, Any], name: str, fails: int) -> str:
+        failures[name] = failures.get(name, 0) + 1
+        if failures[name] <= fails:
+            raise ConnectionError(f"{name}: the dependency is down")
+        return name
+
+    deferring = TaskGuard(GCRA("1/s", burst=0), min_delay=0.05)
+    retrying = TaskGuard(retry=fw.Retry("r", attempts=2, backoff=fw.backoff.Fixed(0.05)))
+    pool = asyncio.new_event_loop()
+    try:
+
+        async def run() -> list[tuple[str, bool]]:
+            arq = await create_pool(RedisSettings.from_dsn(url))
+            jobs = [
+                await arq.enqueue_job("limited", 1, _job_id="limited-1"),
+                await arq.enqueue_job("limited", 2, _job_id="limited-2"),  # deferred once
+                await arq.enqueue_job("flaky", "retried", 1, _job_id="retried"),
+                await arq.enqueue_job("flaky", "failed", 5, _job_id="failed"),
+            ]
+            worker = Worker(
+                functions=[
+                    func(limited, guard=deferring, name="limited"),
+                    func(flaky, guard=retrying, name="flaky"),
+                ],
+                redis_pool=arq,
+                burst=True,
+                poll_delay=0.02,
+                handle_signals=False,
+            )
+            await asyncio.wait_for(worker.main(), 30)
+            results = []
+            for job in jobs:
+                assert job is not None
+                info = await job.result_info()
+                assert info is not None
+                results.append((job.job_id, info.success))
+            await worker.close()
+            return results
+
+        results = pool.run_until_complete(run())
+    finally:
+        pool.close()
+    assert results == [
+        ("limited-1", True),
+        ("limited-2", True),
+        ("retried", True),
+        ("failed", False),
+    ]
+    assert deferring.snapshot()["deferred"] >= 1 and retrying.snapshot()["retried"] == 2
+    assert db.keys(f"{HEADERS}*") == []

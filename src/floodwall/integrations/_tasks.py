@@ -115,7 +115,7 @@ def _marker(value: object) -> RetryMarker | None:
 def _number(value: object) -> float | None:
     try:
         number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past float
         return None
     return number if math.isfinite(number) and number >= 0 else None  # NaN, inf, < 0: absent
 

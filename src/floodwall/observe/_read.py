@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["InboundGuard", "rate_limit_decisions", "shedder_figures"]
+from floodwall.shared.host_bulkhead import HostBulkhead
+from floodwall.shared.idempotency import Idempotency
+from floodwall.stores.guard import StoreGuard
+
+__all__ = ["InboundGuard", "rate_limit_decisions", "shedder_figures", "store_figures"]
 
 _BEFORE_LIMITER = ("circuit_open", "bulkhead_full", "degraded")
 """Outcomes of calls refused before the limiter saw them (the pipeline's order is fixed:
@@ -43,3 +47,25 @@ def shedder_figures(guard: InboundGuard) -> tuple[float, float] | None:
     if isinstance(limit, int | float) and isinstance(inflight, int | float):
         return float(limit), float(inflight)
     return None
+
+
+def store_figures(resource: Any) -> list[tuple[str, bool, int]]:
+    """``(policy, up, degraded calls)`` for each of a resource's policies that keep their
+    state in a store (``rate_limit``, ``bulkhead``, ``cache``, ``idempotency``): whether the
+    store answers, and how many calls ``on_store_error`` answered instead."""
+    idempotency = next((p for p in resource.policies if isinstance(p, Idempotency)), None)
+    parts = (
+        ("rate_limit", resource.limiter),
+        ("bulkhead", resource.bulkhead),
+        ("cache", resource.cache),
+        ("idempotency", idempotency),
+    )
+    out = []
+    for label, policy in parts:
+        if isinstance(policy, HostBulkhead):
+            out.append((label, policy.store_state == "up", policy.degraded))
+            continue
+        guard = getattr(policy, "guard", None)
+        if isinstance(guard, StoreGuard):
+            out.append((label, guard.state == "up", guard.degraded))
+    return out

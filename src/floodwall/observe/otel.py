@@ -40,7 +40,12 @@ except ModuleNotFoundError as _missing:  # the extra is not installed
 from floodwall._core.events import Event
 from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
-from floodwall.observe._read import InboundGuard, rate_limit_decisions, shedder_figures
+from floodwall.observe._read import (
+    InboundGuard,
+    rate_limit_decisions,
+    shedder_figures,
+    store_figures,
+)
 
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
     from floodwall.config.registry import Registry
@@ -73,6 +78,8 @@ PROMETHEUS_TWINS = {
     "floodwall_adaptive_limit": "floodwall.adaptive.limit",
     "floodwall_adaptive_inflight": "floodwall.adaptive.inflight",
     "floodwall_level_shed": "floodwall.level.shed",
+    "floodwall_store_up": "floodwall.store.up",
+    "floodwall_store_degraded_total": "floodwall.store.degraded",
     "floodwall_inbound_decisions_total": "floodwall.inbound.decisions",
     "floodwall_inbound_shedder_limit": "floodwall.inbound.shedder.limit",
     "floodwall_inbound_shedder_in_flight": "floodwall.inbound.shedder.in_flight",
@@ -193,6 +200,29 @@ def _policies(registry: Registry, meter: Meter) -> None:
     for name, part, read, unit, description in _GAUGES:
         gauge(name, [_per_resource(registry, part, read)], unit, description)
     gauge("floodwall.level.shed", [shed], "1", "1 while a dependency level is shed")
+    _stores(registry, meter)
+
+
+def _stores(registry: Registry, meter: Meter) -> None:
+    def up(options: CallbackOptions) -> Iterable[Observation]:
+        for resource in registry:
+            for policy, answers, _ in store_figures(resource):
+                yield Observation(int(answers), {"resource": resource.name, "policy": policy})
+
+    def degraded(options: CallbackOptions) -> Iterable[Observation]:
+        for resource in registry:
+            for policy, _, count in store_figures(resource):
+                yield Observation(count, {"resource": resource.name, "policy": policy})
+
+    meter.create_observable_gauge(
+        "floodwall.store.up", [up], "1", "1 while a policy's store answers, 0 while it does not"
+    )
+    meter.create_observable_counter(
+        "floodwall.store.degraded",
+        [degraded],
+        "{call}",
+        "Calls on_store_error answered because the policy's store did not",
+    )
 
 
 def _per_resource(registry: Registry, part: str, read: Callable[[Any], float]) -> Callback:

@@ -29,6 +29,9 @@ labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision
     floodwall_adaptive_limit{resource}                  gauge
     floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1
+    floodwall_store_up{resource, policy}                gauge: 1 while the policy's store
+                                                        answers, 0 while on_store_error does
+    floodwall_store_degraded_total{resource, policy}    counter: calls on_store_error answered
 
 and, for an inbound guard published with :func:`register_guard`::
 
@@ -56,7 +59,12 @@ from floodwall._core import validate
 from floodwall._core.extras import missing_extra
 from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
-from floodwall.observe._read import InboundGuard, rate_limit_decisions, shedder_figures
+from floodwall.observe._read import (
+    InboundGuard,
+    rate_limit_decisions,
+    shedder_figures,
+    store_figures,
+)
 
 try:
     from prometheus_client.core import (
@@ -106,6 +114,7 @@ class FloodwallCollector(Collector):
         yield from self._retries(resources)
         yield from self._isolation(resources)
         yield from self._others(resources)
+        yield from self._stores(resources)
 
     def _calls(self, resources: list[Any]) -> Iterator[Metric]:
         calls = CounterMetricFamily(
@@ -239,6 +248,25 @@ class FloodwallCollector(Collector):
                 limit.add_metric([resource.name], resource.adaptive.limit)
                 inflight.add_metric([resource.name], resource.adaptive.inflight)
         yield from (in_flight, queued, full, decisions, limit, inflight)
+
+    def _stores(self, resources: list[Any]) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "floodwall_store_up",
+            "1 while the store a policy keeps its state in answers, 0 while on_store_error "
+            "answers for it.",
+            labels=["resource", "policy"],
+        )
+        degraded = CounterMetricFamily(
+            "floodwall_store_degraded",
+            "Calls on_store_error answered because the policy's store did not.",
+            labels=["resource", "policy"],
+        )
+        for resource in resources:
+            for policy, answers, count in store_figures(resource):
+                up.add_metric([resource.name, policy], 1.0 if answers else 0.0)
+                degraded.add_metric([resource.name, policy], count)
+        yield up
+        yield degraded
 
     def _others(self, resources: list[Any]) -> Iterator[Metric]:
         timeouts = CounterMetricFamily(

@@ -13,11 +13,12 @@ As a gate: ``admit`` takes a slot (one ``semop``) or refuses with
 and polls every 0.5 to 5 ms in a task (never blocking the event loop); ``record`` gives the
 slot back, whatever the outcome.
 
-When the store fails (its objects removed under it, permissions; never a slow server: there is
-none), ``on_store_error`` decides, as for every store-backed policy: ``"local"`` (default)
-keeps a :class:`~floodwall.Bulkhead` in this process of ``max_concurrent ÷
-expected_instances``, ``"fail_open"`` admits, ``"fail_closed"`` refuses; the store is tried
-again a second later. Events ``store_down`` / ``store_up`` tell the listeners.
+When the store fails (its objects removed under it, permissions, a size or layout the running
+processes do not share; never a slow server: there is none), ``on_store_error`` decides, as
+for every store-backed policy: ``"local"`` (default) keeps a :class:`~floodwall.Bulkhead` in
+this process of ``max_concurrent ÷ expected_instances``, ``"fail_open"`` admits,
+``"fail_closed"`` refuses; the store is tried again a second later. Events ``store_down`` /
+``store_up`` tell the listeners.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
@@ -96,13 +97,36 @@ class _TakeSlot(Step):
         return True
 
 
+class _Attach(Step):
+    """Find the host's slots for a bulkhead (the store's lock is taken: a holder that is
+    stopped makes it wait up to the store's ``timeout``): in a thread directly, from a task in
+    a worker thread, so the event loop never waits for it. Its value: the slots or the store's
+    error."""
+
+    __slots__ = ("bulkhead",)
+
+    def __init__(self, bulkhead: HostBulkhead) -> None:
+        self.bulkhead = bulkhead
+
+    def run(self, call: Callable[[], Any]) -> HostSlots | StoreUnavailableError:
+        try:
+            return self.bulkhead._held()
+        except StoreUnavailableError as exc:
+            return exc
+
+    async def arun(self, call: Callable[[], Awaitable[Any]]) -> HostSlots | StoreUnavailableError:
+        return await asyncio.to_thread(self.run, call)
+
+
 class HostBulkhead(Gate):
     """At most ``max_concurrent`` calls at once across every process of the host
     (see [One host, many workers][guide-host]).
 
     ``store``: a :class:`~floodwall.stores.host.HostStore` or its ``host://NAME`` URL; every
     process naming the same store and the same ``name`` shares the slots. The first process
-    sets ``max_concurrent``; one asking for another size is refused while the slots are in use.
+    sets ``max_concurrent``; while the slots are in use, one asking for another size is refused
+    at construction if this process holds the old size (a reload), else its calls are
+    answered by ``on_store_error`` (a worker of a rolling deploy).
     ``max_wait`` (seconds, default 0: refuse at once) and ``max_queue`` (callers of the host
     waiting at once, checked before a caller waits; needed when ``max_wait`` > 0) as for
     :class:`~floodwall.Bulkhead`; ``bypass`` too. Usable as a decorator, with ``call`` /
@@ -140,6 +164,7 @@ class HostBulkhead(Gate):
         self.max_queue = self.options.max_queue
         self.max_wait = float(max_wait)
         self.bypass = self.options.bypass
+        self.store.check_size(name, self.max_concurrent)  # a reload cannot resize it
         self.on_store_error = check_mode(on_store_error)
         self.expected_instances = count("expected_instances", expected_instances, 1)
         self.clock = clock
@@ -156,6 +181,7 @@ class HostBulkhead(Gate):
             listeners=listeners,
         )
         self._rejections = Tally()
+        self._degraded_calls = Tally()
 
     # -- the gate ---------------------------------------------------------------------------
 
@@ -164,11 +190,15 @@ class HostBulkhead(Gate):
         if self.bypass is not None and kwargs is not _NO_CALL and self.bypass(*args, **kwargs):
             return _BYPASSED
         slots = self._slots
+        if slots is None:
+            if now < self._down_until:
+                return self._degraded(None)
+            raise Wait(_Attach(self))  # the first call: find the slots, off the event loop
+        return self._take(slots)
+
+    def _take(self, slots: HostSlots) -> object:
+        """Take a slot now, or refuse, or raise ``Wait`` to wait for one."""
         try:
-            if slots is None:
-                slots = self._attach(now)
-                if slots is None:
-                    return self._degraded(None)
             if slots.take():
                 return slots
             if self._never_waits:
@@ -180,7 +210,13 @@ class HostBulkhead(Gate):
         raise Wait(_TakeSlot(slots, self._budget()))
 
     def resume(self, step: Step, value: Any, now: float) -> object:
-        """After the wait: the slot (a permit), the timed-out refusal, or the store's error."""
+        """After the wait: the slot (a permit), the timed-out refusal, or the store's error;
+        after finding the slots, what taking one gives."""
+        if isinstance(step, _Attach):
+            if isinstance(value, StoreUnavailableError):
+                return self._degraded(value)
+            self._attached(value)
+            return self._take(value)
         assert isinstance(step, _TakeSlot)
         if value is True:
             return step.slots
@@ -207,15 +243,22 @@ class HostBulkhead(Gate):
 
     # -- the store and its outages ----------------------------------------------------------
 
-    def _attach(self, now: float) -> HostSlots | None:
-        """The host's slots for this bulkhead (None while the store is marked down)."""
-        if now < self._down_until:
-            return None
-        slots = self._slots = self.store.slots(self.name, self.max_concurrent)
+    def _attached(self, slots: HostSlots) -> None:
+        """Use ``slots`` from now on (and say so if the store was down)."""
+        self._slots = slots
         if self._down_until != -_INF:
             self._down_until = -_INF
             self._emit("store_up", "the host store answers again")
-        return slots
+
+    def _held(self) -> HostSlots:
+        """The host's slots; a size or a layout the running processes do not share is a
+        store this process cannot use (``on_store_error`` answers), not an error per call."""
+        try:
+            return self.store.slots(self.name, self.max_concurrent)
+        except ConfigError as exc:
+            error = StoreUnavailableError(self.store.url, "bulkhead")
+            error.__cause__ = exc
+            raise error from exc
 
     def _degraded(self, error: StoreUnavailableError | None) -> object:
         """``on_store_error``'s answer while the host store is unavailable."""
@@ -225,6 +268,7 @@ class HostBulkhead(Gate):
             self._down_until = self._now() + defaults.STORE_BREAKER_OPEN
             if first:
                 self._emit("store_down", str(error))
+        self._degraded_calls.add()
         mode = self.on_store_error
         if mode == "fail_open":
             return _BYPASSED
@@ -307,8 +351,7 @@ class HostBulkhead(Gate):
     def available(self) -> int:
         """Free slots of the host now (the fallback's while the store is down)."""
         try:
-            slots = self._slots or self.store.slots(self.name, self.max_concurrent)
-            return slots.free
+            return (self._slots or self._held()).free
         except StoreUnavailableError:
             return self._local.available
 
@@ -316,8 +359,7 @@ class HostBulkhead(Gate):
     def queued(self) -> int:
         """Callers of the host waiting for a slot in the kernel now (tasks poll: not counted)."""
         try:
-            slots = self._slots or self.store.slots(self.name, self.max_concurrent)
-            return slots.waiting
+            return (self._slots or self._held()).waiting
         except StoreUnavailableError:
             return 0
 
@@ -325,6 +367,17 @@ class HostBulkhead(Gate):
     def rejected(self) -> int:
         """Calls this process refused since the bulkhead was built."""
         return self._rejections.value
+
+    @property
+    def store_state(self) -> Literal["up", "down"]:
+        """``"down"`` from a failure of the host store until it answers again (meanwhile
+        ``on_store_error`` answers), as a :class:`~floodwall.stores.StoreGuard`'s ``state``."""
+        return "up" if self._down_until == -_INF else "down"
+
+    @property
+    def degraded(self) -> int:
+        """Calls of this process ``on_store_error`` answered because the host store did not."""
+        return self._degraded_calls.value
 
     def describe(self) -> str:
         return (

@@ -42,6 +42,11 @@ GETNCNT: Final = 14
 SETVAL: Final = 16
 
 
+_SLICE: Final = 3600.0
+"""Seconds of one kernel wait: a longer ``timeout`` (``inf``: the caller set no bound but its
+deadline) waits slice after slice, since a ``timespec`` holds no infinity."""
+
+
 class _Sembuf(ctypes.Structure):
     _fields_ = (
         ("sem_num", ctypes.c_ushort),
@@ -116,8 +121,8 @@ class Lib:
 
     def semop_timed(self, semid: int, ops: Ops, timeout: float | None) -> bool:
         """Apply ``ops``, waiting at most ``timeout`` seconds (``None``: no wait at all, the
-        ops must carry ``IPC_NOWAIT``); False when it ran out (``EAGAIN``). Retries after a
-        signal (``EINTR``) with the time left."""
+        ops must carry ``IPC_NOWAIT``; ``inf``: no bound); False when it ran out (``EAGAIN``).
+        Retries after a signal (``EINTR``) with the time left."""
         if timeout is None:
             if self.semop(semid, ops.ref, ops.count) == 0:
                 return True
@@ -128,13 +133,15 @@ class Lib:
         end = time.monotonic() + timeout
         spec = _Timespec()
         while True:
-            left = max(0.0, end - time.monotonic())
+            left = min(_SLICE, max(0.0, end - time.monotonic()))
             spec.tv_sec = int(left)
             spec.tv_nsec = int((left - int(left)) * 1e9)
             if self._semtimedop(semid, ops.ref, ops.count, ctypes.byref(spec)) == 0:
                 return True
             code = ctypes.get_errno()
             if code == errno.EAGAIN:
+                if left == _SLICE and time.monotonic() < end:
+                    continue  # one slice of a longer (or unbounded) wait ran out
                 return False
             if code != errno.EINTR:
                 raise OSError(code, f"semtimedop: {os.strerror(code)}")

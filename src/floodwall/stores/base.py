@@ -180,6 +180,12 @@ class StoreClosedError(StoreUnavailableError):
     """The store was closed (``close()``) before or while it ran ``op``."""
 
 
+class StoreRecordTooLargeError(StoreUnavailableError):
+    """The store cannot hold the one record ``op`` would write (``host://``'s records have a
+    fixed size): that op failed, the store did not. Store guards answer the op by
+    ``on_store_error`` but neither count it toward their breaker nor report an outage."""
+
+
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@]*):[^@/]*@", re.IGNORECASE)
 
 

@@ -2,9 +2,11 @@
 
 :class:`StoreGuard` wraps any :class:`~floodwall.stores.Store` for one policy. Every op goes
 through a :class:`~floodwall.CircuitBreaker` that counts only
-:class:`~floodwall.stores.StoreUnavailableError`. While the store answers, the guard returns its
-result. When it does not, the guard returns a :class:`StoreDown` instead of raising, and the
-policy applies its ``on_store_error`` mode:
+:class:`~floodwall.stores.StoreUnavailableError` (not
+:class:`~floodwall.stores.StoreRecordTooLargeError`: one record the store cannot hold fails
+that op, answered as below, and says nothing about the store). While the store answers, the
+guard returns its result. When it does not, the guard returns a :class:`StoreDown` instead of
+raising, and the policy applies its ``on_store_error`` mode:
 
 * ``"fail_open"``: act as if the store had said yes (a limiter admits, idempotency runs the
   call unprotected);
@@ -51,7 +53,15 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.pending import settle_async
 from floodwall._core.steps import CALL, Apply, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.stores.base import Arg, Op, R, Store, StoreTimeoutError, StoreUnavailableError
+from floodwall.stores.base import (
+    Arg,
+    Op,
+    R,
+    Store,
+    StoreRecordTooLargeError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from floodwall.stores.memory import MemoryStore
 
 __all__ = ["StoreDown", "StoreErrorMode", "StoreGuard", "check_mode"]
@@ -103,6 +113,7 @@ def default_breaker(name: str, clock: Clock) -> CircuitBreaker:
         open_duration_growth=defaults.STORE_BREAKER_OPEN_GROWTH,
         max_open_duration=defaults.STORE_BREAKER_MAX_OPEN,
         record=StoreUnavailableError,
+        ignore=StoreRecordTooLargeError,  # one record the store cannot hold: not an outage
         clock=clock,
     )
 
@@ -166,7 +177,7 @@ class StoreGuard:
         self.failed_callers += callers
         if isinstance(exc, StoreTimeoutError):
             self.breaker.trip(f"a store call timed out, failing {callers} caller(s): {exc}")
-        if self._down_since is None:
+        if self._down_since is None and not isinstance(exc, StoreRecordTooLargeError):
             self._mark_down(self.clock.monotonic(), exc, callers)
         return StoreDown(self.mode, exc)
 

@@ -11,9 +11,9 @@ Two System V IPC objects per NAME (per user), both visible to ``ipcs``:
   process killed mid-call come back when it dies);
 * **one shared memory segment** of fixed size: a header, a directory of host bulkheads (name,
   size), and a table of ``max_keys`` records (``record_bytes`` each, key + value up to
-  ``record_bytes - 16``) that store ops (:class:`~floodwall.stores.Op`, e.g. every rate-limit
-  algorithm's one pure step) read and write under the lock, exactly as the memory store runs
-  them under its thread lock.
+  ``record_bytes - 16``; a key over 64 bytes is held as a 33-byte digest) that store ops
+  (:class:`~floodwall.stores.Op`, e.g. every rate-limit algorithm's one pure step) read and
+  write under the lock, exactly as the memory store runs them under its thread lock.
 
 **Keys.** ``key = blake2b(uid, NAME, role)`` folded to 31 bits (role ``sem`` or ``shm``), so
 two applications (two NAMEs) or two users on one host never meet; the segment's header also
@@ -35,7 +35,9 @@ reused by the next process (every slot came back through ``SEM_UNDO``); :func:`r
 **Bounds.** Memory is ``max_keys x record_bytes`` plus ``bulkheads x 96`` bytes, fixed when
 NAME is first created (4 MiB by default); a new key arriving at a full probe window (16
 records) evicts the one expiring first (:attr:`HostStore.evicted`). The layout is fixed for
-the life of the objects: a process asking NAME for another layout is refused.
+the life of the objects: a process asking NAME for another layout cannot use it (its ops
+raise :class:`~floodwall.stores.StoreUnavailableError` naming both layouts, so its policies'
+``on_store_error`` answers, never an error per call).
 
 Linux only (``semtimedop``); ops on a store cost two system calls (lock, unlock) plus the step.
 """
@@ -72,6 +74,7 @@ from floodwall.stores.base import (
     Record,
     Store,
     StoreClosedError,
+    StoreRecordTooLargeError,
     StoreTimeoutError,
     StoreUnavailableError,
 )
@@ -93,6 +96,11 @@ _TAG = struct.Struct("<Q")
 _WINDOW = 16
 """Records a key may live in (a probe window): lookups read 16 tags, no more."""
 _FIRST_SLOT = 2
+_KEY_MAX = 64
+"""Keys longer than this many bytes are held as a digest (``0xff`` and 32 bytes of blake2b,
+never valid UTF-8, so never a short key's bytes): a caller's long key (a header, a URL) fits a
+record like any other, instead of failing as a store error that takes the store down for
+every key."""
 _POLL_MIN, _POLL_MAX = 0.0005, 0.005
 """Seconds between two tries of an async caller waiting for the lock (never blocks the loop)."""
 
@@ -126,6 +134,14 @@ def keys_of(name: str) -> tuple[int, int]:
         key = int.from_bytes(_digest(name, role, 4), "little") & 0x7FFFFFFF
         keys.append(key or 1)  # 0 is IPC_PRIVATE
     return keys[0], keys[1]
+
+
+def _held_key(full: str) -> bytes:
+    """The bytes a record holds for the full key ``full`` (a digest when it is long)."""
+    encoded = full.encode()
+    if len(encoded) <= _KEY_MAX:
+        return encoded
+    return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
 
 
 def _wrap(url: str, what: str, exc: OSError) -> StoreUnavailableError:
@@ -162,7 +178,7 @@ class HostStore(Store):
     (``host://NAME``; see :mod:`floodwall.stores.host`).
 
     Options (also as URL query parameters, ``host://app?max_keys=8192``): ``max_keys``
-    (default 4096), ``record_bytes`` (256), ``bulkheads`` (64), ``timeout`` (seconds to wait for
+    (default 4096), ``record_bytes`` (1024), ``bulkheads`` (64), ``timeout`` (seconds to wait for
     the lock, 0.5), ``prefix``, ``clock`` (must read a clock every process of the host shares:
     the default ``monotonic`` is; a :class:`~floodwall.FakeClock` only for one-process tests).
     Nothing is opened until the first operation.
@@ -263,6 +279,10 @@ class HostStore(Store):
                 return
             except StoreUnavailableError:
                 raise
+            except ConfigError as exc:  # another layout, a foreign segment: this process
+                error = StoreUnavailableError(self.url, "attach")  # cannot use it; its
+                error.__cause__ = exc  # policies' on_store_error decides, as for any outage
+                raise error from exc
             except OSError as exc:
                 self._forget()
                 if exc.errno in (errno.EIDRM, errno.EINVAL) and attempt < 2:
@@ -346,7 +366,9 @@ class HostStore(Store):
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
-        view = self._attach()
+        view = self._view
+        if view is None or not self._joined:  # attaching takes the lock: wait off the loop
+            view = await asyncio.to_thread(self._attach)
         try:
             await self._lock_async(op.script)
             try:
@@ -365,17 +387,18 @@ class HostStore(Store):
 
     def _step(self, view: memoryview, op: Op[R], keys: list[str], args: Sequence[Arg]) -> R:
         now = self.clock.monotonic()
-        found = [self._find(view, full.encode(), now) for full in keys]
+        held = [_held_key(full) for full in keys]
+        found = [self._find(view, full, now) for full in held]
         records = [record for _, _, record in found]
         writes, result = op.step(records, now, args)
-        for (slot, tag, _), full, write in zip(found, keys, writes, strict=True):
+        for (slot, tag, _), full, write in zip(found, held, writes, strict=True):
             if write is KEEP:
                 continue
             if write is None:
                 self._clear(view, slot)
                 continue
             assert isinstance(write, Record)
-            self._write(view, (slot, tag), full.encode(), write, now)
+            self._write(view, (slot, tag), full, write, now)
         return result
 
     # -- the record table ---------------------------------------------------------------------
@@ -419,7 +442,7 @@ class HostStore(Store):
         slot, tag = place
         room = self.layout.record_bytes - 16
         if len(full) + len(record.value) > room:
-            error = StoreUnavailableError(self.url, "write")
+            error = StoreRecordTooLargeError(self.url, "write")
             error.__cause__ = ValueError(
                 f"{self.url} holds at most {room} bytes of key and value per record "
                 f"(record_bytes={self.layout.record_bytes}), got {len(full) + len(record.value)}"
@@ -497,6 +520,13 @@ class HostStore(Store):
             raise self._resized(name, found, size)
         held = self._slots[name] = HostSlots(self, name, _FIRST_SLOT + index, size)
         return held
+
+    def check_size(self, name: str, size: int) -> None:
+        """Raise :class:`ConfigError` if this process already uses bulkhead ``name`` with
+        another size (what a reload asking for a new size would run into)."""
+        held = self._slots.get(name)
+        if held is not None and held.size != size:
+            raise self._resized(name, held.size, size)
 
     def _resized(self, name: str, held: int, size: int) -> ConfigError:
         return ConfigError(
