@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from floodwall.drill.cli import demo
-from floodwall.drill.demo import DEMO_KEYS, REVIEWS_OPEN_DURATION
+from floodwall.drill.demo import (
+    DEMO_KEYS,
+    REVIEWS_OPEN_DURATION,
+    REVIEWS_TIMEOUT,
+    REVIEWS_WINDOW,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,7 +70,16 @@ def test_the_quick_demo_shows_the_avalanche_and_its_containment(
             guarded,
             notes,
         )
-        assert guarded["first_action_s"] <= guarded["detection_time_s"] <= 2.0
+        # The breaker opens once failures are half its window: the successes recorded before the
+        # fault leave the window as failures (one per call, each after the timeout) enter it, so
+        # at about (window + timeout) / 2 at any steady rate, plus one of its ten buckets; the
+        # margin is the event loop's worst lag this run measured (a void run is not judged).
+        opened_by = (REVIEWS_WINDOW + REVIEWS_TIMEOUT) / 2 + REVIEWS_WINDOW / 10
+        margin = guarded["peak_loop_lag_ms"] / 1000 + 0.2
+        assert guarded["first_action_s"] <= guarded["detection_time_s"] <= opened_by + margin, (
+            guarded,
+            notes,
+        )
         assert guarded["recovery_time_s"] is not None
         assert guarded["recovery_time_s"] <= REVIEWS_OPEN_DURATION + 2.0
 

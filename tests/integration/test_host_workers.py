@@ -6,6 +6,7 @@ processes. Every test uses its own ``host://`` NAME and asserts that nothing of 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -147,7 +148,8 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 
 def _hammer(url: str, clients: int, seconds: float) -> dict[int, int]:
-    """``clients`` threads calling ``url`` for ``seconds``; how many answers of each status."""
+    """``clients`` threads calling ``url`` for ``seconds``; how many answers of each status
+    (``0``: the connection closed with no answer, as a worker killed mid-call leaves it)."""
     statuses: dict[int, int] = {}
     lock = threading.Lock()
     end = time.monotonic() + seconds
@@ -159,6 +161,8 @@ def _hammer(url: str, clients: int, seconds: float) -> dict[int, int]:
                     status = answer.status
             except urllib.error.HTTPError as exc:
                 status = exc.code
+            except (http.client.RemoteDisconnected, ConnectionError):
+                status = 0
             with lock:
                 statuses[status] = statuses.get(status, 0) + 1
 
@@ -185,6 +189,7 @@ def test_the_dependency_never_sees_more_than_the_bulkhead(kind: str, size: int, 
         assert dep.max_seen <= size
         assert dep.max_seen == size, "loaded enough to fill the bulkhead"
         assert statuses.get(503, 0) > 0 and statuses.get(200, 0) > 0
+        assert statuses.get(0, 0) == 0, "every request answered"
     finally:
         _stop(server)
         dep.close()

@@ -45,12 +45,17 @@ DEMO_KEYS = (
     "lost_writes",
     "audit",
     "amplification",
+    "peak_loop_lag_ms",
     "void",
 )
 """Figures every mode object of the demo's JSON holds (``None`` where they do not apply)."""
 
 REVIEWS_OPEN_DURATION = 3.0
 """Seconds the reviews breaker stays open (recovery is judged against it)."""
+REVIEWS_WINDOW = 5.0
+"""Seconds of the reviews breaker's failure-rate window (detection is judged against it)."""
+REVIEWS_TIMEOUT = 0.3
+"""Seconds the protected edge waits for reviews before its fallback answers."""
 
 
 def product_page(quick: bool = False) -> dict[str, Any]:
@@ -74,12 +79,12 @@ def product_page(quick: bool = False) -> dict[str, Any]:
             },
             "reviews": {
                 "level": 3,
-                "timeout": "300ms",
+                "timeout": REVIEWS_TIMEOUT,
                 "bulkhead": {"max_concurrent": 20},
                 "circuit_breaker": {
                     "minimum_calls": 10,
                     "failure_rate": 0.5,
-                    "window": "5s",
+                    "window": REVIEWS_WINDOW,
                     "open_duration": REVIEWS_OPEN_DURATION,
                 },
                 "fallback": {"value": []},
