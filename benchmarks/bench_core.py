@@ -14,10 +14,11 @@ protected function is ``return 1``.
   breaker) into :func:`~floodwall._core.drivers.metered_sync` and shares its clock readings;
   off, the breaker reads another clock, so the meter runs alone around a runner of its own.
 * **timeout box, common case**: two shortcuts of a timeout's call, each measured against the
-  case without it: its watch entry is also the deadline the call sees (one object per call;
-  off, a separate :class:`~floodwall.context.Deadline`), and with no ambient deadline the
-  budget and the watch are taken inline (off, through ``Timeout._budget`` and
-  ``Watchdogs.enter``).
+  real call without it (the other one kept): its watch entry is also the deadline the call
+  sees (one object per call; off, a separate :class:`~floodwall.context.Deadline`), and with no
+  ambient deadline the budget and the watch are taken inline (off, through
+  ``Timeout._budget`` and ``Watchdogs.enter``). Measured against a call without the *other*
+  shortcut, the inline one saved 2 % only: the two pay off together.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ METER_NONE = "metrics off"
 ENTRY_ON = "floodwall await timeout.call_async(f)"
 ENTRY_OFF = "inline, but a Deadline of its own per call"
 ENTRY_NONE = "neither shortcut: policy._budget, watchdogs.enter, own Deadline"
+ENTRY_OUTLINE = "entry as deadline, but policy._budget and watchdogs.enter"
 
 
 def f() -> int:
@@ -132,6 +134,13 @@ class _Plain(timebox.Timebox):
         return self.policy._watchdogs.enter(entry, inherited)
 
 
+class _Outline(_Plain):
+    """The entry as the call's deadline (as the real time box), the budget and the watch through
+    the policy's and the watchdogs' methods."""
+
+    separate_deadline = False
+
+
 class _EntryApart(_Plain):
     """The common case inline (as the real time box), but a Deadline of its own per call."""
 
@@ -199,6 +208,7 @@ def _entry_cases() -> list[Case]:
     return [
         Case(ENTRY, ENTRY_NONE, aloop=loop(_Plain), ref="neither"),
         Case(ENTRY, ENTRY_OFF, aloop=loop(_EntryApart), ref="own deadline"),
+        Case(ENTRY, ENTRY_OUTLINE, aloop=loop(_Outline), ref="outline"),
         Case(ENTRY, ENTRY_ON, aloop=loop(None)),
     ]
 
@@ -229,5 +239,5 @@ def targets() -> list[Target]:
         Target(METER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, sync"),
         Target(AMETER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, async"),
         Target(ENTRY, ENTRY_ON, ENTRY_OFF, 0.9, "shortcut: timeout entry as deadline"),
-        Target(ENTRY, ENTRY_OFF, ENTRY_NONE, 0.9, "shortcut: timeout box, common case inline"),
+        Target(ENTRY, ENTRY_ON, ENTRY_OUTLINE, 0.9, "shortcut: timeout box, common case inline"),
     ]
