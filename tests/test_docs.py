@@ -267,6 +267,9 @@ def test_page_snippets_run(page: Path, request: pytest.FixtureRequest) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), FLOODWALL_REPO=str(ROOT))
     env.pop("PYTEST_CURRENT_TEST", None)
     if _needs_redis(page):
+        # an empty database: the install-line test runs the same page on this worker's server
+        # (its job ids and idempotency keys would answer as replays here)
+        request.getfixturevalue("redis_client")
         env["REDIS_URL"] = str(request.getfixturevalue("redis_url"))
     if _mentions(page, "METRICS_PORT"):
         env["METRICS_PORT"] = str(free_port())

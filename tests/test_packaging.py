@@ -618,6 +618,8 @@ print("ran", len(blocks), "blocks")
 def _sample_env(sample: Sample, request: pytest.FixtureRequest) -> dict[str, str]:
     env = {"FLOODWALL_REPO": str(ROOT)}
     if "redis" in sample.needs:
+        # an empty database: tests/test_docs.py runs the same page on this worker's server
+        request.getfixturevalue("redis_client")
         env["REDIS_URL"] = str(request.getfixturevalue("redis_url"))
     if "postgres" in sample.needs:
         env["DATABASE_URL"] = str(request.getfixturevalue("postgres_dsn"))
