@@ -225,3 +225,36 @@ def test_a_file_and_code_get_the_same_words(section: str, key: str, value: Any) 
         assert f"x.yaml: resources.r.{section}.{key}: " in str(from_file.value)
     else:
         assert f"x.yaml: resources.r.{section}.{key}: {said}" in str(from_file.value)
+
+
+# -- small leftovers: a clock and a store refusing what they cannot mean ----------------------
+
+
+def test_a_fake_sleep_of_negative_seconds_is_refused(clock: fw.FakeClock) -> None:
+    with pytest.raises(ValueError, match="seconds must be a finite number of seconds >= 0, got -1"):
+        clock.sleep(-1)
+    assert clock.sleeps == []
+    assert clock.monotonic() == 1000.0
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://",
+        "sqlite:///unused.db",
+        "host://unused",
+        "redis://127.0.0.1:1",
+        "redis+cluster://127.0.0.1:1",
+        "postgresql://user@127.0.0.1:1/db",
+    ],
+)
+def test_connect_refuses_an_unknown_option_naming_it(url: str) -> None:
+    """Before any connection: a misspelt option must not wait for the first call (or, passed
+    through to a client library, never be noticed)."""
+    pytest.importorskip("redis" if url.startswith("redis") else "sqlite3")
+    if url.startswith("postgresql"):
+        pytest.importorskip("psycopg")
+    from floodwall.stores import connect
+
+    with pytest.raises(fw.ConfigError, match="bogus"):
+        connect(url, bogus=1)
