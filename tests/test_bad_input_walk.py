@@ -526,6 +526,28 @@ accept(
     "a position on a time line or an offset, where any real number is a place",
     "floodwall.FakeClock.start",
 )
+
+
+def accept_as(options: str, policy: str) -> None:
+    """An options object accepts, field by field, the edge values its policy's keyword of the
+    same name accepts (the policy builds the object from its keywords: one set of checks)."""
+    prefix = f"{policy}."
+    for param, labels in list(ACCEPTS.items()):
+        if param.startswith(prefix) and param.count(".") == prefix.count("."):
+            field = f"{options}.{param.removeprefix(prefix)}"
+            ACCEPTS[field] = ACCEPTS.get(field, frozenset()) | labels
+
+
+for _options, _policy in {
+    "floodwall.adaptive.VegasOptions": "floodwall.adaptive.VegasLimit",
+    "floodwall.adaptive.GradientOptions": "floodwall.adaptive.GradientLimit",
+    "floodwall.adaptive.Gradient2Options": "floodwall.adaptive.Gradient2Limit",
+    "floodwall.adaptive.BBROptions": "floodwall.BBRLimiter",
+    "floodwall.adaptive.DagorOptions": "floodwall.QueueingTimeAdmission",
+    "floodwall.adaptive.ThrottleOptions": "floodwall.ClientThrottle",
+}.items():
+    accept_as(_options, _policy)
+
 REFUSES_HUGE = frozenset(
     {
         "floodwall.shared.GlobalLimiter.rate",

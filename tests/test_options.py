@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import floodwall as fw
+from floodwall import adaptive
 from floodwall._core import defaults
 from floodwall._core.options import kwargs
 from floodwall.breaker import BreakerOptions
@@ -258,3 +259,195 @@ def test_connect_refuses_an_unknown_option_naming_it(url: str) -> None:
 
     with pytest.raises(fw.ConfigError, match="bogus"):
         connect(url, bogus=1)
+
+
+# -- issue 16, step 1: adaptive limits and shedders ------------------------------------------
+
+ADAPTIVE_DEFAULTS: list[tuple[type[Any], dict[str, Any]]] = [
+    (
+        adaptive.AIMDOptions,
+        {
+            "initial_limit": defaults.AIMD_INITIAL_LIMIT,
+            "min_limit": defaults.AIMD_MIN_LIMIT,
+            "max_limit": defaults.AIMD_MAX_LIMIT,
+            "backoff_ratio": defaults.AIMD_BACKOFF_RATIO,
+            "timeout": defaults.AIMD_TIMEOUT,
+        },
+    ),
+    (
+        adaptive.VegasOptions,
+        {
+            "initial_limit": defaults.VEGAS_INITIAL_LIMIT,
+            "max_concurrency": defaults.VEGAS_MAX_CONCURRENCY,
+            "smoothing": defaults.VEGAS_SMOOTHING,
+            "alpha": None,
+            "beta": None,
+            "probe_multiplier": defaults.VEGAS_PROBE_MULTIPLIER,
+        },
+    ),
+    (
+        adaptive.GradientOptions,
+        {
+            "initial_limit": defaults.GRADIENT_INITIAL_LIMIT,
+            "min_limit": defaults.GRADIENT_MIN_LIMIT,
+            "max_concurrency": defaults.GRADIENT_MAX_CONCURRENCY,
+            "smoothing": defaults.GRADIENT_SMOOTHING,
+            "queue_size": None,
+            "rtt_tolerance": defaults.GRADIENT_RTT_TOLERANCE,
+            "probe_interval": defaults.GRADIENT_PROBE_INTERVAL,
+            "backoff_ratio": defaults.GRADIENT_BACKOFF_RATIO,
+        },
+    ),
+    (
+        adaptive.Gradient2Options,
+        {
+            "initial_limit": None,  # 20, with the cold allowance of 100 (see Gradient2Limit)
+            "min_limit": defaults.GRADIENT2_MIN_LIMIT,
+            "max_concurrency": defaults.GRADIENT2_MAX_CONCURRENCY,
+            "smoothing": defaults.GRADIENT2_SMOOTHING,
+            "decrease_smoothing": defaults.GRADIENT2_DECREASE_SMOOTHING,
+            "queue_size": adaptive.square_root,
+            "long_window": defaults.GRADIENT2_LONG_WINDOW,
+            "rtt_tolerance": defaults.GRADIENT2_RTT_TOLERANCE,
+            "cold_limit": None,
+        },
+    ),
+    (
+        adaptive.BBROptions,
+        {
+            "window": defaults.BBR_WINDOW,
+            "buckets": defaults.BBR_BUCKETS,
+            "cpu_threshold": defaults.BBR_CPU_THRESHOLD,
+            "cooldown": defaults.BBR_COOLDOWN,
+            "rt_resolution": defaults.BBR_RT_RESOLUTION,
+            "retry_after": defaults.SHED_RETRY_AFTER,
+        },
+    ),
+    (
+        adaptive.DagorOptions,
+        {
+            "threshold": defaults.DAGOR_QUEUE_THRESHOLD,
+            "window": defaults.DAGOR_WINDOW,
+            "window_requests": defaults.DAGOR_WINDOW_REQUESTS,
+            "early_window": defaults.DAGOR_EARLY_WINDOW,
+            "early_requests": defaults.DAGOR_EARLY_REQUESTS,
+            "surge": defaults.DAGOR_SURGE,
+            "business_levels": defaults.DAGOR_BUSINESS_LEVELS,
+            "user_levels": defaults.DAGOR_USER_LEVELS,
+            "alpha": defaults.DAGOR_ALPHA,
+            "beta": defaults.DAGOR_BETA,
+            "max_wait_ratio": defaults.DAGOR_MAX_WAIT_RATIO,
+            "overflow_share": defaults.DAGOR_OVERFLOW_SHARE,
+        },
+    ),
+    (
+        adaptive.ThrottleOptions,
+        {
+            "k": defaults.THROTTLE_K,
+            "window": defaults.THROTTLE_WINDOW,
+            "buckets": defaults.THROTTLE_BUCKETS,
+            "min_requests": 0,
+            "max_reject": 1.0,
+            "backend_rejections": fw.Outcomes(kinds=frozenset({"rejected", "timeout"})),
+            "rejected_result": None,
+        },
+    ),
+]
+
+
+def check_options_object(options_type: type[Any], expected: dict[str, Any]) -> None:
+    """The defaults are the documented ones, every field is there, the object is frozen, and
+    every checked field refuses a bad value with a message that starts with its name."""
+    fields = {f.name for f in dataclasses.fields(options_type) if f.init}
+    assert set(expected) <= fields
+    assert set(options_type.CHECKS) == fields  # every field has its check
+    made = options_type()
+    assert {name: getattr(made, name) for name in expected} == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.__setattr__(next(iter(expected)), 1)
+    for name in sorted(fields):
+        with pytest.raises(fw.ConfigError, match=f"^{name} must be .*, got 'bogus'"):
+            options_type(**{name: "bogus"})
+
+
+@pytest.mark.parametrize(
+    ("options_type", "expected"), ADAPTIVE_DEFAULTS, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_adaptive_options_are_documented_frozen_and_checked(
+    options_type: type[Any], expected: dict[str, Any]
+) -> None:
+    check_options_object(options_type, expected)
+
+
+def test_adaptive_options_check_the_rules_between_fields() -> None:
+    with pytest.raises(fw.ConfigError, match=r"max_limit must be >= min_limit \(30\), got 10"):
+        adaptive.AIMDOptions(min_limit=30, max_limit=10)
+    with pytest.raises(fw.ConfigError, match="initial_limit must be <= max_concurrency"):
+        adaptive.VegasOptions(initial_limit=50, max_concurrency=10)
+    for gradient in (adaptive.GradientOptions, adaptive.Gradient2Options):
+        with pytest.raises(fw.ConfigError, match="max_concurrency must be >= min_limit"):
+            gradient(min_limit=30, max_concurrency=10)
+    with pytest.raises(fw.ConfigError, match="early_window must be <= window"):
+        adaptive.DagorOptions(window=0.5, early_window=1.0)
+    with pytest.raises(fw.ConfigError, match="queue_size must be an integer >= 1 or a function"):
+        adaptive.GradientOptions(queue_size=0)
+    assert adaptive.Gradient2Options(queue_size=0).queue_size == 0  # Gradient2 takes no queue
+
+
+def test_adaptive_policies_hold_the_options_they_were_built_with(clock: fw.FakeClock) -> None:
+    aimd = adaptive.AIMDOptions(initial_limit=30, min_limit=5, max_limit=90, timeout=2.0)
+    assert adaptive.AIMDLimit(**kwargs(aimd)).options == aimd
+    vegas = adaptive.VegasOptions(initial_limit=10, alpha=3, beta=6, smoothing=0.5)
+    assert adaptive.VegasLimit(**kwargs(vegas)).options == vegas
+    gradient = adaptive.GradientOptions(queue_size=4, probe_interval=None)
+    assert adaptive.GradientLimit(**kwargs(gradient)).options == gradient
+    gradient2 = adaptive.Gradient2Options(initial_limit=20, min_limit=20, queue_size=4)
+    assert adaptive.Gradient2Limit(**kwargs(gradient2)).options == gradient2
+    bbr = adaptive.BBROptions(window=1.0, buckets=10, retry_after=None)
+    limiter = adaptive.BBRLimiter(cpu=lambda: 0.0, clock=clock, **kwargs(bbr))
+    assert limiter.options == bbr
+    assert limiter.core.options is limiter.options  # one object for the shell and its core
+    assert limiter.retry_after is None and limiter.core.bucket_seconds == 0.1
+    dagor = adaptive.DagorOptions(threshold=0.05, max_wait_ratio=None)
+    assert adaptive.QueueingTimeAdmission(clock=clock, **kwargs(dagor)).options == dagor
+    throttle = adaptive.ThrottleOptions(k=1.5, backend_rejections=fw.Outcomes((KeyError,)))
+    built = adaptive.ClientThrottle(clock=clock, **kwargs(throttle))
+    assert built.options == throttle
+    assert built.k == 1.5 and built.backend_rejections == fw.Outcomes((KeyError,))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "options"),
+    [
+        ("aimd", adaptive.AIMDOptions(initial_limit=30, backoff_ratio=0.8)),
+        ("vegas", adaptive.VegasOptions(initial_limit=10, alpha=2, beta=4)),
+        ("gradient", adaptive.GradientOptions(min_limit=2, probe_interval=500)),
+        ("gradient2", adaptive.Gradient2Options(initial_limit=10, long_window=100)),
+    ],
+)
+def test_the_configuration_builds_the_same_adaptive_options(
+    clock: fw.FakeClock, algorithm: str, options: Any
+) -> None:
+    given = {k: v for k, v in kwargs(options).items() if v != getattr(type(options)(), k)}
+    document = parse({"resources": {"r": {"adaptive": {"algorithm": algorithm, "options": given}}}})
+    section = document.resources["r"].adaptive
+    assert section is not None
+    assert section.algorithm_options() == options
+    resource = fw.config.Registry(document, clock=clock).get("r")
+    assert resource.adaptive is not None
+    assert resource.adaptive.algorithm.options == options  # type: ignore[attr-defined]
+
+
+def test_a_file_gets_the_adaptive_options_words() -> None:
+    with pytest.raises(fw.ConfigError) as from_code:
+        adaptive.AIMDOptions(backoff_ratio=1.5)
+    with pytest.raises(fw.ConfigError) as from_file:
+        parse(
+            {
+                "resources": {
+                    "r": {"adaptive": {"algorithm": "aimd", "options": {"backoff_ratio": 1.5}}}
+                }
+            },
+            "x.yaml",
+        )
+    assert f"x.yaml: resources.r.adaptive: {from_code.value}" in str(from_file.value)

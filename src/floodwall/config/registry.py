@@ -231,10 +231,7 @@ def build_adaptive(
     name: str, config: AdaptiveConfig, clock: Clock, listeners: Listeners
 ) -> AdaptiveLimiter:
     """The adaptive concurrency limiter an ``adaptive:`` section describes."""
-    try:
-        algorithm: Limit = _ALGORITHMS[config.algorithm](**config.options)
-    except TypeError as exc:
-        raise ConfigError(f"adaptive.options for {config.algorithm}: {exc}") from None
+    algorithm: Limit = _ALGORITHMS[config.algorithm](**kwargs(config.algorithm_options()))
     if config.windowed:
         algorithm = WindowedLimit(algorithm)
     return AdaptiveLimiter(

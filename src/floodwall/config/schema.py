@@ -30,6 +30,7 @@ file as from code, under the path of the field.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from types import NoneType
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -46,7 +47,9 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from floodwall._core import defaults, validate
+from floodwall._core.errors import ConfigError
 from floodwall._core.options import Checks, check_field, optional
+from floodwall.adaptive import AIMDOptions, Gradient2Options, GradientOptions, VegasOptions
 from floodwall.backoff import (
     Backoff,
     DecorrelatedJitter,
@@ -327,13 +330,26 @@ class RateLimitConfig(_Model):
         return self
 
 
+AlgorithmOptions = AIMDOptions | VegasOptions | GradientOptions | Gradient2Options
+
+ADAPTIVE_OPTIONS: dict[str, type[AlgorithmOptions]] = {
+    "aimd": AIMDOptions,
+    "vegas": VegasOptions,
+    "gradient": GradientOptions,
+    "gradient2": Gradient2Options,
+}
+"""The options object each ``adaptive.algorithm`` builds from ``adaptive.options``."""
+
+
 class AdaptiveConfig(_Model):
     """An adaptive concurrency limit (``floodwall.adaptive``): no hand-set threshold.
 
     ``options`` are the algorithm's keywords, named like the Java builders of Netflix's
     concurrency-limits in snake_case (``initial_limit``, ``min_limit``, ``max_limit``,
-    ``backoff_ratio``, ``smoothing``, ``long_window``, …), times in seconds; they are checked by
-    the algorithm itself. ``windowed`` aggregates samples first (min 1 s, >= 10 samples).
+    ``backoff_ratio``, ``smoothing``, ``long_window``, …), times in seconds; they build the
+    algorithm's options object (:meth:`algorithm_options`: :class:`~floodwall.adaptive.AIMDOptions`,
+    …), so they are checked as in code. ``windowed`` aggregates samples first (min 1 s, >= 10
+    samples).
     """
 
     algorithm: Literal["aimd", "vegas", "gradient", "gradient2"] = "gradient2"
@@ -344,6 +360,24 @@ class AdaptiveConfig(_Model):
     backlog_timeout: Duration = defaults.LIFO_BACKLOG_TIMEOUT
 
     _fields = _checked_by({"backlog_size": partial(validate.count, minimum=0)})
+
+    @model_validator(mode="after")
+    def _whole(self) -> AdaptiveConfig:
+        self.algorithm_options()  # the algorithm's own checks, under this section's path
+        return self
+
+    def algorithm_options(self) -> AlgorithmOptions:
+        """The algorithm's options object ``options`` describes (a key the algorithm does not
+        take is refused, naming it and the keys there are)."""
+        kind = ADAPTIVE_OPTIONS[self.algorithm]
+        known = [f.name for f in dataclasses.fields(kind)]
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"options for {self.algorithm} must be among {', '.join(known)}, got {unknown}"
+            )
+        given: dict[str, Any] = dict(self.options)
+        return kind(**given)
 
 
 class IdempotencyConfig(_Model):
