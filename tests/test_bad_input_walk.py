@@ -528,9 +528,31 @@ accept(
 )
 
 
-def accept_as(options: str, policy: str) -> None:
-    """An options object accepts, field by field, the edge values its policy's keyword of the
-    same name accepts (the policy builds the object from its keywords: one set of checks)."""
+OPTIONS_OF = {
+    "floodwall.adaptive.VegasOptions": "floodwall.adaptive.VegasLimit",
+    "floodwall.adaptive.GradientOptions": "floodwall.adaptive.GradientLimit",
+    "floodwall.adaptive.Gradient2Options": "floodwall.adaptive.Gradient2Limit",
+    "floodwall.adaptive.BBROptions": "floodwall.BBRLimiter",
+    "floodwall.adaptive.DagorOptions": "floodwall.QueueingTimeAdmission",
+    "floodwall.adaptive.ThrottleOptions": "floodwall.ClientThrottle",
+    "floodwall.ratelimit.WindowOptions": "floodwall.ratelimit.FixedWindow",
+    "floodwall.ratelimit.TokenBucketOptions": "floodwall.ratelimit.TokenBucket",
+    "floodwall.ratelimit.GCRAOptions": "floodwall.ratelimit.GCRA",
+    "floodwall.ratelimit.LeakyBucketOptions": "floodwall.ratelimit.LeakyBucket",
+    "floodwall.ratelimit.WarmUpOptions": "floodwall.ratelimit.WarmUp",
+    "floodwall.shared.GlobalLimitOptions": "floodwall.shared.GlobalLimiter",
+    "floodwall.shared.LeaseOptions": "floodwall.shared.LeasedLimiter",
+    "floodwall.shared.TimeSliceOptions": "floodwall.shared.TimeSliceLimiter",
+    "floodwall.shared.FrequencyOptions": "floodwall.Frequency",
+}
+"""Each options object and the policy built from it: the object takes the policy's example
+arguments and accepts, field by field, the edge values the policy's keyword of the same name
+accepts (the policy builds the object from its keywords: one set of checks)."""
+
+
+def options_as_policy(options: str, policy: str) -> None:
+    if policy in EXAMPLES:
+        EXAMPLES[options] = EXAMPLES[policy]
     prefix = f"{policy}."
     for param, labels in list(ACCEPTS.items()):
         if param.startswith(prefix) and param.count(".") == prefix.count("."):
@@ -538,20 +560,16 @@ def accept_as(options: str, policy: str) -> None:
             ACCEPTS[field] = ACCEPTS.get(field, frozenset()) | labels
 
 
-for _options, _policy in {
-    "floodwall.adaptive.VegasOptions": "floodwall.adaptive.VegasLimit",
-    "floodwall.adaptive.GradientOptions": "floodwall.adaptive.GradientLimit",
-    "floodwall.adaptive.Gradient2Options": "floodwall.adaptive.Gradient2Limit",
-    "floodwall.adaptive.BBROptions": "floodwall.BBRLimiter",
-    "floodwall.adaptive.DagorOptions": "floodwall.QueueingTimeAdmission",
-    "floodwall.adaptive.ThrottleOptions": "floodwall.ClientThrottle",
-}.items():
-    accept_as(_options, _policy)
+for _options, _policy in OPTIONS_OF.items():
+    options_as_policy(_options, _policy)
+
 
 REFUSES_HUGE = frozenset(
     {
         "floodwall.shared.GlobalLimiter.rate",
         "floodwall.shared.LeasedLimiter.rate",
+        "floodwall.shared.GlobalLimitOptions.rate",
+        "floodwall.shared.LeaseOptions.rate",
     }
 )
 """Where a huge number is bad, not merely large: a rate past 2**52 permits (documented as

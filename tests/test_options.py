@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import floodwall as fw
-from floodwall import adaptive
+from floodwall import adaptive, ratelimit, shared
 from floodwall._core import defaults
 from floodwall._core.options import kwargs
 from floodwall.breaker import BreakerOptions
@@ -355,19 +355,23 @@ ADAPTIVE_DEFAULTS: list[tuple[type[Any], dict[str, Any]]] = [
 ]
 
 
-def check_options_object(options_type: type[Any], expected: dict[str, Any]) -> None:
+def check_options_object(
+    options_type: type[Any], expected: dict[str, Any], required: dict[str, Any] | None = None
+) -> None:
     """The defaults are the documented ones, every field is there, the object is frozen, and
-    every checked field refuses a bad value with a message that starts with its name."""
+    every checked field refuses a bad value with a message that starts with its name
+    (``required``: valid values for the fields without a default)."""
+    given = required or {}
     fields = {f.name for f in dataclasses.fields(options_type) if f.init}
     assert set(expected) <= fields
     assert set(options_type.CHECKS) == fields  # every field has its check
-    made = options_type()
+    made = options_type(**given)
     assert {name: getattr(made, name) for name in expected} == expected
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.__setattr__(next(iter(expected)), 1)
     for name in sorted(fields):
-        with pytest.raises(fw.ConfigError, match=f"^{name} must be .*, got 'bogus'"):
-            options_type(**{name: "bogus"})
+        with pytest.raises(fw.ConfigError, match=f"^{name} must .*, got 'bogus'"):
+            options_type(**{**given, name: "bogus"})
 
 
 @pytest.mark.parametrize(
@@ -451,3 +455,170 @@ def test_a_file_gets_the_adaptive_options_words() -> None:
             "x.yaml",
         )
     assert f"x.yaml: resources.r.adaptive: {from_code.value}" in str(from_file.value)
+
+
+# -- issue 16, step 2: rate limiters, in process and shared -----------------------------------
+
+TEN = ratelimit.Rate(10, 1.0)
+RATE_DEFAULTS: list[tuple[type[Any], dict[str, Any], dict[str, Any]]] = [
+    (ratelimit.WindowOptions, {"rate": "10/s"}, {"rate": TEN, "max_wait": 0.0}),
+    (
+        ratelimit.TokenBucketOptions,
+        {"rate": "10/s"},
+        {"rate": TEN, "burst": None, "initial": None, "max_wait": defaults.RATE_LIMIT_MAX_WAIT},
+    ),
+    (ratelimit.GCRAOptions, {"rate": 10}, {"rate": TEN, "burst": None, "max_wait": 0.0}),
+    (
+        ratelimit.LeakyBucketOptions,
+        {"rate": "10/s"},
+        {"rate": TEN, "queue": None, "max_wait": float("inf")},
+    ),
+    (
+        ratelimit.WarmUpOptions,
+        {"rate": "10/s", "warmup": 5.0},
+        {"cold_factor": defaults.WARMUP_COLD_FACTOR, "max_wait": 0.0},
+    ),
+    (
+        shared.GlobalLimitOptions,
+        {"algorithm": "gcra", "rate": "10/s"},
+        {
+            "burst": None,
+            "initial": None,
+            "on_store_error": "local",
+            "expected_instances": 1,
+            "max_wait": defaults.RATE_LIMIT_MAX_WAIT,
+            "batch": True,
+            "max_batch": defaults.GLOBAL_MAX_BATCH,
+        },
+    ),
+    (
+        shared.LeaseOptions,
+        {"algorithm": "gcra", "rate": "10/s"},
+        {"lease": None, "lease_ttl": defaults.LEASE_TTL, "on_store_error": "local"},
+    ),
+    (
+        shared.TimeSliceOptions,
+        {"rate": "10/s"},
+        {
+            "slice_length": defaults.TIMESLICE_LENGTH,
+            "on_store_error": "local",
+            "expected_instances": 1,
+            "background": True,
+        },
+    ),
+    (
+        shared.FrequencyOptions,
+        {"limit": 5, "per": 3600.0},
+        {"on_store_error": "fail_open", "expected_instances": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("options_type", "required", "expected"),
+    RATE_DEFAULTS,
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_rate_limit_options_are_documented_frozen_and_checked(
+    options_type: type[Any], required: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    check_options_object(options_type, expected, required)
+
+
+def test_rate_limit_options_check_the_rules_between_fields() -> None:
+    assert ratelimit.TokenBucketOptions("5/h").rate == ratelimit.Rate(5, 3600.0)  # kept as said
+    with pytest.raises(fw.ConfigError, match=r"initial must be a number in \[0, 10\]"):
+        ratelimit.TokenBucketOptions("10/s", initial=11)
+    assert ratelimit.TokenBucketOptions("10/s", burst=20, initial=21).initial == 21
+    with pytest.raises(fw.ConfigError, match="burst applies to token_bucket and gcra only"):
+        shared.GlobalLimitOptions("fixed", "10/s", burst=5)
+    with pytest.raises(fw.ConfigError, match="initial applies to token_bucket only"):
+        shared.GlobalLimitOptions("gcra", "10/s", initial=5)
+    with pytest.raises(fw.ConfigError, match="burst applies to token_bucket and gcra only"):
+        shared.LeaseOptions("sliding", "10/s", burst=5)
+
+
+def test_rate_limiters_hold_the_options_they_were_built_with(clock: fw.FakeClock) -> None:
+    built: list[tuple[Any, Any]] = [
+        (ratelimit.FixedWindow, ratelimit.WindowOptions("5/h", max_wait=1.0)),
+        (ratelimit.SlidingLog, ratelimit.WindowOptions("10/s")),
+        (ratelimit.SlidingWindowCounter, ratelimit.WindowOptions("1/30s")),
+        (ratelimit.TokenBucket, ratelimit.TokenBucketOptions("10/s", burst=3, initial=2.0)),
+        (ratelimit.GCRA, ratelimit.GCRAOptions("10/s", burst=0)),
+        (ratelimit.LeakyBucket, ratelimit.LeakyBucketOptions("10/s", queue=3)),
+        (ratelimit.WarmUp, ratelimit.WarmUpOptions("10/s", warmup=5.0, cold_factor=2.0)),
+    ]
+    for cls, options in built:
+        limiter = cls(clock=clock, **kwargs(options))
+        assert limiter.options == options, cls
+        assert limiter.rate == options.rate and limiter.max_wait == options.max_wait, cls
+    bucket = ratelimit.TokenBucket("10/s", burst=3, initial=2.0, clock=clock)
+    assert (bucket.burst, bucket.initial, bucket.limit) == (3, 2.0, 4)
+    store = fw.stores.MemoryStore(clock=clock)
+    global_options = shared.GlobalLimitOptions("token_bucket", "10/s", burst=4, initial=2.0)
+    global_limit = shared.GlobalLimiter(store=store, clock=clock, **kwargs(global_options))
+    assert global_limit.options == global_options and global_limit.limit == 5
+    lease = shared.LeaseOptions("gcra", "100/s", lease=5, lease_ttl=0.5)
+    leased = shared.LeasedLimiter(store=store, clock=clock, **kwargs(lease))
+    assert leased.options == lease and (leased.lease, leased.lease_ttl) == (5, 0.5)
+    timeslice = shared.TimeSliceOptions("10/s", slice_length=2.0, background=False)
+    sliced = shared.TimeSliceLimiter(store=store, clock=clock, **kwargs(timeslice))
+    assert sliced.options == timeslice and sliced.slice_length == 2.0
+    frequency = shared.FrequencyOptions(2, 60.0, expected_instances=2)
+    limited = fw.Frequency(store=store, clock=clock, **kwargs(frequency))
+    assert limited.options == frequency and limited.local_limit == 1
+
+
+@pytest.mark.parametrize(
+    ("section", "expected", "kind"),
+    [
+        ({"rate": "5/h"}, ratelimit.GCRAOptions("5/h"), ratelimit.GCRA),
+        (
+            {"rate": "10/s", "algorithm": "token_bucket", "burst": 3},
+            ratelimit.TokenBucketOptions("10/s", burst=3),
+            ratelimit.TokenBucket,
+        ),
+        ({"rate": 2, "algorithm": "leaky"}, ratelimit.LeakyBucketOptions(2), ratelimit.LeakyBucket),
+        ({"rate": "1/30s", "algorithm": "fixed"}, ratelimit.WindowOptions("1/30s"), None),
+        ({"rate": "10/s", "algorithm": "sliding_log"}, ratelimit.WindowOptions("10/s"), None),
+        (
+            {"rate": "10/s", "algorithm": "sliding", "scope": "global", "expected_instances": 2},
+            shared.GlobalLimitOptions("sliding", "10/s", expected_instances=2),
+            shared.GlobalLimiter,
+        ),
+    ],
+)
+def test_the_configuration_builds_the_same_rate_limit_options(
+    clock: fw.FakeClock, section: dict[str, Any], expected: Any, kind: Any
+) -> None:
+    document = parse({"resources": {"r": {"rate_limit": section}}})
+    config = document.resources["r"].rate_limit
+    assert config is not None
+    assert config.options() == expected
+    limiter = fw.config.Registry(document, clock=clock).get("r").limiter
+    assert limiter is not None
+    assert limiter.options == expected  # type: ignore[union-attr]  # the algorithms have one
+    if kind is not None:
+        assert type(limiter) is kind
+
+
+def test_a_file_gets_the_rate_limit_options_words() -> None:
+    with pytest.raises(fw.ConfigError) as from_code:
+        shared.GlobalLimitOptions("fixed", "10/s", burst=5)
+    with pytest.raises(fw.ConfigError) as from_file:
+        parse(
+            {
+                "resources": {
+                    "r": {
+                        "rate_limit": {
+                            "rate": "10/s",
+                            "algorithm": "fixed",
+                            "scope": "global",
+                            "burst": 5,
+                        }
+                    }
+                }
+            },
+            "x.yaml",
+        )
+    assert f"x.yaml: resources.r.rate_limit: {from_code.value}" in str(from_file.value)

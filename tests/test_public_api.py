@@ -53,6 +53,19 @@ OPTIONS_OBJECTS = {
         "DagorOptions",
         "ThrottleOptions",
     ),
+    "floodwall.ratelimit": (
+        "WindowOptions",
+        "TokenBucketOptions",
+        "GCRAOptions",
+        "LeakyBucketOptions",
+        "WarmUpOptions",
+    ),
+    "floodwall.shared": (
+        "GlobalLimitOptions",
+        "LeaseOptions",
+        "TimeSliceOptions",
+        "FrequencyOptions",
+    ),
 }
 """Issue 16: each policy's options object, exported beside the policy."""
 

@@ -140,32 +140,19 @@ def build_limiter(
 ) -> RateLimiter[Any] | GlobalLimiter:
     """The limiter a ``rate_limit:`` section describes: in-process (``scope: local``) or
     shared by every process through a store (``scope: global``, or ``host`` on ``host://``)."""
-    if config.scope != "local":  # the schema checked the algorithm has a shared form
-        return GlobalLimiter(
-            config.algorithm,
-            config.rate,
-            burst=config.burst,
-            store=store(config.store),
-            name=f"{name}.rate_limit",
-            on_store_error=config.on_store_error,
-            expected_instances=config.expected_instances,
-            clock=clock,
-            listeners=listeners,
-        )
-    kind = config.algorithm
+    options = kwargs(config.options())
     common: dict[str, Any] = {"name": f"{name}.rate_limit", "clock": clock, "listeners": listeners}
-    if kind in ("token_bucket", "gcra"):
-        cls: Any = TokenBucket if kind == "token_bucket" else GCRA
-        limiter: RateLimiter[Any] = cls(config.rate, burst=config.burst, **common)
-    elif kind == "leaky":
-        limiter = LeakyBucket(config.rate, **common)
-    else:
-        windows: dict[str, Any] = {
-            "fixed": FixedWindow,
-            "sliding_log": SlidingLog,
-            "sliding": SlidingWindowCounter,
-        }
-        limiter = windows[kind](config.rate, **common)
+    if config.scope != "local":  # the schema checked the algorithm has a shared form
+        return GlobalLimiter(store=store(config.store), **options, **common)
+    limiters: dict[str, Any] = {
+        "token_bucket": TokenBucket,
+        "gcra": GCRA,
+        "leaky": LeakyBucket,
+        "fixed": FixedWindow,
+        "sliding_log": SlidingLog,
+        "sliding": SlidingWindowCounter,
+    }
+    limiter: RateLimiter[Any] = limiters[config.algorithm](**options, **common)
     return limiter
 
 

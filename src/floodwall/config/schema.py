@@ -65,7 +65,15 @@ from floodwall.breaker import BreakerOptions
 from floodwall.budget import CHECKS as BUDGET_CHECKS
 from floodwall.bulkhead import BulkheadOptions
 from floodwall.config.units import Duration
+from floodwall.ratelimit import (
+    GCRAOptions,
+    LeakyBucketOptions,
+    TokenBucketOptions,
+    WindowOptions,
+    parse_rate,
+)
 from floodwall.retry import RetryOptions
+from floodwall.shared import GlobalLimitOptions
 from floodwall.timeout import TimeoutOptions
 
 __all__ = [
@@ -281,8 +289,6 @@ class BulkheadConfig(_Model):
 def _rate_spec(value: object) -> str | float:
     """Keep the rate as written (``"5/h"`` keeps its one-hour window), checked by the limiters'
     own parser so the error says the same thing everywhere."""
-    from floodwall.ratelimit import parse_rate
-
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
     parse_rate(value)
@@ -291,6 +297,11 @@ def _rate_spec(value: object) -> str | float:
 
 RateSpec = Annotated[str | float, BeforeValidator(_rate_spec)]
 
+
+RateLimitOptions = (
+    WindowOptions | TokenBucketOptions | GCRAOptions | LeakyBucketOptions | GlobalLimitOptions
+)
+"""One of the limiters' options objects (:meth:`RateLimitConfig.options`)."""
 
 GLOBAL_ALGORITHMS = ("gcra", "token_bucket", "fixed", "sliding")
 """The ``rate_limit.algorithm`` values a store can run (``sliding`` is the window counter)."""
@@ -327,7 +338,28 @@ class RateLimitConfig(_Model):
                 f"algorithm {self.algorithm!r} has no shared form "
                 f"(scope: {self.scope} takes {', '.join(GLOBAL_ALGORITHMS)})"
             )
+        self.options()  # the limiter's own checks (an exact bound for a shared rate, …)
         return self
+
+    def options(self) -> RateLimitOptions:
+        """The limiter's options this section describes: a
+        :class:`~floodwall.shared.GlobalLimitOptions` for a shared scope, else the in-process
+        algorithm's object (``burst`` applies to ``token_bucket`` and ``gcra``)."""
+        if self.scope != "local":
+            return GlobalLimitOptions(
+                self.algorithm,
+                self.rate,
+                burst=self.burst,
+                on_store_error=self.on_store_error,
+                expected_instances=self.expected_instances,
+            )
+        if self.algorithm == "token_bucket":
+            return TokenBucketOptions(self.rate, burst=self.burst)
+        if self.algorithm == "gcra":
+            return GCRAOptions(self.rate, burst=self.burst)
+        if self.algorithm == "leaky":
+            return LeakyBucketOptions(self.rate)
+        return WindowOptions(self.rate)
 
 
 AlgorithmOptions = AIMDOptions | VegasOptions | GradientOptions | Gradient2Options
