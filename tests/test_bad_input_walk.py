@@ -544,6 +544,10 @@ OPTIONS_OF = {
     "floodwall.shared.LeaseOptions": "floodwall.shared.LeasedLimiter",
     "floodwall.shared.TimeSliceOptions": "floodwall.shared.TimeSliceLimiter",
     "floodwall.shared.FrequencyOptions": "floodwall.Frequency",
+    "floodwall.shared.CacheOptions": "floodwall.Cache",
+    "floodwall.shared.IdempotencyOptions": "floodwall.Idempotency",
+    "floodwall.degrade.SampledDropOptions": "floodwall.SampledDrop",
+    "floodwall.degrade.PriorityGateOptions": "floodwall.PriorityGate",
 }
 """Each options object and the policy built from it: the object takes the policy's example
 arguments and accepts, field by field, the edge values the policy's keyword of the same name

@@ -10,18 +10,22 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import floodwall as fw
-from floodwall import adaptive, ratelimit, shared
+from floodwall import adaptive, degrade, ratelimit, shared
 from floodwall._core import defaults
 from floodwall._core.options import kwargs
 from floodwall.breaker import BreakerOptions
 from floodwall.bulkhead import BulkheadOptions
+from floodwall.chaos import ChaosOptions, ChaosResult
 from floodwall.config import parse
+from floodwall.fallback import FallbackOptions
+from floodwall.hedge import HedgeOptions
 from floodwall.retry import RetryOptions
 from floodwall.timeout import TimeoutOptions
 
@@ -356,20 +360,24 @@ ADAPTIVE_DEFAULTS: list[tuple[type[Any], dict[str, Any]]] = [
 
 
 def check_options_object(
-    options_type: type[Any], expected: dict[str, Any], required: dict[str, Any] | None = None
+    options_type: type[Any],
+    expected: dict[str, Any],
+    required: dict[str, Any] | None = None,
+    unchecked: frozenset[str] = frozenset(),
 ) -> None:
     """The defaults are the documented ones, every field is there, the object is frozen, and
     every checked field refuses a bad value with a message that starts with its name
-    (``required``: valid values for the fields without a default)."""
+    (``required``: valid values for the fields without a default; ``unchecked``: fields that
+    take any value, such as a fallback's answer)."""
     given = required or {}
     fields = {f.name for f in dataclasses.fields(options_type) if f.init}
     assert set(expected) <= fields
-    assert set(options_type.CHECKS) == fields  # every field has its check
+    assert set(options_type.CHECKS) == fields - unchecked  # every other field has its check
     made = options_type(**given)
     assert {name: getattr(made, name) for name in expected} == expected
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.__setattr__(next(iter(expected)), 1)
-    for name in sorted(fields):
+    for name in sorted(fields - unchecked):
         with pytest.raises(fw.ConfigError, match=f"^{name} must .*, got 'bogus'"):
             options_type(**{**given, name: "bogus"})
 
@@ -622,3 +630,289 @@ def test_a_file_gets_the_rate_limit_options_words() -> None:
             "x.yaml",
         )
     assert f"x.yaml: resources.r.rate_limit: {from_code.value}" in str(from_file.value)
+
+
+# -- issue 16, step 3: fallback, cache, idempotency, hedge, sampled drop, levels, chaos --------
+
+OTHER_DEFAULTS: list[tuple[type[Any], dict[str, Any], dict[str, Any], frozenset[str]]] = [
+    (
+        degrade.SampledDropOptions,
+        {},
+        {"ratio": 0.0, "on_drop": None, "drop_factory": None, "key": None, "when": None},
+        frozenset({"on_drop"}),
+    ),
+    (
+        FallbackOptions,
+        {"value": []},
+        {"on": None, "kinds": None, "failure_result": None, "factory": None},
+        frozenset({"value"}),
+    ),
+    (
+        shared.CacheOptions,
+        {},
+        {
+            "ttl": defaults.CACHE_TTL,
+            "stale_ttl": defaults.CACHE_STALE_TTL,
+            "max_entries": defaults.CACHE_MAX_ENTRIES,
+            "read_only": False,
+        },
+        frozenset(),
+    ),
+    (
+        shared.IdempotencyOptions,
+        {},
+        {
+            "ttl": defaults.IDEMPOTENCY_TTL,
+            "lock_ttl": defaults.IDEMPOTENCY_LOCK_TTL,
+            "required": False,
+            "on_store_error": "fail_closed",
+        },
+        frozenset(),
+    ),
+    (
+        HedgeOptions,
+        {"delay": 0.05},
+        {
+            "max_hedges": defaults.HEDGE_MAX_HEDGES,
+            "percentile": None,
+            "min_samples": defaults.HEDGE_MIN_SAMPLES,
+            "respect_marker": True,
+            "on_failure": False,
+            "window": defaults.RETRY_BUDGET_WINDOW,
+            "buckets": defaults.RETRY_BUDGET_BUCKETS,
+        },
+        frozenset(),
+    ),
+    (
+        degrade.PriorityGateOptions,
+        {"max_concurrent": 10},
+        {"reserve": degrade.LevelReserve(), "level": 1},
+        frozenset(),
+    ),
+    (
+        degrade.LevelReserve,
+        {},
+        {
+            "level2": defaults.PRIORITY_RESERVE_LEVEL2,
+            "level3": defaults.PRIORITY_RESERVE_LEVEL3,
+        },
+        frozenset(),
+    ),
+    (
+        degrade.ShedOptions,
+        {},
+        {
+            "shed_above": defaults.SHED_ABOVE,
+            "restore_below": defaults.SHED_RESTORE_BELOW,
+            "shed_after": defaults.SHED_AFTER,
+            "restore_after": defaults.SHED_RESTORE_AFTER,
+            "restore_growth": defaults.SHED_RESTORE_GROWTH,
+            "max_restore_after": defaults.SHED_MAX_RESTORE_AFTER,
+        },
+        frozenset(),
+    ),
+    (ChaosOptions, {}, {"rate": 1.0, "enabled": True, "schedule": None}, frozenset()),
+]
+
+
+@pytest.mark.parametrize(
+    ("options_type", "required", "expected", "unchecked"),
+    OTHER_DEFAULTS,
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_other_options_are_documented_frozen_and_checked(
+    options_type: type[Any],
+    required: dict[str, Any],
+    expected: dict[str, Any],
+    unchecked: frozenset[str],
+) -> None:
+    check_options_object(options_type, expected, required, unchecked)
+
+
+def test_other_options_check_the_rules_between_fields() -> None:
+    with pytest.raises(fw.ConfigError, match=r"give exactly one of value=\.\.\. or factory=\.\.\."):
+        FallbackOptions()
+    with pytest.raises(fw.ConfigError, match=r"give exactly one of value=\.\.\. or factory=\.\.\."):
+        FallbackOptions(1, factory=lambda exc: 2)
+    assert shared.CacheOptions().handled == fw.Outcomes((Exception,))  # any Exception
+    timeouts = FallbackOptions(None, on=KeyError, kinds=("timeout",))
+    assert timeouts.handled == fw.Outcomes((KeyError,), frozenset({"timeout"}))
+    with pytest.raises(fw.ConfigError, match=r"stale_ttl must be >= ttl \(10\), got 5"):
+        shared.CacheOptions(ttl=10, stale_ttl=5)
+    with pytest.raises(fw.ConfigError, match=r"lock_ttl must be <= ttl \(10\), got 60"):
+        shared.IdempotencyOptions(ttl=10)
+    with pytest.raises(fw.ConfigError, match=r"level3 must be in \[level2"):
+        degrade.LevelReserve(level2=0.5, level3=0.2)
+
+
+def test_other_policies_hold_the_options_they_were_built_with(clock: fw.FakeClock) -> None:
+    dropped = degrade.SampledDropOptions(0.5, on_drop="later", key=str)
+    assert fw.SampledDrop(clock=clock, **kwargs(dropped)).options == dropped
+    fallback = FallbackOptions("cached", kinds=frozenset({"circuit_open"}))
+    built = fw.Fallback(clock=clock, **kwargs(fallback))
+    assert built.options == fallback and built.handled == fallback.handled
+    cache = shared.CacheOptions(ttl=5.0, stale_ttl=50.0, max_entries=10, read_only=True)
+    assert fw.Cache(clock=clock, **kwargs(cache)).options == cache
+    store = fw.stores.MemoryStore(clock=clock)
+    idempotency = shared.IdempotencyOptions(ttl=100.0, lock_ttl=10.0, required=True)
+    assert fw.Idempotency(store, clock=clock, **kwargs(idempotency)).options == idempotency
+    hedge = HedgeOptions(0.05, max_hedges=2, percentile=0.9, on_failure=True)
+    hedged = fw.Hedge(clock=clock, budget=None, **kwargs(hedge))
+    assert hedged.options == hedge and (hedged.max_hedges, hedged.percentile) == (2, 0.9)
+    gate = degrade.PriorityGateOptions(4, degrade.LevelReserve(0.2, 0.5), level=2)
+    held = fw.PriorityGate(clock=clock, **kwargs(gate))
+    assert held.options == gate and held.reserve == gate.reserve
+    chaos = ChaosResult("boom", rate=0.25, allow=True, clock=clock)
+    assert chaos.options == ChaosOptions(rate=0.25)
+
+
+def test_the_configuration_builds_the_same_other_options(clock: fw.FakeClock) -> None:
+    document = parse(
+        {
+            "allow_chaos": True,
+            "resources": {
+                "r": {
+                    "sampled_drop": {"ratio": 0.25},
+                    "fallback": {"value": [], "kinds": ["circuit_open", "timeout"]},
+                    "cache": {"ttl": "5s", "stale_ttl": "1m", "max_entries": 50},
+                    "idempotency": {"ttl": "1h", "lock_ttl": "30s", "required": True},
+                    "chaos": {"result": "boom", "rate": 0.5},
+                }
+            },
+        }
+    )
+    config = document.resources["r"]
+    assert config.sampled_drop is not None and config.fallback is not None
+    assert config.cache is not None and config.idempotency is not None
+    sampled = degrade.SampledDropOptions(0.25)
+    fallback = FallbackOptions([], kinds=("circuit_open", "timeout"))
+    cache = shared.CacheOptions(5.0, 60.0, 50)
+    idempotency = shared.IdempotencyOptions(3600.0, 30.0, required=True)
+    assert config.sampled_drop.options() == sampled
+    assert config.fallback.options() == fallback
+    assert config.cache.options() == cache
+    assert config.idempotency.options() == idempotency
+    resource = fw.config.Registry(document, clock=clock).get("r")
+    assert resource.sampled is not None and resource.sampled.options == sampled
+    assert resource.fallback is not None and resource.fallback.options == fallback
+    assert resource.cache is not None and resource.cache.options == cache
+    built = [p for p in resource.pipeline.policies if isinstance(p, fw.Idempotency)]
+    assert [p.options for p in built] == [idempotency]
+    assert resource.chaos is not None and resource.chaos.options == ChaosOptions(rate=0.5)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "options"),
+    [
+        ("sampled_drop", "ratio", 1.5, degrade.SampledDropOptions),
+        ("cache", "max_entries", 0, shared.CacheOptions),
+        ("idempotency", "required", "yes", shared.IdempotencyOptions),
+    ],
+)
+def test_a_file_gets_the_other_options_words(
+    section: str, key: str, value: Any, options: type[Any]
+) -> None:
+    with pytest.raises(fw.ConfigError) as from_code:
+        options(**{key: value})
+    with pytest.raises(fw.ConfigError) as from_file:
+        parse({"resources": {"r": {section: {key: value}}}}, "x.yaml")
+    said = str(from_code.value).removeprefix(f"{key} ")
+    assert f"x.yaml: resources.r.{section}.{key}: " in str(from_file.value)
+    if section != "idempotency":  # a flag is refused by the schema's own scalar rule first
+        assert said in str(from_file.value)
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_sampled_drop_reconfigure_is_seen_whole_by_concurrent_calls() -> None:
+    """One thread flips a sampled drop between "pass everything" and "drop everything,
+    answering 'b'" (whole options, and set_ratio between a number and a live callable) while
+    two others call through it: every call passes or answers 'b' (never the old answer with
+    the new ratio), and the last ratio set stands (a reading under the old live callable
+    never overwrites it)."""
+
+    def pause() -> bool:  # lets the flipping thread run between deciding and answering
+        time.sleep(0)
+        return True
+
+    a = degrade.SampledDropOptions(0.0, on_drop="a", when=pause)
+    b = degrade.SampledDropOptions(1.0, on_drop="b", when=pause)
+    drop = fw.SampledDrop(**kwargs(a))
+    stop = threading.Event()
+    mixed: list[Any] = []
+    calls = [0, 0]
+    errors: list[BaseException] = []
+
+    def caller(index: int) -> None:
+        try:
+            while not stop.is_set():
+                answer = drop.call(lambda: "ran")
+                if answer not in ("ran", "b"):
+                    mixed.append(answer)
+                calls[index] += 1
+        except BaseException as exc:  # a failure here must fail the test, not vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        while min(calls) == 0 and not errors:
+            stop.wait(0.001)
+        for i in range(5_000):
+            drop.reconfigure(b if i % 2 == 0 else a)
+        drop.reconfigure(b)
+        for i in range(5_000):
+            drop.set_ratio((lambda: 1.0) if i % 2 == 0 else 1.0, announce=False)
+        drop.set_ratio(0.0, announce=False)
+        settled = calls[:]
+        while min(c - s for c, s in zip(calls, settled, strict=True)) < 50 and not errors:
+            stop.wait(0.001)  # the callers keep reading after the last change
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not errors
+    assert not mixed
+    assert min(calls) > 1
+    assert drop.ratio == 0.0 and drop.options.on_drop == "b"
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_chaos_reconfigure_is_seen_whole_by_concurrent_readers(clock: fw.FakeClock) -> None:
+    a = ChaosOptions(rate=0.0, enabled=True)
+    b = ChaosOptions(rate=1.0, enabled=False)
+    chaos = ChaosResult("boom", allow=True, clock=clock, rate=a.rate, enabled=a.enabled)
+    allowed = {(a.rate, a.enabled), (b.rate, b.enabled)}
+    stop = threading.Event()
+    torn: list[Any] = []
+    reads = [0, 0]
+    errors: list[BaseException] = []
+
+    def reader(index: int) -> None:
+        try:
+            while not stop.is_set():
+                seen = chaos.options
+                if (seen.rate, seen.enabled) not in allowed:
+                    torn.append(seen)
+                if chaos.call(lambda: "ran") != "ran":  # rate 1 only ever comes switched off
+                    torn.append("injected")
+                reads[index] += 1
+        except BaseException as exc:  # a failure here must fail the test, not vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        while min(reads) == 0 and not errors:
+            stop.wait(0.001)
+        for i in range(10_000):
+            chaos.reconfigure(b if i % 2 == 0 else a)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not errors
+    assert not torn
+    assert min(reads) > 1
+    assert chaos.options == a

@@ -248,7 +248,7 @@ def build(
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
     if config.sampled_drop is not None:
         sampled = SampledDrop(
-            config.sampled_drop.ratio,
+            **kwargs(config.sampled_drop.options()),
             name=f"{name}.sampled_drop",
             clock=clock,
             listeners=listeners,
@@ -256,8 +256,7 @@ def build(
         policies.append(sampled)
     if config.fallback is not None:
         fallback = Fallback(
-            value=config.fallback.value,
-            kinds=config.fallback.kinds,
+            **kwargs(config.fallback.options()),
             name=f"{name}.fallback",
             clock=clock,
             listeners=listeners,
@@ -266,11 +265,7 @@ def build(
     if config.cache is not None:
         cc = config.cache
         cache = Cache(
-            ttl=cc.ttl,
-            stale_ttl=cc.stale_ttl,
-            max_entries=cc.max_entries,
-            kinds=cc.kinds,
-            read_only=cc.read_only,
+            **kwargs(cc.options()),
             store=None if cc.store is None else store(cc.store),
             name=f"{name}.cache",
             clock=clock,
@@ -295,10 +290,7 @@ def build(
         policies.append(
             Idempotency(
                 store(ic.store),
-                ttl=ic.ttl,
-                lock_ttl=ic.lock_ttl,
-                required=ic.required,
-                on_store_error=ic.on_store_error,
+                **kwargs(ic.options()),
                 name=f"{name}.idempotency",
                 clock=clock,
                 listeners=listeners,

@@ -65,6 +65,8 @@ from floodwall.breaker import BreakerOptions
 from floodwall.budget import CHECKS as BUDGET_CHECKS
 from floodwall.bulkhead import BulkheadOptions
 from floodwall.config.units import Duration
+from floodwall.degrade import SampledDropOptions
+from floodwall.fallback import FallbackOptions
 from floodwall.ratelimit import (
     GCRAOptions,
     LeakyBucketOptions,
@@ -73,7 +75,7 @@ from floodwall.ratelimit import (
     parse_rate,
 )
 from floodwall.retry import RetryOptions
-from floodwall.shared import GlobalLimitOptions
+from floodwall.shared import CacheOptions, GlobalLimitOptions, IdempotencyOptions
 from floodwall.timeout import TimeoutOptions
 
 __all__ = [
@@ -184,10 +186,21 @@ class TimeoutConfig(_Model):
 
 
 class FallbackConfig(_Model):
-    """A static fallback answer, chosen by rejection kind (default: any failure)."""
+    """A static fallback answer, chosen by rejection kind (default: any failure); builds a
+    :class:`~floodwall.fallback.FallbackOptions` (a factory, ``on`` types and
+    ``failure_result`` are code-only)."""
 
     value: Any = None
     kinds: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> FallbackConfig:
+        self.options()  # the kinds are error kinds, …
+        return self
+
+    def options(self) -> FallbackOptions:
+        """The fallback's options this section describes."""
+        return FallbackOptions(self.value, kinds=self.kinds)
 
 
 class BackoffConfig(_Model):
@@ -413,13 +426,27 @@ class AdaptiveConfig(_Model):
 
 
 class IdempotencyConfig(_Model):
-    """Idempotency records for writes (``floodwall.Idempotency``) on a named store."""
+    """Idempotency records for writes (``floodwall.Idempotency``) on a named store; the other
+    keys build a :class:`~floodwall.shared.IdempotencyOptions`."""
 
     store: str = "default"
     ttl: Duration = defaults.IDEMPOTENCY_TTL
     lock_ttl: Duration = defaults.IDEMPOTENCY_LOCK_TTL
     required: bool = False
     on_store_error: Literal["fail_open", "fail_closed", "local"] = "fail_closed"
+
+    _fields = _checked_by(IdempotencyOptions.CHECKS)
+
+    @model_validator(mode="after")
+    def _whole(self) -> IdempotencyConfig:
+        self.options()  # lock_ttl <= ttl
+        return self
+
+    def options(self) -> IdempotencyOptions:
+        """The idempotency options this section describes."""
+        return IdempotencyOptions(
+            self.ttl, self.lock_ttl, required=self.required, on_store_error=self.on_store_error
+        )
 
 
 class CacheConfig(_Model):
@@ -433,7 +460,23 @@ class CacheConfig(_Model):
     store: str | None = None
     """Name of a ``stores`` entry for a shared level (``None``: in-process only)."""
 
-    _fields = _checked_by({"max_entries": validate.count})
+    _fields = _checked_by(CacheOptions.CHECKS, skip=("kinds",))
+
+    @model_validator(mode="after")
+    def _whole(self) -> CacheConfig:
+        self.options()  # stale_ttl >= ttl, the kinds are error kinds
+        return self
+
+    def options(self) -> CacheOptions:
+        """The cache's options this section describes (a ``key`` function, ``on`` types and a
+        codec are code-only)."""
+        return CacheOptions(
+            self.ttl,
+            self.stale_ttl,
+            self.max_entries,
+            kinds=self.kinds,
+            read_only=self.read_only,
+        )
 
 
 class SampledDropConfig(_Model):
@@ -442,6 +485,10 @@ class SampledDropConfig(_Model):
     ratio: float
 
     _fields = _checked_by({"ratio": validate.share})
+
+    def options(self) -> SampledDropOptions:
+        """The sampled drop's options this section describes."""
+        return SampledDropOptions(self.ratio)
 
 
 class ChaosConfig(_Model):

@@ -19,7 +19,8 @@ into the policy's configured behaviour, never into an error for the caller.
 
 The limiters keep their options in a frozen, validated object, ``options``
 (:class:`GlobalLimitOptions`, :class:`LeaseOptions`, :class:`TimeSliceOptions`,
-:class:`FrequencyOptions`); the store, its key function and its breaker are what a policy is
+:class:`FrequencyOptions`), as do the cache and idempotency (:class:`CacheOptions`,
+:class:`IdempotencyOptions`); the store, its key function and its breaker are what a policy is
 wired to, not options.
 
 The layer map (``docs/architecture.md``): this package sits below ``floodwall.stores`` and
@@ -27,7 +28,7 @@ above ``floodwall.config``; nothing in the policy packages imports it. The most 
 also re-exported by ``floodwall`` itself; see ``docs/distributed.md``.
 """
 
-from floodwall.shared.cache import Cache, Cached, LruTtl
+from floodwall.shared.cache import Cache, Cached, CacheOptions, LruTtl
 from floodwall.shared.frequency import Frequency, FrequencyDecision, FrequencyOptions
 from floodwall.shared.global_limit import GlobalLimiter, GlobalLimitOptions
 from floodwall.shared.host_bulkhead import HostBulkhead
@@ -36,6 +37,7 @@ from floodwall.shared.idempotency import (
     Idempotency,
     IdempotencyKeyMissingError,
     IdempotencyKeyReusedError,
+    IdempotencyOptions,
     IdempotencyTokenError,
     IdempotencyUnavailableError,
     OneTimeTokens,
@@ -55,6 +57,7 @@ from floodwall.shared.write_behind import (
 
 __all__ = [
     "Cache",
+    "CacheOptions",
     "Cached",
     "Deferred",
     "DeliveryCore",
@@ -68,6 +71,7 @@ __all__ = [
     "Idempotency",
     "IdempotencyKeyMissingError",
     "IdempotencyKeyReusedError",
+    "IdempotencyOptions",
     "IdempotencyTokenError",
     "IdempotencyUnavailableError",
     "LeaseOptions",
