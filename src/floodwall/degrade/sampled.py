@@ -221,9 +221,12 @@ class SampledDrop(Flow):
     def _should_drop(
         self, o: SampledDropOptions, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> bool:
-        if o.when is not None and not o.when(*args, **kwargs):
+        when = o.when
+        if when is not None and not when(*args, **kwargs):
             return False
-        ratio = self._read(o)
+        ratio = o.ratio
+        if ratio.__class__ is not float:  # a live callable (a fixed ratio is kept as a float)
+            ratio = self._read(o)
         if ratio <= 0:
             return False
         if ratio >= 1:
