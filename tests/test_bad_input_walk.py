@@ -540,6 +540,7 @@ OPTIONS_OF = {
     "floodwall.ratelimit.GCRAOptions": "floodwall.ratelimit.GCRA",
     "floodwall.ratelimit.LeakyBucketOptions": "floodwall.ratelimit.LeakyBucket",
     "floodwall.ratelimit.WarmUpOptions": "floodwall.ratelimit.WarmUp",
+    "floodwall.ratelimit.KeyedOptions": "floodwall.ratelimit.Keyed",
     "floodwall.shared.GlobalLimitOptions": "floodwall.shared.GlobalLimiter",
     "floodwall.shared.LeaseOptions": "floodwall.shared.LeasedLimiter",
     "floodwall.shared.TimeSliceOptions": "floodwall.shared.TimeSliceLimiter",
@@ -555,8 +556,11 @@ accepts (the policy builds the object from its keywords: one set of checks)."""
 
 
 def options_as_policy(options: str, policy: str) -> None:
-    if policy in EXAMPLES:
-        EXAMPLES[options] = EXAMPLES[policy]
+    module, _, name = options.rpartition(".")
+    fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+    example = EXAMPLES.get(policy)
+    if example is not None:
+        EXAMPLES[options] = lambda: {k: v for k, v in example().items() if k in fields}
     prefix = f"{policy}."
     for param, labels in list(ACCEPTS.items()):
         if param.startswith(prefix) and param.count(".") == prefix.count("."):

@@ -487,6 +487,16 @@ RATE_DEFAULTS: list[tuple[type[Any], dict[str, Any], dict[str, Any]]] = [
         {"cold_factor": defaults.WARMUP_COLD_FACTOR, "max_wait": 0.0},
     ),
     (
+        ratelimit.KeyedOptions,
+        {},
+        {
+            "max_keys": defaults.RATE_LIMIT_MAX_KEYS,
+            "overflow": "reject",
+            "key": None,
+            "max_wait": None,
+        },
+    ),
+    (
         shared.GlobalLimitOptions,
         {"algorithm": "gcra", "rate": "10/s"},
         {
@@ -560,6 +570,11 @@ def test_rate_limiters_hold_the_options_they_were_built_with(clock: fw.FakeClock
         limiter = cls(clock=clock, **kwargs(options))
         assert limiter.options == options, cls
         assert limiter.rate == options.rate and limiter.max_wait == options.max_wait, cls
+    keyed = ratelimit.KeyedOptions(max_keys=10, overflow="shared", key=str, max_wait=0.5)
+    table = ratelimit.Keyed(ratelimit.GCRA("10/s", clock=clock), **kwargs(keyed))
+    assert table.options == keyed and (table.max_keys, table.max_wait) == (10, 0.5)
+    with pytest.raises(fw.ConfigError, match="key must be a callable of the call's arguments"):
+        ratelimit.Keyed(ratelimit.GCRA("10/s", clock=clock), key=5)  # type: ignore[arg-type]
     bucket = ratelimit.TokenBucket("10/s", burst=3, initial=2.0, clock=clock)
     assert (bucket.burst, bucket.initial, bucket.limit) == (3, 2.0, 4)
     store = fw.stores.MemoryStore(clock=clock)

@@ -59,6 +59,7 @@ OPTIONS_OBJECTS = {
         "GCRAOptions",
         "LeakyBucketOptions",
         "WarmUpOptions",
+        "KeyedOptions",
     ),
     "floodwall.shared": (
         "GlobalLimitOptions",

@@ -23,7 +23,8 @@ per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time 
 
 Each limiter's options are a frozen, validated object in its ``options`` attribute
 (:class:`WindowOptions` for the three windows, :class:`TokenBucketOptions`, :class:`GCRAOptions`,
-:class:`LeakyBucketOptions`, :class:`WarmUpOptions`), what a ``rate_limit:`` section builds.
+:class:`LeakyBucketOptions`, :class:`WarmUpOptions`: what a ``rate_limit:`` section builds;
+:class:`KeyedOptions` for a keyed one).
 See ``docs/rate-limiting.md`` (local) and ``docs/distributed.md`` (global) for each
 algorithm's promise, defaults and measured cost.
 """
@@ -40,7 +41,7 @@ from floodwall.ratelimit.fixed import FixedWindow
 from floodwall.ratelimit.gcra import GCRA, GCRAOptions
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.ratelimit.hot import HotKeys
-from floodwall.ratelimit.keyed import Keyed
+from floodwall.ratelimit.keyed import Keyed, KeyedOptions
 from floodwall.ratelimit.leaky import LeakyBucket, LeakyBucketOptions
 from floodwall.ratelimit.multi import Multi
 from floodwall.ratelimit.sliding import SlidingLog, SlidingWindowCounter
@@ -54,6 +55,7 @@ __all__ = [
     "GCRAOptions",
     "HotKeys",
     "Keyed",
+    "KeyedOptions",
     "LeakyBucket",
     "LeakyBucketOptions",
     "Multi",
