@@ -535,6 +535,7 @@ OPTIONS_OF = {
     "floodwall.adaptive.BBROptions": "floodwall.BBRLimiter",
     "floodwall.adaptive.DagorOptions": "floodwall.QueueingTimeAdmission",
     "floodwall.adaptive.ThrottleOptions": "floodwall.ClientThrottle",
+    "floodwall.adaptive.AdaptiveLimiterOptions": "floodwall.AdaptiveLimiter",
     "floodwall.ratelimit.WindowOptions": "floodwall.ratelimit.FixedWindow",
     "floodwall.ratelimit.TokenBucketOptions": "floodwall.ratelimit.TokenBucket",
     "floodwall.ratelimit.GCRAOptions": "floodwall.ratelimit.GCRA",

@@ -356,6 +356,16 @@ ADAPTIVE_DEFAULTS: list[tuple[type[Any], dict[str, Any]]] = [
             "rejected_result": None,
         },
     ),
+    (
+        adaptive.AdaptiveLimiterOptions,
+        {
+            "partitions": None,
+            "backlog_size": 0,
+            "backlog_timeout": defaults.LIFO_BACKLOG_TIMEOUT,
+            "backlog_order": "lifo",
+            "drop_on": fw.Outcomes(kinds=frozenset({"timeout", "rejected"})),
+        },
+    ),
 ]
 
 
@@ -401,6 +411,8 @@ def test_adaptive_options_check_the_rules_between_fields() -> None:
             gradient(min_limit=30, max_concurrency=10)
     with pytest.raises(fw.ConfigError, match="early_window must be <= window"):
         adaptive.DagorOptions(window=0.5, early_window=1.0)
+    with pytest.raises(fw.ConfigError, match=r"partition shares must add up to <= 1.0, got 1.2"):
+        adaptive.AdaptiveLimiterOptions(partitions={"live": 0.7, "batch": 0.5})
     with pytest.raises(fw.ConfigError, match="queue_size must be an integer >= 1 or a function"):
         adaptive.GradientOptions(queue_size=0)
     assert adaptive.Gradient2Options(queue_size=0).queue_size == 0  # Gradient2 takes no queue
@@ -422,6 +434,14 @@ def test_adaptive_policies_hold_the_options_they_were_built_with(clock: fw.FakeC
     assert limiter.retry_after is None and limiter.core.bucket_seconds == 0.1
     dagor = adaptive.DagorOptions(threshold=0.05, max_wait_ratio=None)
     assert adaptive.QueueingTimeAdmission(clock=clock, **kwargs(dagor)).options == dagor
+    shares = {"live": 0.7, "batch": 0.2}
+    limiter_options = adaptive.AdaptiveLimiterOptions(shares, backlog_size=5, backlog_order="fifo")
+    shaped = adaptive.AdaptiveLimiter(
+        adaptive.FixedLimit(10), clock=clock, **kwargs(limiter_options)
+    )
+    assert shaped.options == limiter_options and shaped.options.partitions == shares
+    assert shaped.backlog_size == 5
+    assert {p.name for p in shaped.partition_stats()} >= {"live", "batch"}
     throttle = adaptive.ThrottleOptions(k=1.5, backend_rejections=fw.Outcomes((KeyError,)))
     built = adaptive.ClientThrottle(clock=clock, **kwargs(throttle))
     assert built.options == throttle
@@ -445,9 +465,11 @@ def test_the_configuration_builds_the_same_adaptive_options(
     section = document.resources["r"].adaptive
     assert section is not None
     assert section.algorithm_options() == options
+    assert section.limiter_options() == adaptive.AdaptiveLimiterOptions()
     resource = fw.config.Registry(document, clock=clock).get("r")
     assert resource.adaptive is not None
     assert resource.adaptive.algorithm.options == options  # type: ignore[attr-defined]
+    assert resource.adaptive.options == adaptive.AdaptiveLimiterOptions()
 
 
 def test_a_file_gets_the_adaptive_options_words() -> None:

@@ -52,6 +52,7 @@ OPTIONS_OBJECTS = {
         "BBROptions",
         "DagorOptions",
         "ThrottleOptions",
+        "AdaptiveLimiterOptions",
     ),
     "floodwall.ratelimit": (
         "WindowOptions",

@@ -11,8 +11,8 @@ Shells that hand out tokens or verdicts on an injected clock: :class:`AdaptiveLi
 server-side guard that rejects with :class:`~floodwall.OverloadedError` before work starts.
 Each has its options as a frozen, validated object (:class:`AIMDOptions`, :class:`VegasOptions`,
 :class:`GradientOptions`, :class:`Gradient2Options`, :class:`BBROptions`, :class:`DagorOptions`,
-:class:`ThrottleOptions`), held in its ``options`` attribute and built by the configuration's
-``adaptive:`` section. See ``docs/overload.md``.
+:class:`ThrottleOptions`, :class:`AdaptiveLimiterOptions`), held in its ``options`` attribute
+and built by the configuration's ``adaptive:`` section. See ``docs/overload.md``.
 """
 
 from floodwall.adaptive._base import (
@@ -44,7 +44,12 @@ from floodwall.adaptive.dagor import (
 )
 from floodwall.adaptive.gradient import GradientLimit, GradientOptions
 from floodwall.adaptive.gradient2 import Gradient2Limit, Gradient2Options
-from floodwall.adaptive.limiter import AdaptiveLimiter, PartitionStats, Token
+from floodwall.adaptive.limiter import (
+    AdaptiveLimiter,
+    AdaptiveLimiterOptions,
+    PartitionStats,
+    Token,
+)
 from floodwall.adaptive.shedding import LoadShedder, Permit, ShedderStats, Ticket
 from floodwall.adaptive.throttle import ClientThrottle, ThrottleOptions, reject_probability
 from floodwall.adaptive.vegas import VegasLimit, VegasOptions
@@ -55,6 +60,7 @@ __all__ = [
     "AIMDLimit",
     "AIMDOptions",
     "AdaptiveLimiter",
+    "AdaptiveLimiterOptions",
     "AdmissionLevel",
     "BBRLimiter",
     "BBROptions",

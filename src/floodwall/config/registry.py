@@ -224,11 +224,9 @@ def build_adaptive(
     return AdaptiveLimiter(
         algorithm,
         name=f"{name}.adaptive",
-        partitions=config.partitions,
-        backlog_size=config.backlog_size,
-        backlog_timeout=config.backlog_timeout,
         clock=clock,
         listeners=listeners,
+        **kwargs(config.limiter_options()),
     )
 
 

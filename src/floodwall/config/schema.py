@@ -49,7 +49,13 @@ from pydantic.fields import FieldInfo
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall._core.options import Checks, check_field, optional
-from floodwall.adaptive import AIMDOptions, Gradient2Options, GradientOptions, VegasOptions
+from floodwall.adaptive import (
+    AdaptiveLimiterOptions,
+    AIMDOptions,
+    Gradient2Options,
+    GradientOptions,
+    VegasOptions,
+)
 from floodwall.backoff import (
     Backoff,
     DecorrelatedJitter,
@@ -409,7 +415,12 @@ class AdaptiveConfig(_Model):
     @model_validator(mode="after")
     def _whole(self) -> AdaptiveConfig:
         self.algorithm_options()  # the algorithm's own checks, under this section's path
+        self.limiter_options()  # the partitions' shares add up to at most 1
         return self
+
+    def limiter_options(self) -> AdaptiveLimiterOptions:
+        """The limiter's options (partitions and backlog) this section describes."""
+        return AdaptiveLimiterOptions(self.partitions, self.backlog_size, self.backlog_timeout)
 
     def algorithm_options(self) -> AlgorithmOptions:
         """The algorithm's options object ``options`` describes (a key the algorithm does not
