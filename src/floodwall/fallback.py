@@ -41,7 +41,16 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-_UNSET: Any = object()
+class _Unset:
+    """The ``value`` of a fallback that answers with a ``factory`` instead."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+
+_UNSET: Any = _Unset()
 
 
 @dataclass(frozen=True, slots=True)
