@@ -41,6 +41,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
+
 class _Unset:
     """The ``value`` of a fallback that answers with a ``factory`` instead."""
 
