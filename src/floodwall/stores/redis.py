@@ -62,6 +62,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.cluster
+import redis.connection
 import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, NoScriptError, ResponseError
@@ -234,9 +235,16 @@ def _parse_cluster(url: str) -> _Target:
 
 @cache
 def _client_option_names() -> frozenset[str]:
-    """The keywords a redis-py client takes (a plain client's and a cluster client's)."""
+    """The keywords a redis-py client takes: a plain client's, a cluster client's, an async
+    client's, and those ``from_url`` hands on to its connection pool and connections."""
     names: set[str] = set()
-    for init in (redis.Redis.__init__, redis.cluster.RedisCluster.__init__):
+    for init in (
+        redis.Redis.__init__,
+        redis.cluster.RedisCluster.__init__,
+        redis.asyncio.Redis.__init__,
+        redis.ConnectionPool.__init__,
+        redis.connection.AbstractConnection.__init__,
+    ):
         names.update(
             p.name
             for p in inspect.signature(init).parameters.values()
