@@ -526,10 +526,59 @@ accept(
     "a position on a time line or an offset, where any real number is a place",
     "floodwall.FakeClock.start",
 )
+
+
+OPTIONS_OF = {
+    "floodwall.adaptive.VegasOptions": "floodwall.adaptive.VegasLimit",
+    "floodwall.adaptive.GradientOptions": "floodwall.adaptive.GradientLimit",
+    "floodwall.adaptive.Gradient2Options": "floodwall.adaptive.Gradient2Limit",
+    "floodwall.adaptive.BBROptions": "floodwall.BBRLimiter",
+    "floodwall.adaptive.DagorOptions": "floodwall.QueueingTimeAdmission",
+    "floodwall.adaptive.ThrottleOptions": "floodwall.ClientThrottle",
+    "floodwall.adaptive.AdaptiveLimiterOptions": "floodwall.AdaptiveLimiter",
+    "floodwall.ratelimit.WindowOptions": "floodwall.ratelimit.FixedWindow",
+    "floodwall.ratelimit.TokenBucketOptions": "floodwall.ratelimit.TokenBucket",
+    "floodwall.ratelimit.GCRAOptions": "floodwall.ratelimit.GCRA",
+    "floodwall.ratelimit.LeakyBucketOptions": "floodwall.ratelimit.LeakyBucket",
+    "floodwall.ratelimit.WarmUpOptions": "floodwall.ratelimit.WarmUp",
+    "floodwall.ratelimit.KeyedOptions": "floodwall.ratelimit.Keyed",
+    "floodwall.shared.GlobalLimitOptions": "floodwall.shared.GlobalLimiter",
+    "floodwall.shared.LeaseOptions": "floodwall.shared.LeasedLimiter",
+    "floodwall.shared.TimeSliceOptions": "floodwall.shared.TimeSliceLimiter",
+    "floodwall.shared.FrequencyOptions": "floodwall.Frequency",
+    "floodwall.shared.CacheOptions": "floodwall.Cache",
+    "floodwall.shared.IdempotencyOptions": "floodwall.Idempotency",
+    "floodwall.degrade.SampledDropOptions": "floodwall.SampledDrop",
+    "floodwall.degrade.PriorityGateOptions": "floodwall.PriorityGate",
+}
+"""Each options object and the policy built from it: the object takes the policy's example
+arguments and accepts, field by field, the edge values the policy's keyword of the same name
+accepts (the policy builds the object from its keywords: one set of checks)."""
+
+
+def options_as_policy(options: str, policy: str) -> None:
+    module, _, name = options.rpartition(".")
+    fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+    example = EXAMPLES.get(policy)
+    if example is not None:
+        EXAMPLES[options] = lambda: {k: v for k, v in example().items() if k in fields}
+    prefix = f"{policy}."
+    for param, labels in list(ACCEPTS.items()):
+        if param.startswith(prefix) and param.count(".") == prefix.count("."):
+            field = f"{options}.{param.removeprefix(prefix)}"
+            ACCEPTS[field] = ACCEPTS.get(field, frozenset()) | labels
+
+
+for _options, _policy in OPTIONS_OF.items():
+    options_as_policy(_options, _policy)
+
+
 REFUSES_HUGE = frozenset(
     {
         "floodwall.shared.GlobalLimiter.rate",
         "floodwall.shared.LeasedLimiter.rate",
+        "floodwall.shared.GlobalLimitOptions.rate",
+        "floodwall.shared.LeaseOptions.rate",
     }
 )
 """Where a huge number is bad, not merely large: a rate past 2**52 permits (documented as

@@ -299,7 +299,7 @@ def test_switch_and_live_reconfigure(clock: fw.FakeClock) -> None:
     policy.reconfigure(rate=0.0)
     assert policy.call(answer) == "real"
     before = policy.options
-    with pytest.raises(fw.ConfigError, match=r"rate must be in \[0, 1\], got 2"):
+    with pytest.raises(fw.ConfigError, match=r"rate must be a number in \[0, 1\], got 2"):
         policy.reconfigure(rate=2)
     with pytest.raises(fw.ConfigError, match="unknown chaos options"):
         policy.reconfigure(delay=3)
@@ -386,7 +386,7 @@ def test_from_spec_builds_each_fault(clock: fw.FakeClock) -> None:
         ({"latency": 1, "schedule": [[1]]}, r"schedule\[0\] must be \[start, end\]"),
         ({"latency": 1, "schedule": [[-1, 2]]}, r"schedule\[0\] start must be"),
         ({"latency": 1, "period": 5}, "period needs a schedule"),
-        ({"latency": 1, "rate": 1.5}, "rate must be in"),
+        ({"latency": 1, "rate": 1.5}, "rate must be a number in"),
     ],
 )
 def test_from_spec_errors(spec: dict[str, object], message: str) -> None:

@@ -83,7 +83,7 @@ def test_a_resource_that_cannot_be_built_refuses_the_whole_document() -> None:
             "c": {"adaptive": {"algorithm": "aimd", "options": {"no_such_option": 1}}},
         }
     }
-    with pytest.raises(fw.ConfigError, match=r"resources\.c: adaptive\.options"):
+    with pytest.raises(fw.ConfigError, match=r"resources\.c\.adaptive: options for aimd"):
         registry.reload(bad)
     assert registry.document is before
     assert registry.names() == ["a", "b"]

@@ -275,7 +275,7 @@ def test_sync_calls_are_refused(clock: FakeClock) -> None:
     [
         ({"delay": 0}, "delay must be a finite number of seconds > 0, got 0"),
         ({"delay": 0.1, "max_hedges": 0}, "max_hedges must be an integer >= 1, got 0"),
-        ({"delay": 0.1, "percentile": 1.0}, r"percentile must be in \(0, 1\), got 1.0"),
+        ({"delay": 0.1, "percentile": 1.0}, r"percentile must be a number in \(0, 1\), got 1.0"),
         ({"delay": 0.1, "min_samples": 0}, "min_samples must be an integer >= 1, got 0"),
         ({"delay": 0.1, "budget": 3}, "budget must be a RetryBudget or None, got 3"),
     ],

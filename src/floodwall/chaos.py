@@ -48,6 +48,7 @@ from floodwall._core.admission import Flow, Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FloodwallError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.policy import Policy
 from floodwall._core.steps import CALL, FlowSteps, Sleep, Step, Wait
 from floodwall._core.tally import Tally
@@ -270,6 +271,12 @@ class Schedule:
 # -- options ---------------------------------------------------------------------------------
 
 
+def _schedule_field(name: str, value: object) -> Schedule:
+    if not isinstance(value, Schedule):
+        raise ConfigError(f"{name} must be a Schedule or None, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChaosOptions:
     """What every chaos policy shares: ``rate`` (share of calls hit, in [0, 1], default
@@ -280,14 +287,14 @@ class ChaosOptions:
     enabled: bool = True
     schedule: Schedule | None = None
 
+    CHECKS: ClassVar[Checks] = {
+        "rate": validate.share,
+        "enabled": validate.flag,
+        "schedule": optional(_schedule_field),
+    }
+
     def __post_init__(self) -> None:
-        rate = self.rate
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ConfigError(f"rate must be in [0, 1], got {rate!r}")
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"enabled must be true or false, got {self.enabled!r}")
-        if self.schedule is not None and not isinstance(self.schedule, Schedule):
-            raise ConfigError(f"schedule must be a Schedule or None, got {self.schedule!r}")
+        check_all(self, self.CHECKS)
 
 
 # -- the policies ----------------------------------------------------------------------------
@@ -387,13 +394,18 @@ class ChaosPolicy(Policy):
         """Turn the switch off (always allowed)."""
         self._swap(dataclasses.replace(self.options, enabled=False), "chaos_disabled")
 
-    def reconfigure(self, **changes: Any) -> None:
-        """Replace options (``rate``, ``enabled``, ``schedule``) at once, validated first; an
-        invalid change raises :class:`~floodwall.ConfigError` and changes nothing."""
+    def reconfigure(self, options: ChaosOptions | None = None, /, **changes: Any) -> None:
+        """Replace the options (``rate``, ``enabled``, ``schedule``) at once: ``options``
+        whole, and/or keyword ``changes`` over them (or over the options in force). Validated
+        first: an invalid change raises :class:`~floodwall.ConfigError` and changes nothing;
+        then swapped in one assignment, so a call judges by the old options or the new ones."""
+        base = self.options if options is None else options
+        if not isinstance(base, ChaosOptions):
+            raise ConfigError(f"options must be a ChaosOptions, got {base!r}")
         unknown = set(changes) - {f.name for f in dataclasses.fields(ChaosOptions)}
         if unknown:
             raise ConfigError(f"unknown chaos options {sorted(unknown)}")
-        fresh = dataclasses.replace(self.options, **changes)
+        fresh = dataclasses.replace(base, **changes)
         if fresh.enabled and not self.options.enabled and not self.allowed:
             raise ConfigError(
                 f"chaos policy {self.name!r} cannot be enabled: chaos is not allowed in this "

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from floodwall._core import validate
 from floodwall._core.admission import Flow
@@ -28,17 +30,61 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, FailedResult, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.meter import note_degraded
-from floodwall._core.outcome import Outcomes
+from floodwall._core.options import Checks, check_all, optional
+from floodwall._core.outcome import Outcomes, _kinds
 from floodwall._core.steps import CALL, Await, FlowSteps
 from floodwall.context import current_call
 
-__all__ = ["Fallback"]
+__all__ = ["Fallback", "FallbackOptions"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-_UNSET: Any = object()
+
+class _Unset:
+    """The ``value`` of a fallback that answers with a ``factory`` instead."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+
+_UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackOptions:
+    """A :class:`Fallback`'s options, validated once: exactly one of ``value`` (the answer) and
+    ``factory`` (a callable of the exception making it); which failures it answers for, ``on``
+    (exception types or an :class:`~floodwall.Outcomes`) and/or ``kinds`` (kind names), either
+    matching, neither: any ``Exception``; ``failure_result``, a predicate on a returned value
+    that counts it as a failure. ``handled`` is derived: ``on`` and ``kinds`` as one
+    :class:`~floodwall.Outcomes`."""
+
+    value: Any = _UNSET
+    factory: Callable[[BaseException], Any] | None = None
+    on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None
+    kinds: Collection[str] | None = None
+    failure_result: Callable[[Any], bool] | None = None
+    handled: Outcomes = field(init=False, repr=False)
+
+    CHECKS: ClassVar[Checks] = {
+        "factory": optional(validate.function),
+        "on": optional(Outcomes.of),
+        "kinds": optional(_kinds),
+        "failure_result": optional(partial(validate.function, what="a predicate")),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if (self.value is _UNSET) == (self.factory is None):
+            raise ConfigError(
+                "give exactly one of value=... or factory=..., got "
+                + ("both" if self.factory is not None else "neither")
+            )
+        object.__setattr__(self, "handled", Outcomes.handled(self.on, self.kinds))
 
 
 class Fallback(Flow, Generic[T]):
@@ -97,20 +143,13 @@ class Fallback(Flow, Generic[T]):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if (value is _UNSET) == (factory is None):
-            raise ConfigError(
-                "give exactly one of value=... or factory=..., got "
-                + ("both" if factory is not None else "neither")
-            )
-        if factory is not None:
-            validate.function("factory", factory)
-        self.value = value
-        self.factory = factory
-        self.handled = Outcomes.handled(on, kinds)
+        self.options = o = FallbackOptions(value, factory, on, kinds, failure_result)
+        """The validated :class:`FallbackOptions`, read once, here."""
+        self.value = o.value
+        self.factory = o.factory
+        self.handled = o.handled
         """The errors this fallback answers for (``on=`` and ``kinds=``)."""
-        if failure_result is not None:
-            validate.function("failure_result", failure_result, what="a predicate")
-        self.failure_result = failure_result
+        self.failure_result = o.failure_result
         self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)

@@ -36,13 +36,16 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Scoped
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.outcome import Kind
 from floodwall._core.race import Race
 from floodwall._core.tally import Tally
@@ -51,7 +54,52 @@ from floodwall.budget import RetryBudget
 from floodwall.classify import DEFAULT_CLASSIFIER, Classifier, ErrorClass, _describe
 from floodwall.context import _RETRY, RetryMarker
 
-__all__ = ["Hedge"]
+__all__ = ["Hedge", "HedgeOptions"]
+
+
+def _classifier(name: str, value: object) -> Classifier:
+    if not isinstance(value, Classifier):
+        raise ConfigError(f"{name} must be a floodwall Classifier, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeOptions:
+    """A :class:`Hedge`'s options, validated once: ``delay`` (seconds before a hedge starts,
+    > 0), ``max_hedges`` (extra attempts, 1), ``percentile`` (in ``(0, 1)``: the delay becomes
+    that percentile of the recent latencies once ``min_samples``, 20, are known; ``None``: the
+    fixed delay), ``classifier``, ``respect_marker`` (no hedge inside a retry, on),
+    ``on_failure`` (hedge also on a failed first attempt, off) and the latency window
+    (``window`` seconds in ``buckets``). The retry budget is what it is wired to, not an
+    option."""
+
+    delay: float
+    max_hedges: int = defaults.HEDGE_MAX_HEDGES
+    percentile: float | None = None
+    min_samples: int = defaults.HEDGE_MIN_SAMPLES
+    classifier: Classifier = DEFAULT_CLASSIFIER
+    respect_marker: bool = True
+    on_failure: bool = False
+    window: float = defaults.RETRY_BUDGET_WINDOW
+    buckets: int = defaults.RETRY_BUDGET_BUCKETS
+
+    CHECKS: ClassVar[Checks] = {
+        "delay": partial(validate.seconds, positive=True),
+        "max_hedges": validate.count,
+        "percentile": optional(
+            partial(validate.number, low=0.0, high=1.0, low_open=True, high_open=True)
+        ),
+        "min_samples": validate.count,
+        "classifier": _classifier,
+        "respect_marker": validate.flag,
+        "on_failure": validate.flag,
+        "window": partial(validate.seconds, positive=True),
+        "buckets": partial(validate.count, maximum=defaults.MAX_SLOTS),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -87,38 +135,37 @@ class Hedge(Scoped):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        validate.seconds("delay", delay, positive=True)
-        validate.count("max_hedges", max_hedges)
-        if percentile is not None and (
-            isinstance(percentile, bool)
-            or not isinstance(percentile, int | float)
-            or not 0 < percentile < 1
-        ):
-            raise ConfigError(f"percentile must be in (0, 1), got {percentile!r}")
-        validate.count("min_samples", min_samples)
+        self.options = o = HedgeOptions(
+            delay,
+            max_hedges,
+            percentile,
+            min_samples,
+            classifier,
+            respect_marker,
+            on_failure,
+            window,
+            buckets,
+        )
+        """The validated :class:`HedgeOptions`, read once, here."""
         if budget is _DEFAULT_BUDGET:
             budget = RetryBudget(name=f"{name}.budget", clock=clock)
         elif budget is not None and not isinstance(budget, RetryBudget):
             raise ConfigError(f"budget must be a RetryBudget or None, got {budget!r}")
-        self.delay = float(delay)
-        self.max_hedges = max_hedges
-        self.percentile = None if percentile is None else float(percentile)
-        self.min_samples = min_samples
+        self.delay = o.delay
+        self.max_hedges = o.max_hedges
+        self.percentile = o.percentile
+        self.min_samples = o.min_samples
         self.budget: RetryBudget | None = budget
         if budget is not None:
             budget.attach()
-        if not isinstance(classifier, Classifier):
-            raise ConfigError(f"classifier must be a floodwall Classifier, got {classifier!r}")
-        self.classifier = classifier
-        self.respect_marker = validate.flag("respect_marker", respect_marker)
-        self.on_failure = validate.flag("on_failure", on_failure)
+        self.classifier = o.classifier
+        self.respect_marker = o.respect_marker
+        self.on_failure = o.on_failure
         self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
-        validate.seconds("window", window, positive=True)
-        validate.count("buckets", buckets, 1, defaults.MAX_SLOTS)
-        self._latency = TimeWindow(buckets, window / buckets)
+        self._latency = TimeWindow(o.buckets, o.window / o.buckets)
         self._lock = threading.Lock()
         self._cached = self.delay
         self._cached_until = -float("inf")

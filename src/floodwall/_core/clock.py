@@ -89,8 +89,11 @@ class FakeClock:
                 fut.get_loop().call_soon_threadsafe(_wake, fut)
 
     def sleep(self, seconds: float) -> None:
+        """Advance by ``seconds`` (>= 0, as :func:`time.sleep` requires: a negative sleep is a
+        caller's bug, refused with a :class:`ValueError` naming ``seconds``)."""
+        validate.seconds("seconds", seconds, error=ValueError)
         self.sleeps.append(seconds)
-        self.advance(max(0.0, seconds))
+        self.advance(seconds)
 
     async def async_sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from floodwall._core import validate
+from floodwall._core.errors import ConfigError
 
 __all__ = [
     "ExpAvgMeasurement",
@@ -51,6 +52,25 @@ def check_float(name: str, value: float, low: float, high: float, *, open_high: 
 
 def check_positive(name: str, value: float) -> float:
     return validate.seconds(name, value, positive=True)
+
+
+def count_or_function(name: str, value: object, minimum: int = 1) -> int | Callable[[int], int]:
+    """An option that is a fixed count (``>= minimum``) or a function of the limit
+    (``queue_size``, Vegas's ``alpha``/``beta``): the function kept as given, the count checked."""
+    if callable(value):
+        return value
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(
+            f"{name} must be an integer >= {minimum} or a function of the limit, got {value!r}"
+        )
+    return value
+
+
+def as_function(value: int | Callable[[int], int]) -> Callable[[int], int]:
+    """A :func:`count_or_function` option as a function of the limit."""
+    if callable(value):
+        return value
+    return lambda _limit: value
 
 
 class Limit(ABC):

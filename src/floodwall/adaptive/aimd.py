@@ -12,17 +12,55 @@ inflight 10 gives 21; from 30, a drop gives 27.
 
 from __future__ import annotations
 
-from floodwall._core import defaults
-from floodwall._core.errors import ConfigError
-from floodwall.adaptive._base import Limit, check_float, check_int, check_positive
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
-__all__ = ["AIMDLimit"]
+from floodwall._core import defaults, validate
+from floodwall._core.errors import ConfigError
+from floodwall._core.options import Checks, check_all
+from floodwall.adaptive._base import Limit
+
+__all__ = ["AIMDLimit", "AIMDOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class AIMDOptions:
+    """An :class:`AIMDLimit`'s options (the Java builder's defaults), validated once.
+
+    ``backoff_ratio`` is in ``[0.5, 1)``; ``timeout`` is seconds (> 0); ``max_limit`` must be
+    at least ``min_limit``.
+    """
+
+    initial_limit: int = defaults.AIMD_INITIAL_LIMIT
+    min_limit: int = defaults.AIMD_MIN_LIMIT
+    max_limit: int = defaults.AIMD_MAX_LIMIT
+    backoff_ratio: float = defaults.AIMD_BACKOFF_RATIO
+    timeout: float = defaults.AIMD_TIMEOUT
+
+    CHECKS: ClassVar[Checks] = {
+        "initial_limit": validate.count,
+        "min_limit": validate.count,
+        "max_limit": validate.count,
+        "backoff_ratio": partial(validate.number, low=0.5, high=1.0, high_open=True),
+        "timeout": partial(validate.seconds, positive=True),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.max_limit < self.min_limit:
+            raise ConfigError(
+                f"max_limit must be >= min_limit ({self.min_limit}), got {self.max_limit!r}"
+            )
 
 
 class AIMDLimit(Limit):
-    """Loss-based limit: ``+1`` per busy success, ``× backoff_ratio`` per drop or slow sample."""
+    """Loss-based limit: ``+1`` per busy success, ``× backoff_ratio`` per drop or slow sample.
 
-    __slots__ = ("backoff_ratio", "max_limit", "min_limit", "timeout")
+    ``options`` holds the validated :class:`AIMDOptions`; the fields the update reads are
+    copied from it once, at construction."""
+
+    __slots__ = ("backoff_ratio", "max_limit", "min_limit", "options", "timeout")
 
     def __init__(
         self,
@@ -33,13 +71,12 @@ class AIMDLimit(Limit):
         backoff_ratio: float = defaults.AIMD_BACKOFF_RATIO,
         timeout: float = defaults.AIMD_TIMEOUT,
     ) -> None:
-        super().__init__(initial_limit)
-        self.min_limit = check_int("min_limit", min_limit)
-        self.max_limit = check_int("max_limit", max_limit)
-        if self.max_limit < self.min_limit:
-            raise ConfigError(f"max_limit must be >= min_limit ({min_limit}), got {max_limit!r}")
-        self.backoff_ratio = check_float("backoff_ratio", backoff_ratio, 0.5, 1.0, open_high=True)
-        self.timeout = check_positive("timeout", timeout)
+        self.options = o = AIMDOptions(initial_limit, min_limit, max_limit, backoff_ratio, timeout)
+        super().__init__(o.initial_limit)
+        self.min_limit = o.min_limit
+        self.max_limit = o.max_limit
+        self.backoff_ratio = o.backoff_ratio
+        self.timeout = o.timeout
 
     def _update(self, start: float, rtt: float, inflight: int, dropped: bool) -> int:
         limit = self._limit

@@ -32,18 +32,19 @@ import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import OverloadedError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall.adaptive._base import check_positive
+from floodwall._core.options import Checks, check_all, optional
 from floodwall.adaptive.cpu import CPUSource, SmoothedCPU, default_cpu_source
 
-__all__ = ["BBR", "BBRLimiter", "BBRStats", "BBRToken"]
+__all__ = ["BBR", "BBRLimiter", "BBROptions", "BBRStats", "BBRToken"]
 
 
 _floor = math.floor
@@ -58,6 +59,32 @@ class BBRStats:
     max_inflight: int
     min_rt: float
     max_pass: int
+
+
+@dataclass(frozen=True, slots=True)
+class BBROptions:
+    """BBR's options (Kratos' defaults: 10 s in 100 buckets, 80 % CPU, 1 s cool-down, RT in
+    whole milliseconds), validated once; ``retry_after`` (seconds, ``None``: none) is what
+    :class:`BBRLimiter` suggests to a shed caller (the pure :class:`BBR` ignores it)."""
+
+    window: float = defaults.BBR_WINDOW
+    buckets: int = defaults.BBR_BUCKETS
+    cpu_threshold: float = defaults.BBR_CPU_THRESHOLD
+    cooldown: float = defaults.BBR_COOLDOWN
+    rt_resolution: float = defaults.BBR_RT_RESOLUTION
+    retry_after: float | None = defaults.SHED_RETRY_AFTER
+
+    CHECKS: ClassVar[Checks] = {
+        "window": partial(validate.seconds, positive=True),
+        "buckets": partial(validate.count, minimum=2, maximum=defaults.MAX_SLOTS),
+        "cpu_threshold": partial(validate.number, low=0.0, high=1.0, low_open=True),
+        "cooldown": validate.seconds,
+        "rt_resolution": validate.seconds,
+        "retry_after": optional(validate.seconds),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class BBR:
@@ -77,6 +104,7 @@ class BBR:
         "cooldown",
         "cpu_threshold",
         "last_drop",
+        "options",
         "rt_resolution",
     )
 
@@ -88,15 +116,19 @@ class BBR:
         cpu_threshold: float = defaults.BBR_CPU_THRESHOLD,
         cooldown: float = defaults.BBR_COOLDOWN,
         rt_resolution: float = defaults.BBR_RT_RESOLUTION,
+        options: BBROptions | None = None,
     ) -> None:
-        window = check_positive("window", window)
-        self.buckets = validate.count("buckets", buckets, 2, defaults.MAX_SLOTS)
-        self.cpu_threshold = validate.number(
-            "cpu_threshold", cpu_threshold, 0.0, 1.0, low_open=True
-        )
-        self.cooldown = validate.seconds("cooldown", cooldown)
-        self.rt_resolution = validate.seconds("rt_resolution", rt_resolution)
-        self.bucket_seconds = window / self.buckets
+        if options is None:
+            o = BBROptions(window, buckets, cpu_threshold, cooldown, rt_resolution)
+        else:
+            o = validate.instance("options", options, BBROptions, "a BBROptions")
+        self.options = o
+        """The validated :class:`BBROptions` (``options`` given: the keywords are unused)."""
+        self.buckets = o.buckets
+        self.cpu_threshold = o.cpu_threshold
+        self.cooldown = o.cooldown
+        self.rt_resolution = o.rt_resolution
+        self.bucket_seconds = o.window / self.buckets
         self._per_second = 1.0 / self.bucket_seconds
         n = self.buckets
         self._epochs = [-1] * n
@@ -260,19 +292,15 @@ class BBRLimiter(Gate):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.name = validate.text("name", name)
-        self.core = BBR(
-            window=window,
-            buckets=buckets,
-            cpu_threshold=cpu_threshold,
-            cooldown=cooldown,
-            rt_resolution=rt_resolution,
+        self.options = BBROptions(
+            window, buckets, cpu_threshold, cooldown, rt_resolution, retry_after
         )
+        """The validated :class:`BBROptions`, shared with the core."""
+        self.core = BBR(options=self.options)
         if cpu is not None:
             validate.function("cpu", cpu, what="a callable returning the CPU usage in [0, 1]")
         self.cpu: Callable[[], float] = cpu or SmoothedCPU(default_cpu_source(clock), clock=clock)
-        self.retry_after = (
-            None if retry_after is None else validate.seconds("retry_after", retry_after)
-        )
+        self.retry_after = self.options.retry_after
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic

@@ -51,17 +51,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar, NamedTuple
 
 from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.validate import PLAIN_INT
-from floodwall.adaptive._base import check_float, check_int, check_positive
+from floodwall.adaptive._base import check_int, check_positive
 
 __all__ = [
     "AdmissionLevel",
+    "DagorOptions",
     "DagorPermit",
     "QueueingTimeAdmission",
     "UpstreamLevels",
@@ -72,6 +76,55 @@ __all__ = [
 
 _LEVELS = 1 << 16
 """Priority levels a DAGOR histogram holds at most per axis (the paper uses 128 and 64)."""
+
+
+_seconds = partial(validate.seconds, positive=True)
+_open_share = partial(validate.number, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+@dataclass(frozen=True, slots=True)
+class DagorOptions:
+    """A :class:`QueueingTimeAdmission`'s options (the paper's figures and floodwall's wait
+    rule, :mod:`floodwall._core.defaults`), validated once.
+
+    Times are seconds; ``early_window`` must be at most ``window``; ``alpha`` and ``beta`` are
+    shares in ``(0, 1)``; ``max_wait_ratio=None`` switches the wait rule off.
+    """
+
+    threshold: float = defaults.DAGOR_QUEUE_THRESHOLD
+    window: float = defaults.DAGOR_WINDOW
+    window_requests: int = defaults.DAGOR_WINDOW_REQUESTS
+    early_window: float = defaults.DAGOR_EARLY_WINDOW
+    early_requests: int = defaults.DAGOR_EARLY_REQUESTS
+    surge: float = defaults.DAGOR_SURGE
+    business_levels: int = defaults.DAGOR_BUSINESS_LEVELS
+    user_levels: int = defaults.DAGOR_USER_LEVELS
+    alpha: float = defaults.DAGOR_ALPHA
+    beta: float = defaults.DAGOR_BETA
+    max_wait_ratio: float | None = defaults.DAGOR_MAX_WAIT_RATIO
+    overflow_share: float = defaults.DAGOR_OVERFLOW_SHARE
+
+    CHECKS: ClassVar[Checks] = {
+        "threshold": _seconds,
+        "window": _seconds,
+        "window_requests": validate.count,
+        "early_window": _seconds,
+        "early_requests": validate.count,
+        "surge": partial(validate.number, low=1.0),
+        "business_levels": partial(validate.count, maximum=_LEVELS),
+        "user_levels": partial(validate.count, maximum=_LEVELS),
+        "alpha": _open_share,
+        "beta": _open_share,
+        "max_wait_ratio": optional(partial(validate.number, low=0.0, low_open=True)),
+        "overflow_share": partial(validate.number, low=0.0, high=1.0, high_open=True),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.early_window > self.window:
+            raise ConfigError(
+                f"early_window must be <= window ({self.window!r} s), got {self.early_window!r}"
+            )
 
 
 class AdmissionLevel(NamedTuple):
@@ -160,20 +213,31 @@ class QueueingTimeAdmission:
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.name = validate.text("name", name)
-        self.threshold = check_positive("threshold", threshold)
-        self.window = check_positive("window", window)
-        self.window_requests = check_int("window_requests", window_requests)
-        self.early_window = check_positive("early_window", early_window)
-        if self.early_window > self.window:
-            raise ConfigError(
-                f"early_window must be <= window ({window!r} s), got {early_window!r}"
-            )
-        self.early_requests = check_int("early_requests", early_requests)
-        self.business_levels = validate.count("business_levels", business_levels, 1, _LEVELS)
-        self.user_levels = validate.count("user_levels", user_levels, 1, _LEVELS)
-        self.alpha = validate.number("alpha", alpha, 0.0, 1.0, low_open=True, high_open=True)
-        self.beta = validate.number("beta", beta, 0.0, 1.0, low_open=True, high_open=True)
-        self._init_wait_rule(max_wait_ratio, overflow_share)
+        self.options = o = DagorOptions(
+            threshold,
+            window,
+            window_requests,
+            early_window,
+            early_requests,
+            surge,
+            business_levels,
+            user_levels,
+            alpha,
+            beta,
+            max_wait_ratio,
+            overflow_share,
+        )
+        """The validated :class:`DagorOptions`, copied once into the fields below."""
+        self.threshold = o.threshold
+        self.window = o.window
+        self.window_requests = o.window_requests
+        self.early_window = o.early_window
+        self.early_requests = o.early_requests
+        self.business_levels = o.business_levels
+        self.user_levels = o.user_levels
+        self.alpha = o.alpha
+        self.beta = o.beta
+        self._init_wait_rule(o.max_wait_ratio, o.overflow_share)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._lock = threading.Lock()
@@ -193,20 +257,14 @@ class QueueingTimeAdmission:
         self.rejected = 0
         self.capacity = 0.0
         """Requests started per second in the last surge window (0 before any)."""
-        self.surge = check_float("surge", surge, 1.0, math.inf, open_high=True)
+        self.surge = o.surge
         self._surge_above = self.surge * self.threshold
         self._surge = False
         """In a surge (a window's queueing past ``surge`` x threshold) and not yet calm again."""
 
     def _init_wait_rule(self, max_wait_ratio: float | None, overflow_share: float) -> None:
-        self.max_wait_ratio = (
-            None
-            if max_wait_ratio is None
-            else validate.number("max_wait_ratio", max_wait_ratio, 0.0, low_open=True)
-        )
-        self.overflow_share = check_float(
-            "overflow_share", overflow_share, 0.0, 1.0, open_high=True
-        )
+        self.max_wait_ratio = max_wait_ratio
+        self.overflow_share = overflow_share
         self._pending = 0
         """Admitted at arrival and not yet started (nor abandoned)."""
         self._admitted_before = 0

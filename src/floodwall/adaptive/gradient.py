@@ -20,27 +20,72 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
+from floodwall._core.options import Checks, check_all, optional
 from floodwall.adaptive._base import (
     Limit,
     MinimumMeasurement,
-    check_float,
-    check_int,
+    as_function,
+    count_or_function,
     square_root,
 )
 
-__all__ = ["GradientLimit"]
+__all__ = ["GradientLimit", "GradientOptions"]
 
 
 def _default_queue(limit: int) -> int:
     return max(4, square_root(limit))
 
 
+@dataclass(frozen=True, slots=True)
+class GradientOptions:
+    """A :class:`GradientLimit`'s options, validated once.
+
+    ``queue_size`` is a count (>= 1) or a function of the limit (``None``: ``max(4,
+    sqrt(limit))``); ``probe_interval=None`` disables probing; ``max_concurrency`` must be at
+    least ``min_limit``.
+    """
+
+    initial_limit: int = defaults.GRADIENT_INITIAL_LIMIT
+    min_limit: int = defaults.GRADIENT_MIN_LIMIT
+    max_concurrency: int = defaults.GRADIENT_MAX_CONCURRENCY
+    smoothing: float = defaults.GRADIENT_SMOOTHING
+    queue_size: int | Callable[[int], int] | None = None
+    rtt_tolerance: float = defaults.GRADIENT_RTT_TOLERANCE
+    probe_interval: int | None = defaults.GRADIENT_PROBE_INTERVAL
+    backoff_ratio: float = defaults.GRADIENT_BACKOFF_RATIO
+
+    CHECKS: ClassVar[Checks] = {
+        "initial_limit": validate.count,
+        "min_limit": validate.count,
+        "max_concurrency": validate.count,
+        "smoothing": partial(validate.number, low=0.0, high=1.0),
+        "queue_size": optional(count_or_function),
+        "rtt_tolerance": partial(validate.number, low=1.0),
+        "probe_interval": optional(validate.count),
+        "backoff_ratio": partial(validate.number, low=0.5, high=1.0),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.max_concurrency < self.min_limit:
+            raise ConfigError(
+                f"max_concurrency must be >= min_limit ({self.min_limit}), "
+                f"got {self.max_concurrency!r}"
+            )
+
+
 class GradientLimit(Limit):
     """Gradient of the no-load RTT over the sampled RTT (see
-    [Overload protection][guide-overload])."""
+    [Overload protection][guide-overload]).
+
+    ``options`` holds the validated :class:`GradientOptions`, copied once, at construction,
+    into the fields the update reads. ``rng`` draws the probe jitter."""
 
     __slots__ = (
         "_countdown",
@@ -51,6 +96,7 @@ class GradientLimit(Limit):
         "estimated_limit",
         "max_concurrency",
         "min_limit",
+        "options",
         "probe_interval",
         "rtt_tolerance",
         "smoothing",
@@ -69,27 +115,27 @@ class GradientLimit(Limit):
         backoff_ratio: float = defaults.GRADIENT_BACKOFF_RATIO,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(initial_limit)
-        self.min_limit = check_int("min_limit", min_limit)
-        self.max_concurrency = check_int("max_concurrency", max_concurrency)
-        if self.max_concurrency < self.min_limit:
-            raise ConfigError(
-                f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
-            )
-        self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
-        if queue_size is None or callable(queue_size):
-            self._queue_size: Callable[[int], int] = queue_size or _default_queue
-        else:
-            fixed = check_int("queue_size", queue_size)
-            self._queue_size = lambda _limit: fixed
-        self.rtt_tolerance = validate.number("rtt_tolerance", rtt_tolerance, 1.0)
-        self.probe_interval = (
-            None if probe_interval is None else check_int("probe_interval", probe_interval)
+        self.options = o = GradientOptions(
+            initial_limit,
+            min_limit,
+            max_concurrency,
+            smoothing,
+            queue_size,
+            rtt_tolerance,
+            probe_interval,
+            backoff_ratio,
         )
-        self.backoff_ratio = check_float("backoff_ratio", backoff_ratio, 0.5, 1.0, open_high=False)
+        super().__init__(o.initial_limit)
+        self.min_limit = o.min_limit
+        self.max_concurrency = o.max_concurrency
+        self.smoothing = o.smoothing
+        self._queue_size = _default_queue if o.queue_size is None else as_function(o.queue_size)
+        self.rtt_tolerance = o.rtt_tolerance
+        self.probe_interval = o.probe_interval
+        self.backoff_ratio = o.backoff_ratio
         self._rng = rng or random.Random()
         self._rtt_noload = MinimumMeasurement()
-        self.estimated_limit = float(initial_limit)
+        self.estimated_limit = float(o.initial_limit)
         self._countdown = self._next_probe()
 
     @property

@@ -38,23 +38,64 @@ Java's algorithm exactly (the golden traces in the tests pass these).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
-from floodwall.adaptive._base import (
-    ExpAvgMeasurement,
-    Limit,
-    check_float,
-    check_int,
-    square_root,
-)
+from floodwall._core.options import Checks, check_all, optional
+from floodwall.adaptive._base import ExpAvgMeasurement, Limit, count_or_function, square_root
 
-__all__ = ["Gradient2Limit"]
+__all__ = ["Gradient2Limit", "Gradient2Options"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gradient2Options:
+    """A :class:`Gradient2Limit`'s options, validated once (defaults: see the module doc).
+
+    ``initial_limit=None`` starts at 20 with the ``cold_limit`` allowance (100 unless given);
+    ``queue_size`` is a count (>= 0) or a function of the limit; ``max_concurrency`` must be
+    at least ``min_limit``.
+    """
+
+    initial_limit: int | None = None
+    min_limit: int = defaults.GRADIENT2_MIN_LIMIT
+    max_concurrency: int = defaults.GRADIENT2_MAX_CONCURRENCY
+    smoothing: float = defaults.GRADIENT2_SMOOTHING
+    decrease_smoothing: float = defaults.GRADIENT2_DECREASE_SMOOTHING
+    queue_size: int | Callable[[int], int] = square_root
+    long_window: int = defaults.GRADIENT2_LONG_WINDOW
+    rtt_tolerance: float = defaults.GRADIENT2_RTT_TOLERANCE
+    cold_limit: int | None = None
+
+    CHECKS: ClassVar[Checks] = {
+        "initial_limit": optional(validate.count),
+        "min_limit": validate.count,
+        "max_concurrency": validate.count,
+        "smoothing": partial(validate.number, low=0.0, high=1.0),
+        "decrease_smoothing": partial(validate.number, low=0.0, high=1.0),
+        "queue_size": partial(count_or_function, minimum=0),
+        "long_window": validate.count,
+        "rtt_tolerance": partial(validate.number, low=1.0),
+        "cold_limit": optional(validate.count),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.max_concurrency < self.min_limit:
+            raise ConfigError(
+                f"max_concurrency must be >= min_limit ({self.min_limit}), "
+                f"got {self.max_concurrency!r}"
+            )
 
 
 class Gradient2Limit(Limit):
     """Gradient of a long-term average RTT over the current RTT (see
-    [Overload protection][guide-overload])."""
+    [Overload protection][guide-overload]).
+
+    ``options`` holds the validated :class:`Gradient2Options`, copied once, at construction,
+    into the fields :meth:`on_sample` reads."""
 
     __slots__ = (
         "_cold",
@@ -69,6 +110,7 @@ class Gradient2Limit(Limit):
         "last_rtt",
         "max_concurrency",
         "min_limit",
+        "options",
         "rtt_tolerance",
         "smoothing",
     )
@@ -86,48 +128,50 @@ class Gradient2Limit(Limit):
         rtt_tolerance: float = defaults.GRADIENT2_RTT_TOLERANCE,
         cold_limit: int | None = None,
     ) -> None:
-        if cold_limit is None and initial_limit is None:
-            cold_limit = defaults.GRADIENT2_COLD_LIMIT
-        if initial_limit is None:
-            initial_limit = defaults.GRADIENT2_INITIAL_LIMIT
-        super().__init__(initial_limit)
-        self.min_limit = check_int("min_limit", min_limit)
-        self.max_concurrency = check_int("max_concurrency", max_concurrency)
-        if self.max_concurrency < self.min_limit:
-            raise ConfigError(
-                f"max_concurrency must be >= min_limit ({min_limit}), got {max_concurrency!r}"
-            )
-        self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
-        self.decrease_smoothing = check_float(
-            "decrease_smoothing", decrease_smoothing, 0.0, 1.0, open_high=False
+        self.options = o = Gradient2Options(
+            initial_limit,
+            min_limit,
+            max_concurrency,
+            smoothing,
+            decrease_smoothing,
+            queue_size,
+            long_window,
+            rtt_tolerance,
+            cold_limit,
         )
-        self.rtt_tolerance = validate.number("rtt_tolerance", rtt_tolerance, 1.0)
+        cold = o.cold_limit
+        if cold is None and o.initial_limit is None:
+            cold = defaults.GRADIENT2_COLD_LIMIT
+        initial = defaults.GRADIENT2_INITIAL_LIMIT if o.initial_limit is None else o.initial_limit
+        super().__init__(initial)
+        self.min_limit = o.min_limit
+        self.max_concurrency = o.max_concurrency
+        self.smoothing = o.smoothing
+        self.decrease_smoothing = o.decrease_smoothing
+        self.rtt_tolerance = o.rtt_tolerance
         # The queue size in use is ``_fixed_queue``: the constant, or the function's value for
         # the whole estimated limit ``_queue_at``, recomputed only when that changes (calling
         # the function every sample cost 70 % more per on_sample; the limit moves rarely).
         self._queue_size: Callable[[int], int] | None = None
-        self._queue_at = int(initial_limit)
-        if callable(queue_size):
-            self._queue_size = queue_size
-            self._fixed_queue = queue_size(self._queue_at)
+        self._queue_at = initial
+        if callable(o.queue_size):
+            self._queue_size = o.queue_size
+            self._fixed_queue = o.queue_size(self._queue_at)
         else:
-            self._fixed_queue = check_int("queue_size", queue_size, 0)
+            self._fixed_queue = o.queue_size
         self._min = float(self.min_limit)
         self._max = float(self.max_concurrency)
-        self._long_rtt = ExpAvgMeasurement(
-            check_int("long_window", long_window), defaults.GRADIENT2_WARMUP
-        )
-        self.estimated_limit = float(initial_limit)
+        self._long_rtt = ExpAvgMeasurement(o.long_window, defaults.GRADIENT2_WARMUP)
+        self.estimated_limit = float(initial)
         self.last_rtt = 0.0
-        self._cold = cold_limit is not None
+        self._cold = cold is not None
         """Whether the cold allowance was granted (its samples must not define the baseline)."""
-        if cold_limit is not None:
-            check_int("cold_limit", cold_limit)
+        if cold is not None:
             # Before the first sample nothing is known about capacity: a freshly started
             # service admits up to cold_limit (within [initial_limit, max_concurrency]) instead
             # of refusing a burst of healthy requests; the first sample starts Java's trace
             # from initial_limit. An explicit initial_limit alone is honoured from the start.
-            self._limit = max(self._limit, min(cold_limit, self.max_concurrency))
+            self._limit = max(self._limit, min(cold, self.max_concurrency))
 
     @property
     def long_rtt(self) -> float:

@@ -32,20 +32,22 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal
+from functools import partial
+from types import MappingProxyType, TracebackType
+from typing import Any, ClassVar, Literal
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.outcome import Outcomes
 from floodwall._core.parking import TIMED_OUT, Lot, Park, Waiter
 from floodwall._core.steps import Step, Wait
 from floodwall.adaptive._base import Limit
 
-__all__ = ["AdaptiveLimiter", "PartitionStats", "Token"]
+__all__ = ["AdaptiveLimiter", "AdaptiveLimiterOptions", "PartitionStats", "Token"]
 
 _OPEN, _SUCCESS, _DROPPED, _IGNORED = 0, 1, 2, 3
 _DROPS = Outcomes(kinds=frozenset({"timeout", "rejected"}))
@@ -132,6 +134,47 @@ class PartitionStats:
     inflight: int
 
 
+def _partitions(name: str, value: object) -> Mapping[str, float]:
+    """Partition shares: a mapping of non-empty names to shares in ``[0, 1]`` adding up to at
+    most 1, kept read-only."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a mapping of name to share, got {value!r}")
+    shares = {
+        validate.text("partition names", key): validate.share(f"{name}[{key!r}]", weight)
+        for key, weight in value.items()
+    }
+    total = sum(shares.values())
+    if total > 1.0 + 1e-9:
+        raise ConfigError(f"partition shares must add up to <= 1.0, got {total:g}")
+    return MappingProxyType(shares)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveLimiterOptions:
+    """An :class:`AdaptiveLimiter`'s options, validated once (the algorithm is what it is
+    wired to): ``partitions`` (guaranteed shares of the limit by request class, ``None``:
+    none), the backlog (``backlog_size`` callers waiting at most, 0: refuse at once, for
+    ``backlog_timeout`` seconds, served ``"lifo"`` or ``"fifo"``) and ``drop_on`` (the errors
+    that are drop samples; default the kinds ``timeout`` and ``rejected``)."""
+
+    partitions: Mapping[str, float] | None = None
+    backlog_size: int = 0
+    backlog_timeout: float = defaults.LIFO_BACKLOG_TIMEOUT
+    backlog_order: Literal["lifo", "fifo"] = "lifo"
+    drop_on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes = _DROPS
+
+    CHECKS: ClassVar[Checks] = {
+        "partitions": optional(_partitions),
+        "backlog_size": partial(validate.count, minimum=0),
+        "backlog_timeout": validate.seconds,
+        "backlog_order": partial(validate.choice, options=("lifo", "fifo")),
+        "drop_on": Outcomes.of,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+
+
 class AdaptiveLimiter(Gate):
     """Concurrency limiter driven by an adaptive :class:`Limit` (see
     [Overload protection][guide-overload]).
@@ -164,42 +207,29 @@ class AdaptiveLimiter(Gate):
     ) -> None:
         if not isinstance(algorithm, Limit):
             raise ConfigError(f"algorithm must be a floodwall adaptive Limit, got {algorithm!r}")
-        validate.count("backlog_size", backlog_size, 0)
-        validate.seconds("backlog_timeout", backlog_timeout)
-        if backlog_order not in ("lifo", "fifo"):
-            raise ConfigError(f"backlog_order must be 'lifo' or 'fifo', got {backlog_order!r}")
+        self.options = o = AdaptiveLimiterOptions(
+            partitions, backlog_size, backlog_timeout, backlog_order, drop_on
+        )
+        """The validated :class:`AdaptiveLimiterOptions`, read once, here."""
         self.algorithm = algorithm
         self.name = validate.text("name", name)
-        self.backlog_size = backlog_size
-        self.backlog_timeout = float(backlog_timeout)
-        self.backlog_order = backlog_order
-        self.drop_on = Outcomes.of("drop_on", drop_on)
+        self.backlog_size = o.backlog_size
+        self.backlog_timeout = o.backlog_timeout
+        self.backlog_order = o.backlog_order
+        self.drop_on: Outcomes = o.drop_on  # type: ignore[assignment]  # normalised by its check
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic
         self._lock = threading.Lock()
-        self._lot = Lot(self._lock, backlog_size, backlog_order)
+        self._lot = Lot(self._lock, o.backlog_size, o.backlog_order)
         self._limit = algorithm.limit
         self._inflight = 0
         self._rejected = 0
-        self._partitions = self._build_partitions(partitions)
+        self._partitions = {
+            name: _Partition(name, share) for name, share in (o.partitions or {}).items()
+        }
         self._unknown = _Partition("unknown", 0.0) if self._partitions else None
         self._reshare()
-
-    @staticmethod
-    def _build_partitions(partitions: Mapping[str, float] | None) -> dict[str, _Partition]:
-        if partitions is None:
-            return {}
-        if not isinstance(partitions, Mapping):
-            raise ConfigError(f"partitions must be a mapping of name to share, got {partitions!r}")
-        built: dict[str, _Partition] = {}
-        for name, weight in partitions.items():
-            share = validate.share(f"partitions[{name!r}]", weight)
-            built[validate.text("partition names", name)] = _Partition(name, share)
-        total = sum(p.weight for p in built.values())
-        if total > 1.0 + 1e-9:
-            raise ConfigError(f"partition shares must add up to <= 1.0, got {total:g}")
-        return built
 
     def _reshare(self) -> None:
         for partition in self._partitions.values():

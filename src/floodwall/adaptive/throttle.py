@@ -28,18 +28,20 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import OverloadedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.outcome import Kind, Outcomes
 from floodwall._core.window import TimeWindow
-from floodwall.adaptive._base import check_int, check_positive
 
-__all__ = ["ClientThrottle", "reject_probability"]
+__all__ = ["ClientThrottle", "ThrottleOptions", "reject_probability"]
 
 
 def reject_probability(requests: float, accepts: float, k: float = defaults.THROTTLE_K) -> float:
@@ -49,6 +51,34 @@ def reject_probability(requests: float, accepts: float, k: float = defaults.THRO
 
 _BACKEND_REJECTIONS = Outcomes(kinds=frozenset({"rejected", "timeout"}))
 """The default ``backend_rejections``: a rejection or a timeout is the backend saying no."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleOptions:
+    """A :class:`ClientThrottle`'s options (the SRE book's ``K = 2`` over two minutes in 24
+    buckets), validated once. ``backend_rejections`` is kept as an
+    :class:`~floodwall.Outcomes`; ``rejected_result`` is a predicate on a returned value."""
+
+    k: float = defaults.THROTTLE_K
+    window: float = defaults.THROTTLE_WINDOW
+    buckets: int = defaults.THROTTLE_BUCKETS
+    min_requests: int = 0
+    max_reject: float = 1.0
+    backend_rejections: Outcomes = _BACKEND_REJECTIONS
+    rejected_result: Callable[[Any], bool] | None = None
+
+    CHECKS: ClassVar[Checks] = {
+        "k": partial(validate.number, low=0.0, low_open=True),
+        "window": partial(validate.seconds, positive=True),
+        "buckets": partial(validate.count, maximum=defaults.MAX_SLOTS),
+        "min_requests": partial(validate.count, minimum=0),
+        "max_reject": partial(validate.number, low=0.0, high=1.0, low_open=True),
+        "backend_rejections": Outcomes.of,
+        "rejected_result": optional(partial(validate.function, what="a predicate")),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class ClientThrottle(Gate):
@@ -89,16 +119,24 @@ class ClientThrottle(Gate):
         listeners: Iterable[EventListener] = (),
     ) -> None:
         self.name = validate.text("name", name)
-        self.k = validate.number("k", k, 0.0, low_open=True)
-        self.window = check_positive("window", window)
-        self.buckets = validate.count("buckets", buckets, 1, defaults.MAX_SLOTS)
-        self.min_requests = check_int("min_requests", min_requests, 0)
-        self.max_reject = validate.number("max_reject", max_reject, 0.0, 1.0, low_open=True)
-        self.backend_rejections = Outcomes.of("backend_rejections", backend_rejections)
+        self.options = o = ThrottleOptions(
+            k,
+            window,
+            buckets,
+            min_requests,
+            max_reject,
+            backend_rejections,  # type: ignore[arg-type]  # normalised to Outcomes by its check
+            rejected_result,
+        )
+        """The validated :class:`ThrottleOptions`, copied once into the fields below."""
+        self.k = o.k
+        self.window = o.window
+        self.buckets = o.buckets
+        self.min_requests = o.min_requests
+        self.max_reject = o.max_reject
+        self.backend_rejections = o.backend_rejections
         """The errors that count as the backend refusing (an outcome selection)."""
-        if rejected_result is not None:
-            validate.function("rejected_result", rejected_result, what="a predicate")
-        self.rejected_result = rejected_result
+        self.rejected_result = o.rejected_result
         self.rng = rng or random.Random()
         self.clock = clock
         self.listeners = Listeners(listeners)

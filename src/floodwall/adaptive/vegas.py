@@ -25,35 +25,72 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
-from floodwall.adaptive._base import Limit, check_float, check_int, log10_root
+from floodwall._core.options import Checks, check_all, optional
+from floodwall.adaptive._base import Limit, as_function, count_or_function, log10_root
 
-__all__ = ["VegasLimit"]
+__all__ = ["VegasLimit", "VegasOptions"]
 
 IntFn = Callable[[int], int]
 FloatFn = Callable[[float], float]
 
-
-def _as_fn(name: str, value: int | IntFn | None, default: IntFn) -> IntFn:
-    if value is None:
-        return default
-    if callable(value):
-        return value
-    fixed = check_int(name, value, 0)
-    return lambda _limit: fixed
+_function_of_limit = partial(validate.function, what="a function of the limit")
 
 
-def _fn(name: str, value: Callable[..., Any] | None, default: Callable[..., Any]) -> Any:
-    if value is None:
-        return default
-    return validate.function(name, value, what="a function of the limit")
+@dataclass(frozen=True, slots=True)
+class VegasOptions:
+    """A :class:`VegasLimit`'s options, validated once.
+
+    ``alpha`` and ``beta`` are a count (>= 0) or a function of the limit; ``threshold``,
+    ``increase`` and ``decrease`` a function of it; ``None`` takes the log10 defaults of the
+    module doc. ``initial_limit`` must be at most ``max_concurrency``.
+    """
+
+    initial_limit: int = defaults.VEGAS_INITIAL_LIMIT
+    max_concurrency: int = defaults.VEGAS_MAX_CONCURRENCY
+    smoothing: float = defaults.VEGAS_SMOOTHING
+    alpha: int | IntFn | None = None
+    beta: int | IntFn | None = None
+    threshold: IntFn | None = None
+    increase: FloatFn | None = None
+    decrease: FloatFn | None = None
+    probe_multiplier: int = defaults.VEGAS_PROBE_MULTIPLIER
+
+    CHECKS: ClassVar[Checks] = {
+        "initial_limit": validate.count,
+        "max_concurrency": validate.count,
+        "smoothing": partial(validate.number, low=0.0, high=1.0),
+        "alpha": optional(partial(count_or_function, minimum=0)),
+        "beta": optional(partial(count_or_function, minimum=0)),
+        "threshold": optional(_function_of_limit),
+        "increase": optional(_function_of_limit),
+        "decrease": optional(_function_of_limit),
+        "probe_multiplier": validate.count,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.initial_limit > self.max_concurrency:
+            raise ConfigError(
+                f"initial_limit must be <= max_concurrency ({self.max_concurrency}), "
+                f"got {self.initial_limit!r}"
+            )
+
+
+def _or(value: Any, default: Callable[..., Any]) -> Any:
+    return default if value is None else as_function(value)
 
 
 class VegasLimit(Limit):
-    """Delay-based limit after TCP Vegas (the rule: [Overload protection][guide-overload])."""
+    """Delay-based limit after TCP Vegas (the rule: [Overload protection][guide-overload]).
+
+    ``options`` holds the validated :class:`VegasOptions`; the functions and numbers the
+    update reads are taken from it once, at construction. ``rng`` draws the probe jitter."""
 
     __slots__ = (
         "_alpha",
@@ -66,6 +103,7 @@ class VegasLimit(Limit):
         "_threshold",
         "estimated_limit",
         "max_concurrency",
+        "options",
         "probe_multiplier",
         "rtt_noload",
         "smoothing",
@@ -85,26 +123,28 @@ class VegasLimit(Limit):
         probe_multiplier: int = defaults.VEGAS_PROBE_MULTIPLIER,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(initial_limit)
-        self.max_concurrency = check_int("max_concurrency", max_concurrency)
-        if initial_limit > max_concurrency:
-            raise ConfigError(
-                f"initial_limit must be <= max_concurrency ({max_concurrency}), "
-                f"got {initial_limit!r}"
-            )
-        self.smoothing = check_float("smoothing", smoothing, 0.0, 1.0, open_high=False)
-        self._alpha = _as_fn("alpha", alpha, lambda limit: 3 * log10_root(limit))
-        self._beta = _as_fn("beta", beta, lambda limit: 6 * log10_root(limit))
-        self._threshold = _fn("threshold", threshold, log10_root)
-        self._increase: FloatFn = _fn(
-            "increase", increase, lambda limit: limit + log10_root(int(limit))
+        self.options = o = VegasOptions(
+            initial_limit,
+            max_concurrency,
+            smoothing,
+            alpha,
+            beta,
+            threshold,
+            increase,
+            decrease,
+            probe_multiplier,
         )
-        self._decrease: FloatFn = _fn(
-            "decrease", decrease, lambda limit: limit - log10_root(int(limit))
-        )
-        self.probe_multiplier = check_int("probe_multiplier", probe_multiplier)
+        super().__init__(o.initial_limit)
+        self.max_concurrency = o.max_concurrency
+        self.smoothing = o.smoothing
+        self._alpha: IntFn = _or(o.alpha, lambda limit: 3 * log10_root(limit))
+        self._beta: IntFn = _or(o.beta, lambda limit: 6 * log10_root(limit))
+        self._threshold: IntFn = o.threshold or log10_root
+        self._increase: FloatFn = o.increase or (lambda limit: limit + log10_root(int(limit)))
+        self._decrease: FloatFn = o.decrease or (lambda limit: limit - log10_root(int(limit)))
+        self.probe_multiplier = o.probe_multiplier
         self._rng = rng or random.Random()
-        self.estimated_limit = float(initial_limit)
+        self.estimated_limit = float(o.initial_limit)
         self.rtt_noload = 0.0
         self._probe_count = 0
         self._probe_jitter = self._rng.uniform(0.5, 1.0)

@@ -140,32 +140,19 @@ def build_limiter(
 ) -> RateLimiter[Any] | GlobalLimiter:
     """The limiter a ``rate_limit:`` section describes: in-process (``scope: local``) or
     shared by every process through a store (``scope: global``, or ``host`` on ``host://``)."""
-    if config.scope != "local":  # the schema checked the algorithm has a shared form
-        return GlobalLimiter(
-            config.algorithm,
-            config.rate,
-            burst=config.burst,
-            store=store(config.store),
-            name=f"{name}.rate_limit",
-            on_store_error=config.on_store_error,
-            expected_instances=config.expected_instances,
-            clock=clock,
-            listeners=listeners,
-        )
-    kind = config.algorithm
+    options = kwargs(config.options())
     common: dict[str, Any] = {"name": f"{name}.rate_limit", "clock": clock, "listeners": listeners}
-    if kind in ("token_bucket", "gcra"):
-        cls: Any = TokenBucket if kind == "token_bucket" else GCRA
-        limiter: RateLimiter[Any] = cls(config.rate, burst=config.burst, **common)
-    elif kind == "leaky":
-        limiter = LeakyBucket(config.rate, **common)
-    else:
-        windows: dict[str, Any] = {
-            "fixed": FixedWindow,
-            "sliding_log": SlidingLog,
-            "sliding": SlidingWindowCounter,
-        }
-        limiter = windows[kind](config.rate, **common)
+    if config.scope != "local":  # the schema checked the algorithm has a shared form
+        return GlobalLimiter(store=store(config.store), **options, **common)
+    limiters: dict[str, Any] = {
+        "token_bucket": TokenBucket,
+        "gcra": GCRA,
+        "leaky": LeakyBucket,
+        "fixed": FixedWindow,
+        "sliding_log": SlidingLog,
+        "sliding": SlidingWindowCounter,
+    }
+    limiter: RateLimiter[Any] = limiters[config.algorithm](**options, **common)
     return limiter
 
 
@@ -231,20 +218,15 @@ def build_adaptive(
     name: str, config: AdaptiveConfig, clock: Clock, listeners: Listeners
 ) -> AdaptiveLimiter:
     """The adaptive concurrency limiter an ``adaptive:`` section describes."""
-    try:
-        algorithm: Limit = _ALGORITHMS[config.algorithm](**config.options)
-    except TypeError as exc:
-        raise ConfigError(f"adaptive.options for {config.algorithm}: {exc}") from None
+    algorithm: Limit = _ALGORITHMS[config.algorithm](**kwargs(config.algorithm_options()))
     if config.windowed:
         algorithm = WindowedLimit(algorithm)
     return AdaptiveLimiter(
         algorithm,
         name=f"{name}.adaptive",
-        partitions=config.partitions,
-        backlog_size=config.backlog_size,
-        backlog_timeout=config.backlog_timeout,
         clock=clock,
         listeners=listeners,
+        **kwargs(config.limiter_options()),
     )
 
 
@@ -264,7 +246,7 @@ def build(
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
     if config.sampled_drop is not None:
         sampled = SampledDrop(
-            config.sampled_drop.ratio,
+            **kwargs(config.sampled_drop.options()),
             name=f"{name}.sampled_drop",
             clock=clock,
             listeners=listeners,
@@ -272,8 +254,7 @@ def build(
         policies.append(sampled)
     if config.fallback is not None:
         fallback = Fallback(
-            value=config.fallback.value,
-            kinds=config.fallback.kinds,
+            **kwargs(config.fallback.options()),
             name=f"{name}.fallback",
             clock=clock,
             listeners=listeners,
@@ -282,11 +263,7 @@ def build(
     if config.cache is not None:
         cc = config.cache
         cache = Cache(
-            ttl=cc.ttl,
-            stale_ttl=cc.stale_ttl,
-            max_entries=cc.max_entries,
-            kinds=cc.kinds,
-            read_only=cc.read_only,
+            **kwargs(cc.options()),
             store=None if cc.store is None else store(cc.store),
             name=f"{name}.cache",
             clock=clock,
@@ -311,10 +288,7 @@ def build(
         policies.append(
             Idempotency(
                 store(ic.store),
-                ttl=ic.ttl,
-                lock_ttl=ic.lock_ttl,
-                required=ic.required,
-                on_store_error=ic.on_store_error,
+                **kwargs(ic.options()),
                 name=f"{name}.idempotency",
                 clock=clock,
                 listeners=listeners,

@@ -30,6 +30,7 @@ file as from code, under the path of the field.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from types import NoneType
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -46,7 +47,15 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from floodwall._core import defaults, validate
+from floodwall._core.errors import ConfigError
 from floodwall._core.options import Checks, check_field, optional
+from floodwall.adaptive import (
+    AdaptiveLimiterOptions,
+    AIMDOptions,
+    Gradient2Options,
+    GradientOptions,
+    VegasOptions,
+)
 from floodwall.backoff import (
     Backoff,
     DecorrelatedJitter,
@@ -62,7 +71,17 @@ from floodwall.breaker import BreakerOptions
 from floodwall.budget import CHECKS as BUDGET_CHECKS
 from floodwall.bulkhead import BulkheadOptions
 from floodwall.config.units import Duration
+from floodwall.degrade import SampledDropOptions
+from floodwall.fallback import FallbackOptions
+from floodwall.ratelimit import (
+    GCRAOptions,
+    LeakyBucketOptions,
+    TokenBucketOptions,
+    WindowOptions,
+    parse_rate,
+)
 from floodwall.retry import RetryOptions
+from floodwall.shared import CacheOptions, GlobalLimitOptions, IdempotencyOptions
 from floodwall.timeout import TimeoutOptions
 
 __all__ = [
@@ -173,10 +192,21 @@ class TimeoutConfig(_Model):
 
 
 class FallbackConfig(_Model):
-    """A static fallback answer, chosen by rejection kind (default: any failure)."""
+    """A static fallback answer, chosen by rejection kind (default: any failure); builds a
+    :class:`~floodwall.fallback.FallbackOptions` (a factory, ``on`` types and
+    ``failure_result`` are code-only)."""
 
     value: Any = None
     kinds: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _whole(self) -> FallbackConfig:
+        self.options()  # the kinds are error kinds, …
+        return self
+
+    def options(self) -> FallbackOptions:
+        """The fallback's options this section describes."""
+        return FallbackOptions(self.value, kinds=self.kinds)
 
 
 class BackoffConfig(_Model):
@@ -278,8 +308,6 @@ class BulkheadConfig(_Model):
 def _rate_spec(value: object) -> str | float:
     """Keep the rate as written (``"5/h"`` keeps its one-hour window), checked by the limiters'
     own parser so the error says the same thing everywhere."""
-    from floodwall.ratelimit import parse_rate
-
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a rate such as '100/s' or '5/h', got {value!r}")
     parse_rate(value)
@@ -288,6 +316,11 @@ def _rate_spec(value: object) -> str | float:
 
 RateSpec = Annotated[str | float, BeforeValidator(_rate_spec)]
 
+
+RateLimitOptions = (
+    WindowOptions | TokenBucketOptions | GCRAOptions | LeakyBucketOptions | GlobalLimitOptions
+)
+"""One of the limiters' options objects (:meth:`RateLimitConfig.options`)."""
 
 GLOBAL_ALGORITHMS = ("gcra", "token_bucket", "fixed", "sliding")
 """The ``rate_limit.algorithm`` values a store can run (``sliding`` is the window counter)."""
@@ -324,7 +357,39 @@ class RateLimitConfig(_Model):
                 f"algorithm {self.algorithm!r} has no shared form "
                 f"(scope: {self.scope} takes {', '.join(GLOBAL_ALGORITHMS)})"
             )
+        self.options()  # the limiter's own checks (an exact bound for a shared rate, …)
         return self
+
+    def options(self) -> RateLimitOptions:
+        """The limiter's options this section describes: a
+        :class:`~floodwall.shared.GlobalLimitOptions` for a shared scope, else the in-process
+        algorithm's object (``burst`` applies to ``token_bucket`` and ``gcra``)."""
+        if self.scope != "local":
+            return GlobalLimitOptions(
+                self.algorithm,
+                self.rate,
+                burst=self.burst,
+                on_store_error=self.on_store_error,
+                expected_instances=self.expected_instances,
+            )
+        if self.algorithm == "token_bucket":
+            return TokenBucketOptions(self.rate, burst=self.burst)
+        if self.algorithm == "gcra":
+            return GCRAOptions(self.rate, burst=self.burst)
+        if self.algorithm == "leaky":
+            return LeakyBucketOptions(self.rate)
+        return WindowOptions(self.rate)
+
+
+AlgorithmOptions = AIMDOptions | VegasOptions | GradientOptions | Gradient2Options
+
+ADAPTIVE_OPTIONS: dict[str, type[AlgorithmOptions]] = {
+    "aimd": AIMDOptions,
+    "vegas": VegasOptions,
+    "gradient": GradientOptions,
+    "gradient2": Gradient2Options,
+}
+"""The options object each ``adaptive.algorithm`` builds from ``adaptive.options``."""
 
 
 class AdaptiveConfig(_Model):
@@ -332,8 +397,10 @@ class AdaptiveConfig(_Model):
 
     ``options`` are the algorithm's keywords, named like the Java builders of Netflix's
     concurrency-limits in snake_case (``initial_limit``, ``min_limit``, ``max_limit``,
-    ``backoff_ratio``, ``smoothing``, ``long_window``, …), times in seconds; they are checked by
-    the algorithm itself. ``windowed`` aggregates samples first (min 1 s, >= 10 samples).
+    ``backoff_ratio``, ``smoothing``, ``long_window``, …), times in seconds; they build the
+    algorithm's options object (:meth:`algorithm_options`: :class:`~floodwall.adaptive.AIMDOptions`,
+    …), so they are checked as in code. ``windowed`` aggregates samples first (min 1 s, >= 10
+    samples).
     """
 
     algorithm: Literal["aimd", "vegas", "gradient", "gradient2"] = "gradient2"
@@ -345,15 +412,52 @@ class AdaptiveConfig(_Model):
 
     _fields = _checked_by({"backlog_size": partial(validate.count, minimum=0)})
 
+    @model_validator(mode="after")
+    def _whole(self) -> AdaptiveConfig:
+        self.algorithm_options()  # the algorithm's own checks, under this section's path
+        self.limiter_options()  # the partitions' shares add up to at most 1
+        return self
+
+    def limiter_options(self) -> AdaptiveLimiterOptions:
+        """The limiter's options (partitions and backlog) this section describes."""
+        return AdaptiveLimiterOptions(self.partitions, self.backlog_size, self.backlog_timeout)
+
+    def algorithm_options(self) -> AlgorithmOptions:
+        """The algorithm's options object ``options`` describes (a key the algorithm does not
+        take is refused, naming it and the keys there are)."""
+        kind = ADAPTIVE_OPTIONS[self.algorithm]
+        known = [f.name for f in dataclasses.fields(kind)]
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"options for {self.algorithm} must be among {', '.join(known)}, got {unknown}"
+            )
+        given: dict[str, Any] = dict(self.options)
+        return kind(**given)
+
 
 class IdempotencyConfig(_Model):
-    """Idempotency records for writes (``floodwall.Idempotency``) on a named store."""
+    """Idempotency records for writes (``floodwall.Idempotency``) on a named store; the other
+    keys build a :class:`~floodwall.shared.IdempotencyOptions`."""
 
     store: str = "default"
     ttl: Duration = defaults.IDEMPOTENCY_TTL
     lock_ttl: Duration = defaults.IDEMPOTENCY_LOCK_TTL
     required: bool = False
     on_store_error: Literal["fail_open", "fail_closed", "local"] = "fail_closed"
+
+    _fields = _checked_by(IdempotencyOptions.CHECKS)
+
+    @model_validator(mode="after")
+    def _whole(self) -> IdempotencyConfig:
+        self.options()  # lock_ttl <= ttl
+        return self
+
+    def options(self) -> IdempotencyOptions:
+        """The idempotency options this section describes."""
+        return IdempotencyOptions(
+            self.ttl, self.lock_ttl, required=self.required, on_store_error=self.on_store_error
+        )
 
 
 class CacheConfig(_Model):
@@ -367,7 +471,23 @@ class CacheConfig(_Model):
     store: str | None = None
     """Name of a ``stores`` entry for a shared level (``None``: in-process only)."""
 
-    _fields = _checked_by({"max_entries": validate.count})
+    _fields = _checked_by(CacheOptions.CHECKS, skip=("kinds",))
+
+    @model_validator(mode="after")
+    def _whole(self) -> CacheConfig:
+        self.options()  # stale_ttl >= ttl, the kinds are error kinds
+        return self
+
+    def options(self) -> CacheOptions:
+        """The cache's options this section describes (a ``key`` function, ``on`` types and a
+        codec are code-only)."""
+        return CacheOptions(
+            self.ttl,
+            self.stale_ttl,
+            self.max_entries,
+            kinds=self.kinds,
+            read_only=self.read_only,
+        )
 
 
 class SampledDropConfig(_Model):
@@ -376,6 +496,10 @@ class SampledDropConfig(_Model):
     ratio: float
 
     _fields = _checked_by({"ratio": validate.share})
+
+    def options(self) -> SampledDropOptions:
+        """The sampled drop's options this section describes."""
+        return SampledDropOptions(self.ratio)
 
 
 class ChaosConfig(_Model):

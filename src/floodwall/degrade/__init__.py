@@ -35,12 +35,13 @@ from floodwall.degrade.priority import (
     LevelLimiter,
     LevelReserve,
     PriorityGate,
+    PriorityGateOptions,
     admit_level,
     dagor_business,
     level_partition,
     level_partitions,
 )
-from floodwall.degrade.sampled import SampledDrop, key_fraction
+from floodwall.degrade.sampled import SampledDrop, SampledDropOptions, key_fraction
 from floodwall.degrade.signals import (
     Signal,
     cpu_signal,
@@ -70,7 +71,9 @@ __all__ = [
     "LevelSwitch",
     "Levels",
     "PriorityGate",
+    "PriorityGateOptions",
     "SampledDrop",
+    "SampledDropOptions",
     "ShedController",
     "ShedOptions",
     "ShedState",

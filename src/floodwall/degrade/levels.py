@@ -37,13 +37,15 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from functools import partial
+from typing import Any, ClassVar, Literal, Protocol
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 from floodwall._core.validate import PLAIN_INT
 from floodwall._core.validate import seconds as _seconds
 
@@ -86,18 +88,22 @@ class ShedOptions:
     restore_growth: float = defaults.SHED_RESTORE_GROWTH
     max_restore_after: float = defaults.SHED_MAX_RESTORE_AFTER
 
+    CHECKS: ClassVar[Checks] = {
+        "shed_above": partial(validate.number, low=0.0),
+        "restore_below": partial(validate.number, low=0.0),
+        "shed_after": _seconds,
+        "restore_after": _seconds,
+        "restore_growth": partial(validate.number, low=1.0),
+        "max_restore_after": _seconds,
+    }
+
     def __post_init__(self) -> None:
-        validate.number("shed_above", self.shed_above, 0.0)
-        validate.number("restore_below", self.restore_below, 0.0)
+        check_all(self, self.CHECKS)
         if not self.restore_below < self.shed_above:
             raise ConfigError(
                 f"restore_below must be < shed_above ({self.shed_above!r}), "
                 f"got {self.restore_below!r}"
             )
-        _seconds("shed_after", self.shed_after)
-        _seconds("restore_after", self.restore_after)
-        validate.number("restore_growth", self.restore_growth, 1.0)
-        _seconds("max_restore_after", self.max_restore_after)
         if self.max_restore_after < self.restore_after:
             raise ConfigError(
                 f"max_restore_after must be >= restore_after ({self.restore_after!r}), "

@@ -30,18 +30,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, ClassVar, TypeVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import BulkheadFullError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 
 __all__ = [
     "LevelLimiter",
     "LevelReserve",
     "PriorityGate",
+    "PriorityGateOptions",
     "admit_level",
     "dagor_business",
     "level_partition",
@@ -66,9 +69,13 @@ class LevelReserve:
     level2: float = defaults.PRIORITY_RESERVE_LEVEL2
     level3: float = defaults.PRIORITY_RESERVE_LEVEL3
 
+    CHECKS: ClassVar[Checks] = {
+        "level2": partial(validate.number, low=0.0, high=1.0, high_open=True),
+        "level3": partial(validate.number, low=0.0, high=1.0, high_open=True),
+    }
+
     def __post_init__(self) -> None:
-        validate.number("level2", self.level2, 0.0, 1.0, high_open=True)
-        validate.number("level3", self.level3, 0.0, 1.0, high_open=True)
+        check_all(self, self.CHECKS)
         if not self.level2 <= self.level3 < 1:
             raise ConfigError(
                 f"level3 must be in [level2 ({self.level2!r}), 1), got {self.level3!r}"
@@ -83,6 +90,32 @@ class LevelReserve:
         """Whether ``cost`` more units of ``level`` work fit, with ``in_use`` of ``capacity``
         taken. Pure; O(1)."""
         return in_use + cost <= capacity * self.share(level) + _EPSILON
+
+
+def _reserve(name: str, value: object) -> LevelReserve:
+    if not isinstance(value, LevelReserve):
+        raise ConfigError(f"{name} must be a LevelReserve, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityGateOptions:
+    """A :class:`PriorityGate`'s options, validated once: ``max_concurrent`` calls at once
+    (>= 1), the ``reserve`` each level leaves to more important ones (a :class:`LevelReserve`:
+    10 % for level 2, 30 % for level 3) and the ``level`` of ``gate.call`` (1)."""
+
+    max_concurrent: int
+    reserve: LevelReserve = LevelReserve()
+    level: int = 1
+
+    CHECKS: ClassVar[Checks] = {
+        "max_concurrent": validate.count,
+        "reserve": _reserve,
+        "level": lambda name, value: _check_level(value),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 # -- a concurrency gate with levels ---------------------------------------------------------
@@ -133,18 +166,14 @@ class PriorityGate(_Levelled, Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        if (
-            isinstance(max_concurrent, bool)
-            or not isinstance(max_concurrent, int)
-            or max_concurrent < 1
-        ):
-            raise ConfigError(f"max_concurrent must be an integer >= 1, got {max_concurrent!r}")
+        self.options = o = PriorityGateOptions(
+            max_concurrent, LevelReserve() if reserve is None else reserve, level
+        )
+        """The validated :class:`PriorityGateOptions`, read once, here."""
         self.clock = clock
-        self.max_concurrent = max_concurrent
-        if reserve is not None and not isinstance(reserve, LevelReserve):
-            raise ConfigError(f"reserve must be a LevelReserve or None, got {reserve!r}")
-        self.reserve = reserve if reserve is not None else LevelReserve()
-        self.level = _check_level(level)
+        self.max_concurrent = o.max_concurrent
+        self.reserve = o.reserve
+        self.level = o.level
         self.name = validate.text("name", name)
         self.listeners = Listeners(listeners)
         self._now = clock.monotonic

@@ -21,29 +21,43 @@ per second; ``burst`` is permits beyond the steady one-at-a-time flow; all time 
 :class:`HotKeys`          listed hot key values on limits of their own beside a ``Keyed`` default
 ========================  ===================================================================
 
+Each limiter's options are a frozen, validated object in its ``options`` attribute
+(:class:`WindowOptions` for the three windows, :class:`TokenBucketOptions`, :class:`GCRAOptions`,
+:class:`LeakyBucketOptions`, :class:`WarmUpOptions`: what a ``rate_limit:`` section builds;
+:class:`KeyedOptions` for a keyed one).
 See ``docs/rate-limiting.md`` (local) and ``docs/distributed.md`` (global) for each
 algorithm's promise, defaults and measured cost.
 """
 
-from floodwall.ratelimit._base import Decision, Rate, RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit._base import (
+    Decision,
+    Rate,
+    RateLike,
+    RateLimiter,
+    WindowOptions,
+    parse_rate,
+)
 from floodwall.ratelimit.fixed import FixedWindow
-from floodwall.ratelimit.gcra import GCRA
+from floodwall.ratelimit.gcra import GCRA, GCRAOptions
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.ratelimit.hot import HotKeys
-from floodwall.ratelimit.keyed import Keyed
-from floodwall.ratelimit.leaky import LeakyBucket
+from floodwall.ratelimit.keyed import Keyed, KeyedOptions
+from floodwall.ratelimit.leaky import LeakyBucket, LeakyBucketOptions
 from floodwall.ratelimit.multi import Multi
 from floodwall.ratelimit.sliding import SlidingLog, SlidingWindowCounter
-from floodwall.ratelimit.token import TokenBucket
-from floodwall.ratelimit.warmup import WarmUp
+from floodwall.ratelimit.token import TokenBucket, TokenBucketOptions
+from floodwall.ratelimit.warmup import WarmUp, WarmUpOptions
 
 __all__ = [
     "GCRA",
     "Decision",
     "FixedWindow",
+    "GCRAOptions",
     "HotKeys",
     "Keyed",
+    "KeyedOptions",
     "LeakyBucket",
+    "LeakyBucketOptions",
     "Multi",
     "Rate",
     "RateLike",
@@ -51,7 +65,10 @@ __all__ = [
     "SlidingLog",
     "SlidingWindowCounter",
     "TokenBucket",
+    "TokenBucketOptions",
     "WarmUp",
+    "WarmUpOptions",
+    "WindowOptions",
     "parse_rate",
     "rate_limit_headers",
 ]

@@ -43,6 +43,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from floodwall._core import defaults, validate
@@ -50,6 +51,7 @@ from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.steps import FlowSteps, Sleep, Step
 from floodwall._core.tally import Tally
@@ -59,7 +61,7 @@ from floodwall._core.validate import number as _number_check
 from floodwall._core.validate import seconds as _seconds_check
 from floodwall.context import _DEADLINE
 
-__all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "parse_rate"]
+__all__ = ["Decision", "Rate", "RateLike", "RateLimiter", "WindowOptions", "parse_rate"]
 
 S = TypeVar("S")
 
@@ -196,6 +198,33 @@ def check_cost(cost: object) -> float:
 
 def _seconds(name: str, value: float, *, allow_inf: bool = True) -> float:
     return _seconds_check(name, value, infinite=allow_inf)
+
+
+def rate_field(name: str, value: object) -> Rate:
+    """An options object's ``rate``: anything :func:`parse_rate` reads, kept as a
+    :class:`Rate` (``"5/h"`` keeps its one-hour window)."""
+    return parse_rate(value, name)  # type: ignore[arg-type]  # parse_rate refuses other types
+
+
+max_wait_field = partial(_seconds_check, infinite=True)
+"""An options object's ``max_wait``: seconds >= 0, ``inf`` for a wait without a bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOptions:
+    """The options of a window limiter (:class:`~floodwall.ratelimit.FixedWindow`,
+    :class:`~floodwall.ratelimit.SlidingLog`,
+    :class:`~floodwall.ratelimit.SlidingWindowCounter`), validated once: ``rate`` (kept as a
+    :class:`Rate`: ``count`` per window of ``period`` seconds) and ``max_wait`` (seconds a call
+    may wait for its turn as a policy; 0 refuses at once)."""
+
+    rate: RateLike
+    max_wait: float = defaults.RATE_LIMIT_MAX_WAIT
+
+    CHECKS: ClassVar[Checks] = {"rate": rate_field, "max_wait": max_wait_field}
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class RateLimiter(Gate, Generic[S]):

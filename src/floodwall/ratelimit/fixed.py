@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
-from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit._base import RateLike, RateLimiter, WindowOptions, parse_rate
 from floodwall.ratelimit._steps import US, FixedWindowStep, Window, period_ticks
 
 __all__ = ["FixedWindow"]
@@ -51,11 +51,15 @@ class FixedWindow(RateLimiter[Window], FixedWindowStep):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
+        self.options = WindowOptions(rate, max_wait)
+        """The validated :class:`~floodwall.ratelimit.WindowOptions`, read once, here."""
+        self.rate = parse_rate(self.options.rate)
         self.period = self.rate.period
         self.window = self.period
         FixedWindowStep.__init__(self, self.rate.count, float(period_ticks(self.rate)), US)
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(
+            name=name, clock=clock, max_wait=self.options.max_wait, listeners=listeners
+        )
 
     # -- the pure core: the step's --------------------------------------------------------
 

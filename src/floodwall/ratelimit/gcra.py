@@ -34,15 +34,38 @@ redis-cell, ``redis-cell-impl/src/lib.rs`` (github.com/brandur/redis-cell).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
-from floodwall._core.validate import count as _count
-from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
+from floodwall._core.options import Checks, check_all, optional
+from floodwall.ratelimit._base import RateLike, RateLimiter, max_wait_field, parse_rate, rate_field
 from floodwall.ratelimit._steps import US, GcraStep, Tat
 
-__all__ = ["GCRA"]
+__all__ = ["GCRA", "GCRAOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class GCRAOptions:
+    """A :class:`GCRA`'s options, validated once: ``rate`` (kept as a
+    :class:`~floodwall.ratelimit.Rate`), ``burst`` (permits beyond the steady flow, >= 0;
+    ``None``: ``rate.count - 1``) and ``max_wait`` (seconds a call may wait as a policy)."""
+
+    rate: RateLike
+    burst: int | None = None
+    max_wait: float = defaults.RATE_LIMIT_MAX_WAIT
+
+    CHECKS: ClassVar[Checks] = {
+        "rate": rate_field,
+        "burst": optional(partial(validate.count, minimum=0)),
+        "max_wait": max_wait_field,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class GCRA(RateLimiter[Tat], GcraStep):
@@ -65,13 +88,15 @@ class GCRA(RateLimiter[Tat], GcraStep):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
-        self.burst = self.rate.count - 1 if burst is None else _count("burst", burst, 0)
+        self.options = o = GCRAOptions(rate, burst, max_wait)
+        """The validated :class:`GCRAOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
+        self.burst = self.rate.count - 1 if o.burst is None else o.burst
         self.limit = 1 + self.burst
         GcraStep.__init__(self, *GcraStep.units_of(self.rate, self.limit), US)
         self.units_per_second = 1_000_000 * self.scale
         self.window = self.tolerance / self.units_per_second
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(name=name, clock=clock, max_wait=o.max_wait, listeners=listeners)
 
     def units(self, now: float) -> int:
         """``now`` (seconds) in this limiter's integer time units."""

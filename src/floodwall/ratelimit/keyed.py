@@ -38,20 +38,45 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, Literal, TypeVar
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar, Generic, Literal, TypeVar
 
-from floodwall._core import defaults
+from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.validate import PLAIN_INT
-from floodwall._core.validate import count as _count
-from floodwall.ratelimit._base import INF, Decision, RateLimiter, _new, check_cost
+from floodwall.ratelimit._base import INF, Decision, RateLimiter, _new, check_cost, max_wait_field
 
-__all__ = ["Keyed"]
+__all__ = ["Keyed", "KeyedOptions"]
 
 S = TypeVar("S")
 
 Overflow = Literal["reject", "shared"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedOptions:
+    """A :class:`Keyed` limiter's options, validated once: ``max_keys`` (states tracked at most,
+    100 000), ``overflow`` (a new key when the table is full of busy keys: ``"reject"`` it, or
+    decide it on one ``"shared"`` state), ``key`` (a callable of a protected call's arguments
+    giving its key) and ``max_wait`` (``None``: the wrapped limiter's)."""
+
+    max_keys: int = defaults.RATE_LIMIT_MAX_KEYS
+    overflow: Overflow = "reject"
+    key: Callable[..., Hashable] | None = None
+    max_wait: float | None = None
+
+    CHECKS: ClassVar[Checks] = {
+        "max_keys": validate.count,
+        "overflow": partial(validate.choice, options=("reject", "shared")),
+        "key": optional(partial(validate.function, what="a callable of the call's arguments")),
+        "max_wait": optional(max_wait_field),
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class Keyed(RateLimiter[S], Generic[S]):
@@ -78,12 +103,12 @@ class Keyed(RateLimiter[S], Generic[S]):
     ) -> None:
         if not isinstance(limiter, RateLimiter) or isinstance(limiter, Keyed):
             raise ConfigError(f"limiter must be a RateLimiter that is not Keyed, got {limiter!r}")
-        if overflow not in ("reject", "shared"):
-            raise ConfigError(f"overflow must be 'reject' or 'shared', got {overflow!r}")
+        self.options = o = KeyedOptions(max_keys, overflow, key, max_wait)
+        """The validated :class:`KeyedOptions`, read once, here."""
         self.limiter = limiter
-        self.max_keys = _count("max_keys", max_keys)
-        self.overflow: Overflow = overflow
-        self.key = key
+        self.max_keys = o.max_keys
+        self.overflow: Overflow = o.overflow
+        self.key = o.key
         self.limit = limiter.limit
         self.window = limiter.window
         self.books_ahead = limiter.books_ahead  # type: ignore[misc]
@@ -103,7 +128,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         super().__init__(
             name=f"{limiter.name}[key]" if name is None else name,
             clock=limiter.clock,
-            max_wait=limiter.max_wait if max_wait is None else max_wait,
+            max_wait=limiter.max_wait if o.max_wait is None else o.max_wait,
             listeners=listeners,
         )
 

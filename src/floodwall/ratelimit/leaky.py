@@ -25,24 +25,50 @@ unused).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
+from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
-from floodwall._core.validate import count as _count
+from floodwall._core.options import Checks, check_all, optional
 from floodwall.ratelimit._base import (
     INF,
     Decision,
     RateLike,
     RateLimiter,
     _new,
+    max_wait_field,
     parse_rate,
+    rate_field,
 )
 
-__all__ = ["LeakyBucket"]
+__all__ = ["LeakyBucket", "LeakyBucketOptions"]
 
 _SLACK = 1e-9
 """Relative slack on the queue bound and on ``max_wait``, so float sums of intervals do not
 refuse the last slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeakyBucketOptions:
+    """A :class:`LeakyBucket`'s options, validated once: ``rate`` (kept as a
+    :class:`~floodwall.ratelimit.Rate`), ``queue`` (requests waiting at most, >= 0; ``None``:
+    ``rate.count``) and ``max_wait`` (seconds a call may wait; default ``inf``: it paces)."""
+
+    rate: RateLike
+    queue: int | None = None
+    max_wait: float = INF
+
+    CHECKS: ClassVar[Checks] = {
+        "rate": rate_field,
+        "queue": optional(partial(validate.count, minimum=0)),
+        "max_wait": max_wait_field,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class _Queue:
@@ -78,13 +104,15 @@ class LeakyBucket(RateLimiter[_Queue]):
         max_wait: float = INF,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
-        self.queue = self.rate.count if queue is None else _count("queue", queue, 0)
+        self.options = o = LeakyBucketOptions(rate, queue, max_wait)
+        """The validated :class:`LeakyBucketOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
+        self.queue = self.rate.count if o.queue is None else o.queue
         self.interval = self.rate.interval
         self.limit = self.queue + 1
         self.window = self.rate.period
         self._max_delay = self.queue * self.interval * (1 + _SLACK)
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(name=name, clock=clock, max_wait=o.max_wait, listeners=listeners)
 
     # -- the pure core ----------------------------------------------------------------------
 

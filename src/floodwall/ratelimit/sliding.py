@@ -36,7 +36,15 @@ from collections.abc import Iterable
 from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
-from floodwall.ratelimit._base import INF, Decision, RateLike, RateLimiter, _new, parse_rate
+from floodwall.ratelimit._base import (
+    INF,
+    Decision,
+    RateLike,
+    RateLimiter,
+    WindowOptions,
+    _new,
+    parse_rate,
+)
 from floodwall.ratelimit._steps import US, Counts, SlidingCounterStep, period_ticks
 
 __all__ = ["SlidingLog", "SlidingWindowCounter"]
@@ -74,11 +82,15 @@ class SlidingLog(RateLimiter[_Log]):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
+        self.options = WindowOptions(rate, max_wait)
+        """The validated :class:`~floodwall.ratelimit.WindowOptions`, read once, here."""
+        self.rate = parse_rate(self.options.rate)
         self.limit = self.rate.count
         self.period = self.rate.period
         self.window = self.period
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(
+            name=name, clock=clock, max_wait=self.options.max_wait, listeners=listeners
+        )
 
     def _oldest(self, st: _Log, index: int) -> float:
         """The ``index``-th oldest remembered grant (0 = oldest)."""
@@ -177,11 +189,15 @@ class SlidingWindowCounter(RateLimiter[Counts], SlidingCounterStep):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
+        self.options = WindowOptions(rate, max_wait)
+        """The validated :class:`~floodwall.ratelimit.WindowOptions`, read once, here."""
+        self.rate = parse_rate(self.options.rate)
         self.period = self.rate.period
         self.window = self.period
         SlidingCounterStep.__init__(self, self.rate.count, float(period_ticks(self.rate)), US)
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(
+            name=name, clock=clock, max_wait=self.options.max_wait, listeners=listeners
+        )
 
     def estimate(self, st: Counts, now: float) -> float:
         """The weighted sliding count of ``st`` at ``now`` (``st`` already at ``now``)."""

@@ -26,15 +26,62 @@ Sources: Turner (1986), "New directions in communications"; the seeds' token-buc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
+from floodwall._core.errors import ConfigError
 from floodwall._core.events import EventListener
-from floodwall._core.validate import count as _count
-from floodwall.ratelimit._base import RateLike, RateLimiter, parse_rate
+from floodwall._core.options import Checks, check_all, optional
+from floodwall.ratelimit._base import (
+    Rate,
+    RateLike,
+    RateLimiter,
+    max_wait_field,
+    parse_rate,
+    rate_field,
+)
 from floodwall.ratelimit._steps import US, Bucket, TokenBucketStep, period_ticks
 
-__all__ = ["TokenBucket"]
+__all__ = ["TokenBucket", "TokenBucketOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucketOptions:
+    """A :class:`TokenBucket`'s options, validated once: ``rate`` (kept as a
+    :class:`~floodwall.ratelimit.Rate`), ``burst`` (permits beyond the steady flow, >= 0;
+    ``None``: ``rate.count - 1``), ``initial`` (tokens a new key starts with, in ``[0, 1 +
+    burst]``; ``None``: a full bucket) and ``max_wait`` (seconds a call may wait as a policy)."""
+
+    rate: RateLike
+    burst: int | None = None
+    initial: float | None = None
+    max_wait: float = defaults.RATE_LIMIT_MAX_WAIT
+
+    CHECKS: ClassVar[Checks] = {
+        "rate": rate_field,
+        "burst": optional(partial(validate.count, minimum=0)),
+        "initial": optional(partial(validate.number, low=0.0)),
+        "max_wait": max_wait_field,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        capacity = 1 + self.resolved_burst
+        if self.initial is not None and self.initial > capacity:
+            raise ConfigError(
+                f"initial must be a number in [0, {capacity:g}] (the capacity, 1 + burst), "
+                f"got {self.initial!r}"
+            )
+
+    @property
+    def resolved_burst(self) -> int:
+        """``burst``, or its default ``rate.count - 1``."""
+        rate = self.rate
+        assert isinstance(rate, Rate)  # normalised by its check
+        return rate.count - 1 if self.burst is None else self.burst
 
 
 class TokenBucket(RateLimiter[Bucket], TokenBucketStep):
@@ -59,20 +106,20 @@ class TokenBucket(RateLimiter[Bucket], TokenBucketStep):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
-        self.burst = self.rate.count - 1 if burst is None else _count("burst", burst, 0)
+        self.options = o = TokenBucketOptions(rate, burst, initial, max_wait)
+        """The validated :class:`TokenBucketOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
+        self.burst = o.resolved_burst
         self.capacity = float(1 + self.burst)
         self.limit = 1 + self.burst
         self.window = self.capacity / self.rate.per_second
-        if initial is None:
-            initial = self.capacity
-        self.initial = validate.number("initial", initial, 0.0, self.capacity)
+        self.initial = self.capacity if o.initial is None else o.initial
         # floats: the clock's ticks are floats, and a float meets a large int the slow way
         unit = float(period_ticks(self.rate))  # units per token: one per tick of the period
         TokenBucketStep.__init__(
             self, self.limit * unit, unit, float(self.rate.count), self.initial * unit, US
         )
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(name=name, clock=clock, max_wait=o.max_wait, listeners=listeners)
 
     # -- the pure core: the step's --------------------------------------------------------
 

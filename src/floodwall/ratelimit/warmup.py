@@ -32,25 +32,53 @@ Alibaba Sentinel ``WarmUpController`` (cold factor 3); the seeds' rate-limiting 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.events import EventListener
+from floodwall._core.options import Checks, check_all
 from floodwall.ratelimit._base import (
     INF,
     Decision,
     RateLike,
     RateLimiter,
     _new,
+    max_wait_field,
     parse_rate,
+    rate_field,
 )
 
-__all__ = ["WarmUp"]
+__all__ = ["WarmUp", "WarmUpOptions"]
 
 
 _MAX_COLD_FACTOR = 1e6
 """A cold start a million times slower than the rate is no warm-up any more (and a larger factor
 makes the ramp's slope underflow to zero)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmUpOptions:
+    """A :class:`WarmUp`'s options, validated once: ``rate`` (kept as a
+    :class:`~floodwall.ratelimit.Rate`), ``warmup`` (seconds of the ramp, > 0), ``cold_factor``
+    (the cold rate is ``rate / cold_factor``, in ``(1, 1e6]``; Sentinel's 3) and ``max_wait``."""
+
+    rate: RateLike
+    warmup: float
+    cold_factor: float = defaults.WARMUP_COLD_FACTOR
+    max_wait: float = defaults.RATE_LIMIT_MAX_WAIT
+
+    CHECKS: ClassVar[Checks] = {
+        "rate": rate_field,
+        "warmup": partial(validate.seconds, positive=True),
+        "cold_factor": partial(validate.number, low=1.0, high=_MAX_COLD_FACTOR, low_open=True),
+        "max_wait": max_wait_field,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 class _Warm:
@@ -86,11 +114,11 @@ class WarmUp(RateLimiter[_Warm]):
         max_wait: float = defaults.RATE_LIMIT_MAX_WAIT,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
-        self.warmup = validate.seconds("warmup", warmup, positive=True)
-        self.cold_factor = validate.number(
-            "cold_factor", cold_factor, 1.0, _MAX_COLD_FACTOR, low_open=True
-        )
+        self.options = o = WarmUpOptions(rate, warmup, cold_factor, max_wait)
+        """The validated :class:`WarmUpOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
+        self.warmup = o.warmup
+        self.cold_factor = o.cold_factor
         self.stable = self.rate.interval
         self.cold = self.stable * self.cold_factor
         self.threshold = 0.5 * self.warmup / self.stable
@@ -99,7 +127,7 @@ class WarmUp(RateLimiter[_Warm]):
         self.cool_down = self.warmup / self.maximum
         """Seconds of idleness that store one permit."""
         self.window = self.stable
-        super().__init__(name=name, clock=clock, max_wait=max_wait, listeners=listeners)
+        super().__init__(name=name, clock=clock, max_wait=o.max_wait, listeners=listeners)
 
     def spacing(self, stored: float) -> float:
         """Seconds per permit when ``stored`` permits are stored (the ramp)."""

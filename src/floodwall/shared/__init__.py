@@ -17,27 +17,34 @@ into the policy's configured behaviour, never into an error for the caller.
 :class:`WriteBehind`         bounded queued writes (memory or Redis Streams), at least once
 ===========================  =================================================================
 
+The limiters keep their options in a frozen, validated object, ``options``
+(:class:`GlobalLimitOptions`, :class:`LeaseOptions`, :class:`TimeSliceOptions`,
+:class:`FrequencyOptions`), as do the cache and idempotency (:class:`CacheOptions`,
+:class:`IdempotencyOptions`); the store, its key function and its breaker are what a policy is
+wired to, not options.
+
 The layer map (``docs/architecture.md``): this package sits below ``floodwall.stores`` and
 above ``floodwall.config``; nothing in the policy packages imports it. The most used names are
 also re-exported by ``floodwall`` itself; see ``docs/distributed.md``.
 """
 
-from floodwall.shared.cache import Cache, Cached, LruTtl
-from floodwall.shared.frequency import Frequency, FrequencyDecision
-from floodwall.shared.global_limit import GlobalLimiter
+from floodwall.shared.cache import Cache, Cached, CacheOptions, LruTtl
+from floodwall.shared.frequency import Frequency, FrequencyDecision, FrequencyOptions
+from floodwall.shared.global_limit import GlobalLimiter, GlobalLimitOptions
 from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import (
     DuplicateInFlightError,
     Idempotency,
     IdempotencyKeyMissingError,
     IdempotencyKeyReusedError,
+    IdempotencyOptions,
     IdempotencyTokenError,
     IdempotencyUnavailableError,
     OneTimeTokens,
     fingerprint_of,
 )
-from floodwall.shared.leasing import LeasedLimiter
-from floodwall.shared.timeslice import TimeSliceLimiter
+from floodwall.shared.leasing import LeasedLimiter, LeaseOptions
+from floodwall.shared.timeslice import TimeSliceLimiter, TimeSliceOptions
 from floodwall.shared.write_behind import (
     Deferred,
     DeliveryCore,
@@ -50,19 +57,24 @@ from floodwall.shared.write_behind import (
 
 __all__ = [
     "Cache",
+    "CacheOptions",
     "Cached",
     "Deferred",
     "DeliveryCore",
     "DuplicateInFlightError",
     "Frequency",
     "FrequencyDecision",
+    "FrequencyOptions",
+    "GlobalLimitOptions",
     "GlobalLimiter",
     "HostBulkhead",
     "Idempotency",
     "IdempotencyKeyMissingError",
     "IdempotencyKeyReusedError",
+    "IdempotencyOptions",
     "IdempotencyTokenError",
     "IdempotencyUnavailableError",
+    "LeaseOptions",
     "LeasedLimiter",
     "LruTtl",
     "MemoryQueue",
@@ -70,6 +82,7 @@ __all__ = [
     "OneTimeTokens",
     "StreamQueue",
     "TimeSliceLimiter",
+    "TimeSliceOptions",
     "WriteBehind",
     "WriteQueue",
     "fingerprint_of",

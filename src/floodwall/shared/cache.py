@@ -33,13 +33,14 @@ sync and async shells; only the store and the call differ between them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
@@ -47,7 +48,8 @@ from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.drivers import drive_async, drive_sync
 from floodwall._core.errors import ConfigError, DegradedError
 from floodwall._core.events import Event, EventListener, Listeners
-from floodwall._core.outcome import Outcomes
+from floodwall._core.options import Checks, check_all, optional
+from floodwall._core.outcome import Outcomes, _kinds
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.degrade._common import mark_degraded, reason_of
@@ -56,7 +58,7 @@ from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
 from floodwall.stores.guard import StoreGuard
 
-__all__ = ["CACHE_DELETE", "CACHE_GET", "CACHE_SET", "Cache", "Cached", "LruTtl"]
+__all__ = ["CACHE_DELETE", "CACHE_GET", "CACHE_SET", "Cache", "CacheOptions", "Cached", "LruTtl"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -187,6 +189,45 @@ def _read_only(
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class CacheOptions:
+    """A :class:`Cache`'s options, validated once: ``ttl`` (seconds an entry is fresh, 60),
+    ``stale_ttl`` (seconds it is kept to answer stale when the call fails, >= ``ttl``; 1 h),
+    ``max_entries`` (the in-process level's bound, 10 000), ``key`` (a callable of the call's
+    arguments; ``None``: a digest of them), ``on``/``kinds`` (which failures are answered stale;
+    neither: any ``Exception``), ``read_only`` (the switch, or a callable consulted on each
+    read) and ``codec`` (the second level's encoding). ``handled`` is derived: ``on`` and
+    ``kinds`` as one :class:`~floodwall.Outcomes`. The store and its breaker are what the cache
+    is wired to, not options."""
+
+    ttl: float = defaults.CACHE_TTL
+    stale_ttl: float = defaults.CACHE_STALE_TTL
+    max_entries: int = defaults.CACHE_MAX_ENTRIES
+    key: Callable[..., str] | None = None
+    on: type[BaseException] | tuple[type[BaseException], ...] | Outcomes | None = None
+    kinds: Collection[str] | None = None
+    read_only: bool | Callable[[], bool] = False
+    codec: Codec = JSON_CODEC
+    handled: Outcomes = field(init=False, repr=False)
+
+    CHECKS: ClassVar[Checks] = {
+        "ttl": validate.seconds,
+        "stale_ttl": validate.seconds,
+        "max_entries": validate.count,
+        "key": optional(partial(validate.function, what="a callable of the call's arguments")),
+        "on": optional(Outcomes.of),
+        "kinds": optional(_kinds),
+        "read_only": _read_only,
+        "codec": validate.codec,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.stale_ttl < self.ttl:
+            raise ConfigError(f"stale_ttl must be >= ttl ({self.ttl:g}), got {self.stale_ttl:g}")
+        object.__setattr__(self, "handled", Outcomes.handled(self.on, self.kinds))
+
+
 # -- the policy -------------------------------------------------------------------------------
 
 Source = Literal["dependency", "cache", "stale"]
@@ -237,27 +278,23 @@ class Cache(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        validate.seconds("ttl", ttl)
-        validate.seconds("stale_ttl", stale_ttl)
-        if stale_ttl < ttl:
-            raise ConfigError(f"stale_ttl must be >= ttl ({ttl!r}), got {stale_ttl!r}")
-        validate.count("max_entries", max_entries)
-        self.ttl = float(ttl)
-        self.stale_ttl = float(stale_ttl)
-        if key is not None:
-            validate.function("key", key, what="a callable of the call's arguments")
-        self.key = key or default_key
-        self.handled = Outcomes.handled(on, kinds)
+        self.options = o = CacheOptions(
+            ttl, stale_ttl, max_entries, key, on, kinds, read_only, codec
+        )
+        """The validated :class:`CacheOptions` (``set_read_only`` replaces it whole)."""
+        self.ttl = o.ttl
+        self.stale_ttl = o.stale_ttl
+        self.key = o.key or default_key
+        self.handled = o.handled
         """The errors answered from the cache (``on=`` and ``kinds=``)."""
-        self.codec = validate.codec("codec", codec)
-        _read_only("read_only", read_only)
+        self.codec = o.codec
         self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
-        self._read_only = read_only
+        self._read_only = o.read_only
         if breaker is not None:
             validate.instance("breaker", breaker, CircuitBreaker, "a CircuitBreaker or None")
-        self.local: LruTtl[Any] = LruTtl(max_entries, self.stale_ttl)
+        self.local: LruTtl[Any] = LruTtl(o.max_entries, self.stale_ttl)
         self.store = None if store is None else resolve(store)
         self.guard = (
             None
@@ -285,7 +322,9 @@ class Cache(Flow):
 
     def set_read_only(self, on: bool | Callable[[], bool]) -> None:
         """Switch reading only from the cache on or off (or hand it a callable to consult)."""
-        self._read_only = _read_only("on", on, error=ValueError)
+        switch = _read_only("on", on, error=ValueError)
+        self.options = dataclasses.replace(self.options, read_only=switch)
+        self._read_only = switch  # the one field the read path consults
         self._emit("read_only", f"read only from cache: {on}", {})
 
     @property

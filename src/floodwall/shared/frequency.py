@@ -29,13 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
 from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps, Step
@@ -44,9 +46,32 @@ from floodwall.breaker import CircuitBreaker
 from floodwall.shared._global_ops import FIXED, Verdict, encode
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
-from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, mode_field
 
-__all__ = ["Frequency", "FrequencyDecision"]
+__all__ = ["Frequency", "FrequencyDecision", "FrequencyOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class FrequencyOptions:
+    """A :class:`Frequency`'s options, validated once: ``limit`` calls (>= 1) per ``per``
+    seconds (>= 1 ms), ``on_store_error`` (``fail_open``: a frequency rule is a nicety, not a
+    protection) and ``expected_instances`` (1; each keeps ``limit ÷ expected_instances`` when
+    the store is down and the mode is ``local``)."""
+
+    limit: int
+    per: float
+    on_store_error: StoreErrorMode = "fail_open"
+    expected_instances: int = 1
+
+    CHECKS: ClassVar[Checks] = {
+        "limit": validate.count,
+        "per": partial(validate.seconds, minimum=0.001),
+        "on_store_error": mode_field,
+        "expected_instances": validate.count,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,23 +122,22 @@ class Frequency(Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        validate.count("limit", limit)
-        validate.seconds("per", per, minimum=0.001)
-        validate.count("expected_instances", expected_instances)
+        self.options = o = FrequencyOptions(limit, per, on_store_error, expected_instances)
+        """The validated :class:`FrequencyOptions`, read once, here."""
         if key is not None and not (callable(key) or (isinstance(key, str) and key)):
             raise ConfigError(f"key must be a non-empty string or a callable, got {key!r}")
-        self.limit = limit
-        self.per = float(per)
+        self.limit = limit = o.limit
+        self.per = o.per
         self.key = key
         self.name = validate.text("name", name)
-        self.expected_instances = expected_instances
-        self.local_limit = max(1, limit // expected_instances)
+        self.expected_instances = o.expected_instances
+        self.local_limit = max(1, limit // o.expected_instances)
         self.clock = clock
         self.listeners = Listeners(listeners)
         self.store = resolve(store)
         self.guard = StoreGuard(
             self.store,
-            on_store_error=check_mode(on_store_error),
+            on_store_error=o.on_store_error,
             name=name,
             breaker=breaker,
             clock=clock,

@@ -40,29 +40,94 @@ most that long, never past the ambient deadline) and retries after ``retry_after
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.pending import advance, settle, settle_async, start
 from floodwall._core.roundtrip import Batched, GuardedApply, Lanes, Then
 from floodwall._core.steps import FlowSteps, Sleep, Step
 from floodwall._core.tally import Tally
-from floodwall._core.validate import count as _count
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import _DEADLINE
-from floodwall.ratelimit._base import _MIN_SLEEP, INF, Decision, Rate, RateLike, parse_rate
+from floodwall.ratelimit._base import (
+    _MIN_SLEEP,
+    INF,
+    Decision,
+    Rate,
+    RateLike,
+    max_wait_field,
+    parse_rate,
+    rate_field,
+)
 from floodwall.shared._coalesce import Coalescer
-from floodwall.shared._global_ops import RESET, Plan, Verdict, decision, encode, plan
+from floodwall.shared._global_ops import ALGORITHMS, RESET, Plan, Verdict, decision, encode, plan
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
-from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, mode_field
 
-__all__ = ["GlobalLimiter"]
+__all__ = ["GlobalLimitOptions", "GlobalLimiter"]
+
+
+def algorithm_field(name: str, value: object) -> str:
+    """A shared limit's ``algorithm``: a name or alias the store ops run (kept as given)."""
+    if not isinstance(value, str) or value not in ALGORITHMS:
+        raise ConfigError(
+            f"{name} must be one of {', '.join(sorted(set(ALGORITHMS.values())))} "
+            f"(or fixed, sliding, token), got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalLimitOptions:
+    """A :class:`GlobalLimiter`'s options, validated once (the store, its key function and its
+    breaker are what it is wired to, not options).
+
+    ``algorithm`` (``fixed_window``, ``sliding_window_counter``, ``token_bucket``, ``gcra`` or
+    an alias), ``rate`` (kept as a :class:`~floodwall.ratelimit.Rate`), ``burst`` (buckets only;
+    ``None``: ``rate.count - 1``), ``initial`` (token bucket only), ``on_store_error``
+    (``local``), ``expected_instances`` (1), ``max_wait`` (0 s), ``batch`` (coalesce async round
+    trips, on) and ``max_batch`` (512).
+    """
+
+    algorithm: str
+    rate: RateLike
+    burst: int | None = None
+    initial: float | None = None
+    on_store_error: StoreErrorMode = "local"
+    expected_instances: int = 1
+    max_wait: float = defaults.RATE_LIMIT_MAX_WAIT
+    batch: bool = True
+    max_batch: int = defaults.GLOBAL_MAX_BATCH
+
+    CHECKS: ClassVar[Checks] = {
+        "algorithm": algorithm_field,
+        "rate": rate_field,
+        "burst": optional(partial(validate.count, minimum=0)),
+        "initial": optional(partial(validate.number, low=0.0)),
+        "on_store_error": mode_field,
+        "expected_instances": validate.count,
+        "max_wait": max_wait_field,
+        "batch": validate.flag,
+        "max_batch": validate.count,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        self.plan()  # the rules between fields (burst for buckets only, the exact bound, …)
+
+    def plan(self) -> Plan:
+        """The store op and its arguments these options run."""
+        assert isinstance(self.rate, Rate)  # normalised by its check
+        return plan(self.algorithm, self.rate, self.burst, self.initial)
+
 
 Pair = tuple[int, int]
 """A request as the ops take it: ``(cost_min, cost_max)``."""
@@ -153,27 +218,34 @@ class GlobalLimiter(_Acquiring, Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
-        if burst is not None:
-            _count("burst", burst, 0)
-        self.plan = plan(algorithm, self.rate, burst, initial)
+        self.options = o = GlobalLimitOptions(
+            algorithm,
+            rate,
+            burst,
+            initial,
+            on_store_error,
+            expected_instances,
+            max_wait,
+            batch,
+            max_batch,
+        )
+        """The validated :class:`GlobalLimitOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
+        self.plan = o.plan()
         self.algorithm = self.plan.algorithm
-        self.burst = burst
+        self.burst = o.burst
         self.limit = self.plan.limit
         """The quota reported as ``RateLimit-Limit`` (``count``; ``1 + burst`` for buckets)."""
         self.window = self.plan.window
-        self.expected_instances = _count("expected_instances", expected_instances, 1)
-        self.local_plan = local_share(algorithm, self.rate, burst, expected_instances)
+        self.expected_instances = o.expected_instances
+        self.local_plan = local_share(o.algorithm, self.rate, o.burst, o.expected_instances)
         if key is not None and not callable(key):
             raise ConfigError(f"key must be a callable of the call's arguments, got {key!r}")
-        validate.seconds("max_wait", max_wait, infinite=True)
-        self.max_batch = _count("max_batch", max_batch, 1)
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        self.max_batch = o.max_batch
         self.name = validate.text("name", name)
         self.key = key
-        self.max_wait = float(max_wait)
-        self.batch = validate.flag("batch", batch)
+        self.max_wait = o.max_wait
+        self.batch = o.batch
         self.clock = clock
         self.listeners = Listeners(listeners)
         self._owns_store = isinstance(store, str)
@@ -184,7 +256,7 @@ class GlobalLimiter(_Acquiring, Gate):
         self.store = resolve(store) if prefix is None else resolve(store, prefix=prefix)
         self.guard = StoreGuard(
             self.store,
-            on_store_error=check_mode(on_store_error),
+            on_store_error=o.on_store_error,
             name=name,
             breaker=breaker,
             clock=clock,

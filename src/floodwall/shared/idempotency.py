@@ -45,19 +45,21 @@ import json
 import secrets
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar
+from functools import partial
+from typing import Any, ClassVar, Literal, ParamSpec, Protocol, TypeVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Flow
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RejectedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.steps import CALL, Apply, FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
 from floodwall.context import current_idempotency_key
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Op, Record, Store, Write
-from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode, mode_field
 
 __all__ = [
     "JSON_CODEC",
@@ -66,6 +68,7 @@ __all__ = [
     "Idempotency",
     "IdempotencyKeyMissingError",
     "IdempotencyKeyReusedError",
+    "IdempotencyOptions",
     "IdempotencyRecord",
     "IdempotencyTokenError",
     "IdempotencyUnavailableError",
@@ -345,6 +348,43 @@ _RUN: Any = object()
 """``_on_begin`` result meaning "this call claimed the key: run it"."""
 
 
+_ttl = partial(validate.seconds, minimum=0.001)
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyOptions:
+    """An :class:`Idempotency`'s options, validated once: ``ttl`` (seconds a finished call's
+    result is replayed, 24 h), ``lock_ttl`` (seconds an in-flight claim blocks duplicates, 60 s,
+    at most ``ttl``), ``key`` (a callable of the call's arguments; ``None``: the ambient
+    :func:`~floodwall.idempotency_key`), ``fingerprint`` (a callable of the arguments: a key
+    reused with other arguments is refused), ``codec``, ``required`` (refuse calls without a
+    key) and ``on_store_error`` (``fail_closed``). The store and its breaker are what it is
+    wired to, not options."""
+
+    ttl: float = defaults.IDEMPOTENCY_TTL
+    lock_ttl: float = defaults.IDEMPOTENCY_LOCK_TTL
+    key: Callable[..., str | None] | None = None
+    fingerprint: Callable[..., str | bytes] | None = None
+    codec: Codec = JSON_CODEC
+    required: bool = False
+    on_store_error: StoreErrorMode = "fail_closed"
+
+    CHECKS: ClassVar[Checks] = {
+        "ttl": _ttl,
+        "lock_ttl": _ttl,
+        "key": optional(partial(validate.function, what="a callable of the call's arguments")),
+        "fingerprint": optional(partial(validate.function, what="a callable of the arguments")),
+        "codec": validate.codec,
+        "required": validate.flag,
+        "on_store_error": mode_field,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        if self.lock_ttl > self.ttl:
+            raise ConfigError(f"lock_ttl must be <= ttl ({self.ttl:g}), got {self.lock_ttl:g}")
+
+
 class Idempotency(Flow):
     """Run a call once per idempotency key and replay its result (see
     [Distributed state][guide-distributed])."""
@@ -367,18 +407,16 @@ class Idempotency(Flow):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.ttl = validate.seconds("ttl", ttl, minimum=0.001)
-        self.lock_ttl = validate.seconds("lock_ttl", lock_ttl, minimum=0.001)
-        if self.lock_ttl > self.ttl:
-            raise ConfigError(f"lock_ttl must be <= ttl ({ttl!r}), got {lock_ttl!r}")
-        if key is not None:
-            validate.function("key", key, what="a callable of the call's arguments")
-        if fingerprint is not None:
-            validate.function("fingerprint", fingerprint, what="a callable of the arguments")
-        self.key = key
-        self.fingerprint = fingerprint
-        self.codec = validate.codec("codec", codec)
-        self.required = validate.flag("required", required)
+        self.options = o = IdempotencyOptions(
+            ttl, lock_ttl, key, fingerprint, codec, required, on_store_error
+        )
+        """The validated :class:`IdempotencyOptions`, read once, here."""
+        self.ttl = o.ttl
+        self.lock_ttl = o.lock_ttl
+        self.key = o.key
+        self.fingerprint = o.fingerprint
+        self.codec = o.codec
+        self.required = o.required
         self.name = validate.text("name", name)
         self.clock = clock
         self.listeners = Listeners(listeners)
@@ -386,7 +424,7 @@ class Idempotency(Flow):
         self.store.expect_durable(name, self.listeners)  # a restart must not rerun done calls
         self.guard = StoreGuard(
             self.store,
-            on_store_error=check_mode(on_store_error),
+            on_store_error=o.on_store_error,
             name=name,
             breaker=breaker,
             clock=clock,

@@ -33,26 +33,61 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, RateLimitedError
+from floodwall._core.errors import RateLimitedError
 from floodwall._core.events import EventListener
 from floodwall._core.flight import LANDED, Flight, Flights
+from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.pending import advance, start
 from floodwall._core.roundtrip import Then
 from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.ratelimit._base import INF, Decision, RateLike, _new
-from floodwall.shared._global_ops import Verdict, decision
-from floodwall.shared.global_limit import GlobalLimiter, _Acquiring, _cost
+from floodwall.ratelimit._base import INF, Decision, Rate, RateLike, _new, rate_field
+from floodwall.shared._global_ops import Verdict, decision, plan
+from floodwall.shared.global_limit import GlobalLimiter, _Acquiring, _cost, algorithm_field
 from floodwall.stores.base import Store
-from floodwall.stores.guard import StoreErrorMode, StoreGuard
+from floodwall.stores.guard import StoreErrorMode, StoreGuard, mode_field
 
-__all__ = ["LeasedLimiter"]
+__all__ = ["LeaseOptions", "LeasedLimiter"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOptions:
+    """A :class:`LeasedLimiter`'s options, validated once: the shared limit's ``algorithm``,
+    ``rate``, ``burst``, ``on_store_error`` and ``expected_instances`` (as
+    :class:`~floodwall.shared.GlobalLimitOptions`), ``lease`` (permits per lease, >= 1;
+    ``None``: ``limit ÷ (10 × expected_instances)``, between 1 and 100) and ``lease_ttl``
+    (seconds leased permits stay usable, > 0; 1 s)."""
+
+    algorithm: str
+    rate: RateLike
+    burst: int | None = None
+    lease: int | None = None
+    lease_ttl: float = defaults.LEASE_TTL
+    on_store_error: StoreErrorMode = "local"
+    expected_instances: int = 1
+
+    CHECKS: ClassVar[Checks] = {
+        "algorithm": algorithm_field,
+        "rate": rate_field,
+        "burst": optional(partial(validate.count, minimum=0)),
+        "lease": optional(validate.count),
+        "lease_ttl": partial(validate.seconds, positive=True),
+        "on_store_error": mode_field,
+        "expected_instances": validate.count,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+        assert isinstance(self.rate, Rate)  # normalised by its check
+        plan(self.algorithm, self.rate, self.burst, None)  # the shared limit's rules
+
 
 _SWEEP_EVERY = 1024
 """Decisions between sweeps of expired pools (amortised O(1))."""
@@ -106,15 +141,19 @@ class LeasedLimiter(_Acquiring, Gate):
         clock: Clock = SYSTEM_CLOCK,
         listeners: Iterable[EventListener] = (),
     ) -> None:
+        self.options = o = LeaseOptions(
+            algorithm, rate, burst, lease, lease_ttl, on_store_error, expected_instances
+        )
+        """The validated :class:`LeaseOptions`, read once, here."""
         self.source = GlobalLimiter(
-            algorithm,
-            rate,
-            burst=burst,
+            o.algorithm,
+            o.rate,
+            burst=o.burst,
             store=store,
             prefix=prefix,
             name=name,
-            on_store_error=on_store_error,
-            expected_instances=expected_instances,
+            on_store_error=o.on_store_error,
+            expected_instances=o.expected_instances,
             breaker=breaker,
             clock=clock,
             listeners=listeners,
@@ -126,13 +165,12 @@ class LeasedLimiter(_Acquiring, Gate):
         self.window = self.source.window
         self.listeners = self.source.listeners
         self.clock = clock
-        if lease is None:
-            share = defaults.LEASE_SHARE * expected_instances
-            lease = max(1, min(defaults.LEASE_MAX, self.limit // share))
-        if not isinstance(lease, int) or isinstance(lease, bool) or lease < 1:
-            raise ConfigError(f"lease must be an integer >= 1 permits, got {lease!r}")
-        self.lease = lease
-        self.lease_ttl = validate.seconds("lease_ttl", lease_ttl, positive=True)
+        if o.lease is None:
+            share = defaults.LEASE_SHARE * o.expected_instances
+            self.lease = max(1, min(defaults.LEASE_MAX, self.limit // share))
+        else:
+            self.lease = o.lease
+        self.lease_ttl = o.lease_ttl
         self.leases = 0
         """Lease requests sent to the store (round trips)."""
         self.local_decisions = 0

@@ -37,24 +37,53 @@ import socket
 import threading
 import uuid
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, RateLimitedError
 from floodwall._core.events import Event, EventListener, Listeners
+from floodwall._core.options import Checks, check_all
 from floodwall._core.pending import settle, settle_async
 from floodwall._core.roundtrip import GuardedApply
 from floodwall._core.steps import FlowSteps
 from floodwall.breaker import CircuitBreaker
-from floodwall.ratelimit._base import Decision, RateLike, _new, parse_rate
+from floodwall.ratelimit._base import Decision, RateLike, _new, parse_rate, rate_field
 from floodwall.shared.global_limit import _cost
 from floodwall.stores import resolve
 from floodwall.stores.base import KEEP, Arg, Op, Record, Store, Write
-from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, check_mode
+from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, mode_field
 
-__all__ = ["SLICE_SYNC", "SliceReport", "TimeSliceLimiter", "TimeSliceSyncOp"]
+__all__ = ["SLICE_SYNC", "SliceReport", "TimeSliceLimiter", "TimeSliceOptions", "TimeSliceSyncOp"]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSliceOptions:
+    """A :class:`TimeSliceLimiter`'s options, validated once: ``rate`` (the cluster's, kept as a
+    :class:`~floodwall.ratelimit.Rate`), ``slice_length`` (seconds per slice, >= 1 ms; 10 s),
+    ``on_store_error`` (``local``), ``expected_instances`` (1) and ``background`` (sync in a
+    thread of its own, on)."""
+
+    rate: RateLike
+    slice_length: float = defaults.TIMESLICE_LENGTH
+    on_store_error: StoreErrorMode = "local"
+    expected_instances: int = 1
+    background: bool = True
+
+    CHECKS: ClassVar[Checks] = {
+        "rate": rate_field,
+        "slice_length": partial(validate.seconds, minimum=0.001),
+        "on_store_error": mode_field,
+        "expected_instances": validate.count,
+        "background": validate.flag,
+    }
+
+    def __post_init__(self) -> None:
+        check_all(self, self.CHECKS)
+
 
 SliceReport = tuple[int, bool, int, int]
 """``(drop_ppm, elected, qps_milli, instances)``; ``qps_milli = -1`` when not elected."""
@@ -140,22 +169,24 @@ class TimeSliceLimiter(Gate):
         rng: random.Random | None = None,
         listeners: Iterable[EventListener] = (),
     ) -> None:
-        self.rate = parse_rate(rate)
+        self.options = o = TimeSliceOptions(
+            rate, slice_length, on_store_error, expected_instances, background
+        )
+        """The validated :class:`TimeSliceOptions`, read once, here."""
+        self.rate = parse_rate(o.rate)
         self.limit = self.rate.count
         self.window = self.rate.period
-        validate.seconds("slice_length", slice_length, minimum=0.001)
-        validate.count("expected_instances", expected_instances)
         if prefix is not None and not isinstance(store, str):
             raise ConfigError(
                 "prefix applies when store is a URL; set it on the Store itself otherwise"
             )
         self.name = validate.text("name", name)
-        self.slice_length = float(slice_length)
-        self.expected_instances = expected_instances
+        self.slice_length = o.slice_length
+        self.expected_instances = o.expected_instances
         self.instance = (
             _default_instance() if instance is None else validate.text("instance", instance)
         )
-        self.background = validate.flag("background", background)
+        self.background = o.background
         self.clock = clock
         self.rng = random.Random() if rng is None else rng
         self.listeners = Listeners(listeners)
@@ -163,7 +194,7 @@ class TimeSliceLimiter(Gate):
         self.store = resolve(store) if prefix is None else resolve(store, prefix=prefix)
         self.guard = StoreGuard(
             self.store,
-            on_store_error=check_mode(on_store_error),
+            on_store_error=o.on_store_error,
             name=name,
             breaker=breaker,
             clock=clock,
@@ -171,7 +202,7 @@ class TimeSliceLimiter(Gate):
         )
         per_second = self.rate.per_second
         self._limit_milli = max(1, round(per_second * 1000))
-        self._local_milli = max(1, round(per_second * 1000 / expected_instances))
+        self._local_milli = max(1, round(per_second * 1000 / o.expected_instances))
         self._slice_us = max(1, round(self.slice_length * 1_000_000))
         self._key = f"ts:{name}"
         self._lock = threading.Lock()

@@ -25,6 +25,7 @@ Client libraries are imported only when a URL needs them (``pip install floodwal
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -97,27 +98,39 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     validate.text("url", url)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
-        return MemoryStore(url, **options)
+        return MemoryStore(url, **_known(MemoryStore, scheme, options))
     if scheme in {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}:
         from floodwall.stores.redis import RedisStore
 
-        return RedisStore(url, **options)
+        return RedisStore(url, **options)  # checks its client options against redis-py's
     if scheme in {"postgresql", "postgres"}:
         from floodwall.stores.postgres import PostgresStore
 
-        return PostgresStore(url, **options)
+        return PostgresStore(url, **options)  # checks its connect options with libpq
     if scheme == "sqlite":
         from floodwall.stores.sqlite import SqliteStore
 
-        return SqliteStore(url, **options)
+        return SqliteStore(url, **_known(SqliteStore, scheme, options))
     if scheme == "host":
         from floodwall.stores.host import HostStore
 
-        return HostStore(url, **options)
+        return HostStore(url, **_known(HostStore, scheme, options))
     raise ConfigError(
         f"store url scheme must be one of {', '.join(s + '://' for s in SCHEMES)}, "
         f"got {redact(url)!r}"
     )
+
+
+def _known(store: type[Store], scheme: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if ``store``'s constructor takes each one, else a :class:`ConfigError`
+    naming the unknown ones and the options there are."""
+    taken = [p for p in inspect.signature(store).parameters if p != "url"]
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        raise ConfigError(
+            f"{scheme}:// store options must be among {', '.join(taken)}, got {unknown}"
+        )
+    return options
 
 
 def resolve(store: Store | str | None, **options: Any) -> Store:

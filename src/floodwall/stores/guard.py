@@ -70,11 +70,16 @@ StoreErrorMode = Literal["fail_open", "fail_closed", "local"]
 _MODES: tuple[str, ...] = get_args(StoreErrorMode)
 
 
-def check_mode(mode: str) -> StoreErrorMode:
+def check_mode(mode: str, name: str = "on_store_error") -> StoreErrorMode:
     """Validate an ``on_store_error`` value."""
     if mode not in _MODES:
-        raise ConfigError(f"on_store_error must be one of {', '.join(_MODES)}, got {mode!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(_MODES)}, got {mode!r}")
     return mode  # type: ignore[return-value]
+
+
+def mode_field(name: str, value: Any) -> StoreErrorMode:
+    """An options object's ``on_store_error`` (the ``Check`` form of :func:`check_mode`)."""
+    return check_mode(value, name)
 
 
 @dataclass(frozen=True, slots=True)

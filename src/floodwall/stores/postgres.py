@@ -69,10 +69,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from floodwall._core import defaults, validate
+from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
 from floodwall.stores._turns import Progress, take_turn, take_turn_async
 from floodwall.stores.base import (
@@ -361,6 +362,26 @@ def _server_bounds(url: str, options: dict[str, Any], timeout: float) -> dict[st
     return {name: value for name, value in bounds.items() if name == "options" or name not in given}
 
 
+_CONNECTION_OPTIONS = frozenset(
+    {"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"}
+)
+"""Keywords ``psycopg.connect`` takes besides libpq's connection parameters."""
+
+
+def _connect_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if psycopg takes every one: a connection keyword, or a libpq parameter
+    (libpq's own parser decides); a misspelt option is refused here, naming it, not by the
+    first connection."""
+    params = {k: v for k, v in options.items() if k not in _CONNECTION_OPTIONS}
+    try:
+        make_conninfo("", **params)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(
+            f"postgresql store options must be store, psycopg or libpq options: {str(exc).strip()}"
+        ) from None
+    return options
+
+
 class PostgresStore(Store):
     """A store in PostgreSQL (see [Distributed state][guide-distributed]). ``connect_options`` go
     to psycopg."""
@@ -390,7 +411,7 @@ class PostgresStore(Store):
             "autocommit": True,
             "connect_timeout": max(1, math.ceil(timeout)),
             **_server_bounds(url, connect_options, self.timeout),
-            **connect_options,
+            **_connect_options(connect_options),
         }
         self._pool = _Pool(self._connect, pool_size, self.url)
         self._deadlines = _Deadlines()

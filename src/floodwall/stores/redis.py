@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import math
 import threading
@@ -61,6 +62,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.cluster
+import redis.connection
 import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, NoScriptError, ResponseError
@@ -231,6 +233,37 @@ def _parse_cluster(url: str) -> _Target:
     )
 
 
+@cache
+def _client_option_names() -> frozenset[str]:
+    """The keywords a redis-py client takes: a plain client's, a cluster client's, an async
+    client's, and those ``from_url`` hands on to its connection pool and connections."""
+    names: set[str] = set()
+    for init in (
+        redis.Redis.__init__,
+        redis.cluster.RedisCluster.__init__,
+        redis.asyncio.Redis.__init__,
+        redis.ConnectionPool.__init__,
+        redis.connection.AbstractConnection.__init__,
+    ):
+        names.update(
+            p.name
+            for p in inspect.signature(init).parameters.values()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+        )
+    return frozenset(names - {"self"})
+
+
+def _client_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if redis-py's clients take every one of them: a misspelt option is refused
+    here, naming it, not by the first connection (or never, for a cluster)."""
+    unknown = sorted(set(options) - _client_option_names())
+    if unknown:
+        raise ConfigError(
+            f"redis store options must be store or redis-py client options, got {unknown}"
+        )
+    return options
+
+
 class RedisStore(Store):
     """A store on one Redis server or a Redis Cluster (see
     [Distributed state][guide-distributed])."""
@@ -258,7 +291,7 @@ class RedisStore(Store):
         self.cluster = scheme.endswith("+cluster")
         self._url = url
         self._target = _parse_cluster(url) if self.cluster else None
-        self._options = client_options
+        self._options = _client_options(client_options)
         self._lock = threading.Lock()
         self._closed = False
         self._progress = Progress()
