@@ -69,6 +69,7 @@ __all__ = [
 
 OUTCOMES = (
     "rate_limited",
+    "store_unavailable",
     "overloaded",
     "circuit_open",
     "bulkhead_full",

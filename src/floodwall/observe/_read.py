@@ -17,15 +17,18 @@ sampled drop, fallback, cache, breaker, bulkhead, rate limit, ...)."""
 
 
 def rate_limit_decisions(resource: Any) -> dict[str, int] | None:
-    """``{"admitted": n, "rejected": m}`` of a resource's rate limiter, from its meter: every
-    call not refused before or by the limiter was admitted by it. ``None`` without a limiter
-    (or without a meter)."""
+    """``{"admitted": n, "rejected": m, "store_unavailable": k}`` of a resource's rate
+    limiter, from its meter: ``rejected`` by the limit, refused because its store was down
+    (``fail_closed``: nothing was checked), and every other call not refused before the
+    limiter admitted. ``None`` without a limiter (or without a meter)."""
     if resource.limiter is None or resource.meter is None:
         return None
     counts, _, _ = resource.meter.read()
     rejected = counts.get("rate_limited", 0)
+    down = counts.get("store_unavailable", 0)
     before = sum(counts.get(kind, 0) for kind in _BEFORE_LIMITER)
-    return {"admitted": sum(counts.values()) - before - rejected, "rejected": rejected}
+    admitted = sum(counts.values()) - before - rejected - down
+    return {"admitted": admitted, "rejected": rejected, "store_unavailable": down}
 
 
 class InboundGuard(Protocol):

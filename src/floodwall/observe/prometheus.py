@@ -25,7 +25,8 @@ labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision
     floodwall_bulkhead_in_flight{resource}              gauge
     floodwall_bulkhead_queued{resource}                 gauge
     floodwall_bulkhead_rejected_total{resource}         counter
-    floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected)
+    floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected,
+                                                        store_unavailable)
     floodwall_adaptive_limit{resource}                  gauge
     floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1

@@ -25,7 +25,14 @@ See ``docs/rate-limiting.md`` (local) and ``docs/distributed.md`` (global) for e
 algorithm's promise, defaults and measured cost.
 """
 
-from floodwall.ratelimit._base import Decision, Rate, RateLike, RateLimiter, parse_rate
+from floodwall.ratelimit._base import (
+    Decision,
+    Rate,
+    RateLike,
+    RateLimiter,
+    StoreDownDecision,
+    parse_rate,
+)
 from floodwall.ratelimit.fixed import FixedWindow
 from floodwall.ratelimit.gcra import GCRA
 from floodwall.ratelimit.headers import rate_limit_headers
@@ -50,6 +57,7 @@ __all__ = [
     "RateLimiter",
     "SlidingLog",
     "SlidingWindowCounter",
+    "StoreDownDecision",
     "TokenBucket",
     "WarmUp",
     "parse_rate",

@@ -39,14 +39,14 @@ from typing import Any
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import ConfigError, RateLimitedError
+from floodwall._core.errors import ConfigError, LimitStoreUnavailableError, RateLimitedError
 from floodwall._core.events import EventListener
 from floodwall._core.flight import LANDED, Flight, Flights
 from floodwall._core.pending import advance, start
 from floodwall._core.roundtrip import Then
 from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.ratelimit._base import INF, Decision, RateLike, _new
+from floodwall.ratelimit._base import INF, Decision, RateLike, StoreDownDecision, _new
 from floodwall.shared._global_ops import Verdict, decision
 from floodwall.shared.global_limit import GlobalLimiter, _Acquiring, _cost
 from floodwall.stores.base import Store
@@ -243,9 +243,11 @@ class LeasedLimiter(_Acquiring, Gate):
         return advance(step, value)  # type: ignore[no-any-return]
 
     def _error(self, result: Decision) -> RateLimitedError:
-        retry = result[3]
-        reason = f"{self.describe()} exceeded"
-        return RateLimitedError(self.name, reason, None if retry == INF else retry)
+        retry = None if result[3] == INF else result[3]
+        if isinstance(result, StoreDownDecision):
+            reason = f"{self.describe()}: the store is unavailable and on_store_error='fail_closed'"
+            return LimitStoreUnavailableError(self.name, reason, retry)
+        return RateLimitedError(self.name, f"{self.describe()} exceeded", retry)
 
     # -- observers --------------------------------------------------------------------------
 
