@@ -465,7 +465,9 @@ def test_adaptive_and_idempotency_sections(clock: FakeClock) -> None:
         assert pay.call(charge) == 1
         assert pay.call(charge) == 1  # answered from the record, not run again
     assert runs == [1]
-    with pytest.raises(fw.ConfigError, match=r"resources\.search: adaptive\.options for aimd"):
+    with pytest.raises(
+        fw.ConfigError, match=r"resources\.search\.adaptive\.options: not taken by aimd"
+    ):
         registry.reload(
             {"resources": {"search": {"adaptive": {"algorithm": "aimd", "options": {"nope": 1}}}}}
         )

@@ -84,6 +84,7 @@ from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, connect
+from floodwall.stores.base import redact
 from floodwall.stores.host import HostStore
 from floodwall.timeout import Timeout
 
@@ -127,8 +128,55 @@ def _new_budget(
     return fresh
 
 
+class FieldError(ConfigError):
+    """A field of a section failed to build: ``FieldError(field, reason)``; :func:`build` puts
+    the section's path before the field (``resources.orders.adaptive.options: …``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+
+
+class StoreFieldError(FieldError):
+    """The ``store`` field of a section names a store that cannot serve it (unknown, a URL
+    that cannot be opened, the wrong kind)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("store", reason)
+
+
 def _no_store(name: str) -> Store:
-    raise ConfigError(f"no store named {name!r} (stores: are resolved by a Registry)")
+    raise StoreFieldError(f"no store named {name!r} (stores: are resolved by a Registry)")
+
+
+def open_store(name: str, stores: Mapping[str, str]) -> Store:
+    """Connect to the ``stores:`` entry ``name``; :class:`StoreFieldError` naming the entry,
+    its URL and the reason when it is unknown or cannot be opened."""
+    url = stores.get(name)
+    if url is None:
+        known = ", ".join(sorted(stores)) or "none"
+        raise StoreFieldError(f"no store named {name!r} (stores: {known})")
+    try:
+        return connect(url)
+    except Exception as exc:  # any failure to open it is the entry's, named with its URL
+        plain = isinstance(exc, ConfigError | ValueError)
+        why = str(exc) if plain else f"{type(exc).__name__}: {exc}"
+        shown = redact(url)
+        value = "" if shown in why else f" = {shown!r}"
+        raise StoreFieldError(f"stores.{name}{value} cannot be opened: {why}") from exc
+
+
+def _section(resource: str, section: str, make: Callable[[], R]) -> R:
+    """``make()``, any error it raises turned into a :class:`ConfigError` naming the path:
+    ``resources.<resource>.<section>[.store]: <reason>`` (a build never half-fails)."""
+    try:
+        return make()
+    except FieldError as exc:
+        raise ConfigError(f"resources.{resource}.{section}.{exc.field}: {exc}") from exc
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"resources.{resource}.{section}: {exc}") from exc
+    except Exception as exc:  # a bug or an OS error while building: still a refusal
+        raise ConfigError(f"resources.{resource}.{section}: {type(exc).__name__}: {exc}") from exc
 
 
 def build_limiter(
@@ -181,7 +229,7 @@ def build_bulkhead(
     if config.scope == "host":
         held = store(config.store)
         if not isinstance(held, HostStore):
-            raise ConfigError(f"bulkhead scope: host needs a host:// store, got {held.url!r}")
+            raise StoreFieldError(f"scope: host needs a host:// store, got {held.url!r}")
         return HostBulkhead(
             name,
             store=held,
@@ -234,7 +282,7 @@ def build_adaptive(
     try:
         algorithm: Limit = _ALGORITHMS[config.algorithm](**config.options)
     except TypeError as exc:
-        raise ConfigError(f"adaptive.options for {config.algorithm}: {exc}") from None
+        raise FieldError("options", f"not taken by {config.algorithm}: {exc}") from None
     if config.windowed:
         algorithm = WindowedLimit(algorithm)
     return AdaptiveLimiter(
@@ -259,98 +307,139 @@ def build(
     allow_chaos: bool = False,
 ) -> Built:
     """Build the policies of one resource, in the order sampled_drop -> fallback -> cache ->
-    circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout."""
+    circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout.
+
+    Any error is a :class:`ConfigError` naming the section's path, like a schema error
+    (``resources.orders.rate_limit.store: stores.shared = 'host://x' cannot be opened: …``)."""
     policies: list[Policy] = []
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
     if config.sampled_drop is not None:
-        sampled = SampledDrop(
-            config.sampled_drop.ratio,
-            name=f"{name}.sampled_drop",
-            clock=clock,
-            listeners=listeners,
+        ratio = config.sampled_drop.ratio
+        sampled = _section(
+            name,
+            "sampled_drop",
+            lambda: SampledDrop(
+                ratio, name=f"{name}.sampled_drop", clock=clock, listeners=listeners
+            ),
         )
         policies.append(sampled)
     if config.fallback is not None:
-        fallback = Fallback(
-            value=config.fallback.value,
-            kinds=config.fallback.kinds,
-            name=f"{name}.fallback",
-            clock=clock,
-            listeners=listeners,
+        fc = config.fallback
+        fallback = _section(
+            name,
+            "fallback",
+            lambda: Fallback(
+                value=fc.value,
+                kinds=fc.kinds,
+                name=f"{name}.fallback",
+                clock=clock,
+                listeners=listeners,
+            ),
         )
         policies.append(fallback)
     if config.cache is not None:
         cc = config.cache
-        cache = Cache(
-            ttl=cc.ttl,
-            stale_ttl=cc.stale_ttl,
-            max_entries=cc.max_entries,
-            kinds=cc.kinds,
-            read_only=cc.read_only,
-            store=None if cc.store is None else store(cc.store),
-            name=f"{name}.cache",
-            clock=clock,
-            listeners=listeners,
+        cache = _section(
+            name,
+            "cache",
+            lambda: Cache(
+                ttl=cc.ttl,
+                stale_ttl=cc.stale_ttl,
+                max_entries=cc.max_entries,
+                kinds=cc.kinds,
+                read_only=cc.read_only,
+                store=None if cc.store is None else store(cc.store),
+                name=f"{name}.cache",
+                clock=clock,
+                listeners=listeners,
+            ),
         )
         policies.append(cache)
     if config.circuit_breaker is not None:
         options = kwargs(config.circuit_breaker.options())
-        breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
+        breaker = _section(
+            name,
+            "circuit_breaker",
+            lambda: CircuitBreaker(name, clock=clock, listeners=listeners, **options),
+        )
         policies.append(breaker)
     if config.bulkhead is not None:
-        bulkhead = build_bulkhead(name, config.bulkhead, clock, listeners, store)
+        bc = config.bulkhead
+        bulkhead = _section(
+            name, "bulkhead", lambda: build_bulkhead(name, bc, clock, listeners, store)
+        )
         policies.append(bulkhead)
     if config.rate_limit is not None:
-        limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
+        rl = config.rate_limit
+        limiter = _section(
+            name, "rate_limit", lambda: build_limiter(name, rl, clock, listeners, store)
+        )
         policies.append(limiter)
     if config.adaptive is not None:
-        adaptive = build_adaptive(name, config.adaptive, clock, listeners)
+        ac = config.adaptive
+        adaptive = _section(name, "adaptive", lambda: build_adaptive(name, ac, clock, listeners))
         policies.append(adaptive)
     if config.idempotency is not None:
         ic = config.idempotency
         policies.append(
-            Idempotency(
-                store(ic.store),
-                ttl=ic.ttl,
-                lock_ttl=ic.lock_ttl,
-                required=ic.required,
-                on_store_error=ic.on_store_error,
-                name=f"{name}.idempotency",
-                clock=clock,
-                listeners=listeners,
+            _section(
+                name,
+                "idempotency",
+                lambda: Idempotency(
+                    store(ic.store),
+                    ttl=ic.ttl,
+                    lock_ttl=ic.lock_ttl,
+                    required=ic.required,
+                    on_store_error=ic.on_store_error,
+                    name=f"{name}.idempotency",
+                    clock=clock,
+                    listeners=listeners,
+                ),
             )
         )
     if config.retry is not None:
         rc = config.retry
-        retry = Retry(
+        retry = _section(
             name,
-            attempts=rc.attempts,
-            backoff=build_backoff(rc.backoff),
-            budget=budget(name, rc),
-            deadline=rc.deadline,
-            idempotent=rc.idempotent,
-            retry_overload=rc.retry_overload,
-            max_retry_after=rc.max_retry_after,
-            level=config.level,
-            clock=clock,
-            listeners=listeners,
+            "retry",
+            lambda: Retry(
+                name,
+                attempts=rc.attempts,
+                backoff=build_backoff(rc.backoff),
+                budget=budget(name, rc),
+                deadline=rc.deadline,
+                idempotent=rc.idempotent,
+                retry_overload=rc.retry_overload,
+                max_retry_after=rc.max_retry_after,
+                level=config.level,
+                clock=clock,
+                listeners=listeners,
+            ),
         )
         policies.append(retry)
     if config.timeout is not None:
-        timeout = Timeout(
-            name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
+        options = kwargs(config.timeout.options())
+        timeout = _section(
+            name,
+            "timeout",
+            lambda: Timeout(name=name, clock=clock, listeners=listeners, **options),
         )
         policies.append(timeout)
     chaos = None
     if config.chaos is not None:
         from floodwall.chaos import chaos_from_spec
 
-        chaos = chaos_from_spec(
-            f"{name}.chaos",
-            config.chaos.spec(),
-            allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
-            clock=clock,
-            listeners=listeners,
+        spec = config.chaos.spec()
+        chaos = _section(
+            name,
+            "chaos",
+            lambda: chaos_from_spec(
+                f"{name}.chaos",
+                spec,
+                allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
+                clock=clock,
+                listeners=listeners,
+            ),
         )
         policies.append(chaos)  # innermost: it stands for the dependency
     return Built(
@@ -655,10 +744,14 @@ class Registry:
         self._now = clock.monotonic
         self._sampled: dict[tuple[str, str], list[float]] = {}
         self._observers: tuple[CallObserver, ...] = ()
-        for name, config in self.document.resources.items():
-            resource = Resource(name, config, self)
-            self._build(resource, config)
-            self._resources[name] = resource
+        try:
+            for name, config in self.document.resources.items():
+                resource = Resource(name, config, self)
+                self._build(resource, config)
+                self._resources[name] = resource
+        except ConfigError:
+            self.close()  # the stores opened for the resources built so far
+            raise
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -699,11 +792,7 @@ class Registry:
         """The store a ``stores:`` entry names, connected once and shared."""
         store = self._stores.get(name)
         if store is None:
-            url = self.document.stores.get(name)
-            if url is None:
-                known = ", ".join(sorted(self.document.stores)) or "none"
-                raise ConfigError(f"no store named {name!r} (stores: {known})")
-            store = self._stores[name] = connect(url)
+            store = self._stores[name] = open_store(name, self.document.stores)
         return store
 
     def _build(self, resource: Resource, config: ResourceConfig) -> None:
@@ -825,14 +914,7 @@ class Registry:
             held = staged.stores.get(name)
             if held is not None:
                 return held
-            url = document.stores.get(name)
-            if url is None:
-                known = ", ".join(sorted(document.stores)) or "none"
-                raise ConfigError(f"no store named {name!r} (stores: {known})")
-            try:
-                held = connect(url)
-            except (ConfigError, ImportError, ValueError, TypeError) as exc:
-                raise ConfigError(f"stores.{name}: {exc}") from exc
+            held = open_store(name, document.stores)
             staged.stores[name] = held
             staged.opened.append(held)
             return held
@@ -853,20 +935,15 @@ class Registry:
                     and not (armed and config.chaos is not None)
                 ):
                     continue  # unchanged, and so are its stores and whether its chaos may act
-                try:
-                    built = build(
-                        name,
-                        config,
-                        clock=self.clock,
-                        budget=budget,
-                        listeners=self.listeners,
-                        store=store,
-                        allow_chaos=document.allow_chaos,
-                    )
-                except (ConfigError, ValueError, TypeError) as exc:
-                    raise ConfigError(f"resources.{name}: {exc}") from exc
-                except Exception as exc:  # a reload refuses, it never half-fails
-                    raise ConfigError(f"resources.{name}: {type(exc).__name__}: {exc}") from exc
+                built = build(  # every error names its path: resources.<name>.<section>
+                    name,
+                    config,
+                    clock=self.clock,
+                    budget=budget,
+                    listeners=self.listeners,
+                    store=store,
+                    allow_chaos=document.allow_chaos,
+                )
                 staged.built[name] = (config, built)
         except ConfigError:
             for opened in staged.opened:
