@@ -22,9 +22,15 @@ instead of repeating its side effect.
 arq messages carry no headers, so floodwall keeps them in a small hash beside the job,
 ``floodwall:arq:<job id>``, written when the job is re-queued or enqueued through
 :func:`enqueue_job` and deleted when it finishes (as arq deletes its own retry counter; a day's
-expiry covers a worker that died first); arq's ``max_tries`` (which counts
-deferrals too) is set high by :func:`func`, since the guard bounds attempts (``attempts``) and
-deferrals (``max_defer``) itself.
+expiry covers a worker that died first).
+
+**Deferrals are not tries.** arq counts every start of a job against ``max_tries`` (its
+``arq:retry:<job id>`` counter, ``ctx["job_try"]``); a job that floodwall deferred did not run,
+so the deferral gives its count back (``DECR`` in the same transaction that stores the headers):
+``max_tries`` and ``job_try`` count runs only, and a long outage cannot make arq give up a job
+that never ran. Deferrals are bounded by the guard's own ``max_defer`` (seconds deferred in
+all, default 3600), retries of failures by its ``Retry`` (``attempts``) and by ``max_tries``;
+:func:`func` sets ``max_tries`` to :data:`MAX_TRIES` unless told otherwise.
 
 arq runs coroutines on one event loop per worker process: there is no prefork pool; run
 several worker processes (one per core or host) for parallelism, and the guard's global limits
@@ -43,6 +49,7 @@ from floodwall._core.extras import missing_extra
 
 try:
     from arq.connections import ArqRedis
+    from arq.constants import retry_key_prefix
     from arq.jobs import Job
     from arq.typing import WorkerCoroutine
     from arq.worker import Function, Retry
@@ -61,7 +68,8 @@ HEADERS_TTL: Final = 88_400
 """Seconds a job's headers are kept at most (arq keeps its retry counter as long); a job that
 finishes deletes them."""
 MAX_TRIES: Final = 1000
-"""arq's ``max_tries`` for guarded functions: a backstop only (deferrals count as tries)."""
+"""arq's ``max_tries`` for guarded functions unless given: a backstop behind the guard's
+``Retry`` (it counts runs only: a deferral gives its try back)."""
 
 
 def _text(value: Any) -> str:
@@ -80,10 +88,16 @@ async def _forget(redis: ArqRedis, job_id: str) -> None:
         await redis.delete(HEADERS + job_id)
 
 
-async def _store(redis: ArqRedis, job_id: str, headers: dict[str, str]) -> None:
+async def _store(
+    redis: ArqRedis, job_id: str, headers: dict[str, str], *, deferred: bool = False
+) -> None:
+    """Write a job's headers; for a deferral, give back the try arq counted when it started the
+    job (its ``arq:retry:`` counter, incremented at each start: the job did not run)."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(HEADERS + job_id, mapping=headers)  # type: ignore[arg-type]
         pipe.expire(HEADERS + job_id, HEADERS_TTL)
+        if deferred:
+            pipe.decr(retry_key_prefix + job_id)
         await pipe.execute()
 
 
@@ -110,7 +124,7 @@ def _guarded(
             if headers:
                 await _forget(redis, job_id)
             return outcome.value
-        await _store(redis, job_id, outcome.headers)
+        await _store(redis, job_id, outcome.headers, deferred=outcome.kind == "defer")
         raise Retry(defer=outcome.delay) from outcome.error
 
     return run
@@ -125,7 +139,8 @@ def func(
     **options: Any,
 ) -> Function:
     """arq's ``func(coroutine, ...)`` whose runs go through ``guard``; ``options`` are arq's
-    (``timeout``, ``keep_result``, …)."""
+    (``timeout``, ``keep_result``, …). ``max_tries`` counts runs of the job (a retry of a
+    failure is one; a deferral is not), default :data:`MAX_TRIES`."""
     if not isinstance(guard, TaskGuard):
         raise TypeError(f"guard must be a TaskGuard, got {guard!r}")
     name = name or coroutine.__qualname__

@@ -264,3 +264,75 @@ def test_arq_a_finished_job_leaves_no_floodwall_headers_behind(
     ]
     assert deferring.snapshot()["deferred"] >= 1 and retrying.snapshot()["retried"] == 2
     assert db.keys(f"{HEADERS}*") == []
+
+
+def test_arq_deferrals_do_not_use_up_max_tries(broker: tuple[str, redis.Redis]) -> None:
+    """QA: a job deferred by floodwall (breaker open, rate limited) used one of arq's
+    ``max_tries`` per deferral, so a long outage made arq give up ("max 2 retries exceeded")
+    a job that never ran. A deferral gives its try back: ``max_tries`` counts runs, while a
+    retried failure still uses one. A real arq worker in this process, burst mode."""
+    from arq.worker import Worker
+
+    import floodwall as fw
+    from floodwall.arq import TaskGuard, func
+
+    url, _ = broker
+    breaker = fw.CircuitBreaker("dependency")
+    breaker.force_open("the dependency is down")
+    deferring = TaskGuard(breaker, defer=0.05, defer_jitter=0.0, min_delay=0.0)
+    retrying = TaskGuard(retry=fw.Retry("r", attempts=5, backoff=fw.backoff.Fixed(0.05)))
+    tries: list[int] = []
+    deferrals = 6
+
+    async def guarded(ctx: dict[str, Any]) -> int:
+        tries.append(ctx["job_try"])
+        return len(tries)
+
+    async def failing(ctx: dict[str, Any]) -> None:
+        raise ConnectionError("the dependency is down")
+
+    async def run() -> list[tuple[bool, object]]:
+        arq = await create_pool(RedisSettings.from_dsn(url))
+
+        async def close_after_deferrals() -> None:
+            while deferring.snapshot()["deferred"] < deferrals:  # noqa: ASYNC110 - a counter, no event
+                await asyncio.sleep(0.01)
+            breaker.reset("the dependency is back")
+
+        jobs = [
+            await arq.enqueue_job("guarded", _job_id="guarded"),
+            await arq.enqueue_job("failing", _job_id="failing"),
+        ]
+        worker = Worker(
+            functions=[
+                func(guarded, guard=deferring, name="guarded", max_tries=2),
+                func(failing, guard=retrying, name="failing", max_tries=2),
+            ],
+            redis_pool=arq,
+            burst=True,
+            poll_delay=0.01,
+            handle_signals=False,
+        )
+        closer = asyncio.create_task(close_after_deferrals())
+        await asyncio.wait_for(worker.main(), 30)
+        closer.cancel()  # (done, unless arq gave the job up before its deferrals were over)
+        results = []
+        for job in jobs:
+            assert job is not None
+            info = await job.result_info()
+            assert info is not None
+            results.append((info.success, info.result))
+        await worker.close()
+        return results
+
+    loop = asyncio.new_event_loop()
+    try:
+        (done, value), (failed, error) = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert deferring.snapshot()["deferred"] >= deferrals > 2
+    assert (done, value) == (True, 1)  # it ran once, after the deferrals
+    assert tries == [1]  # arq saw its first try: the deferrals gave theirs back
+    assert not failed
+    assert "max 2 retries exceeded" in str(error)  # a retried failure is a try: arq's bound
+    assert retrying.snapshot()["retried"] == 2
