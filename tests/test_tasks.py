@@ -312,3 +312,27 @@ def test_tasks_an_idempotency_store_outage_defers_rather_than_runs_or_fails(
     store.down = False
     assert guard.run(Delivery("t", "m1"), lambda: ran.append(1)) == Done(None)
     assert ran == [1]
+
+
+def test_tasks_a_global_limit_whose_store_is_down_defers_like_a_rate_limit(
+    clock: fw.FakeClock,
+) -> None:
+    from conftest import SwitchableStore
+    from floodwall.shared import GlobalLimiter
+
+    store = SwitchableStore(clock)
+    limiter = GlobalLimiter(
+        "fixed", "100/s", store=store, on_store_error="fail_closed", batch=False, clock=clock
+    )
+    guard = TaskGuard(limiter, clock=clock, defer_jitter=0.0)
+    store.down = True
+    ran: list[int] = []
+    outcome = guard.run(Delivery("t", "m1"), lambda: ran.append(1))
+    assert ran == []
+    assert isinstance(outcome, Again) and outcome.kind == "defer"
+    assert isinstance(outcome.error, fw.LimitStoreUnavailableError)
+    assert outcome.delay > 0  # until the store is probed again
+    store.down = False
+    clock.advance(outcome.delay)
+    assert guard.run(Delivery("t", "m1"), lambda: ran.append(1)) == Done(None)
+    assert ran == [1]

@@ -84,6 +84,7 @@ DEFERRED_KINDS: Final = frozenset(
     {
         "circuit_open",
         "rate_limited",
+        "store_unavailable",
         "bulkhead_full",
         "overloaded",
         "degraded",
@@ -92,7 +93,8 @@ DEFERRED_KINDS: Final = frozenset(
     }
 )
 """Refusals that defer a task (it did not run, and will later: an idempotency store that is
-down included, rather than run a write it cannot deduplicate); any other error is a failure."""
+down included, rather than run a write it cannot deduplicate, and a global limit whose store is
+down with ``fail_closed``); any other error is a failure."""
 
 ATTEMPT: Final = "floodwall-attempt"
 RETRY: Final = "floodwall-retry"
