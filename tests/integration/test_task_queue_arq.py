@@ -336,3 +336,126 @@ def test_arq_deferrals_do_not_use_up_max_tries(broker: tuple[str, redis.Redis]) 
     assert not failed
     assert "max 2 retries exceeded" in str(error)  # a retried failure is a try: arq's bound
     assert retrying.snapshot()["retried"] == 2
+
+
+def test_arq_enqueue_job_merges_headers_and_never_replaces_a_users_own(
+    broker: tuple[str, redis.Redis],
+) -> None:
+    """QA: ``floodwall.arq.enqueue_job`` replaced what a job's header hash already held (the
+    caller's own fields, and on a refused duplicate the existing job's marker). Now the
+    caller's ``_headers`` and the ambient marker are merged in, existing fields kept; a
+    duplicate arq refuses leaves the existing job's headers as they were."""
+    import floodwall as fw
+    from floodwall.arq import HEADERS, enqueue_job
+    from floodwall.integrations._tasks import RETRY, Delivery
+
+    url, db = broker
+    db.hset(f"{HEADERS}job-1", mapping={"tenant": "acme", RETRY: "2;billing"})
+
+    async def run() -> tuple[Any, Any]:
+        pool = await create_pool(RedisSettings.from_dsn(url))
+        try:
+            with fw.retry_marker(3, "checkout"):
+                first = await enqueue_job(
+                    pool, "charge", 1, _job_id="job-1", _headers={"trace": "t-1"}
+                )
+                await enqueue_job(pool, "charge", 2, _job_id="job-2", _headers={"trace": "t-2"})
+                again = await enqueue_job(pool, "charge", 3, _job_id="job-2", _headers={"x": "y"})
+            return first, again
+        finally:
+            await pool.aclose()
+
+    loop = asyncio.new_event_loop()
+    try:
+        first, again = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert first is not None and again is None  # arq refused the duplicate job-2
+    one = _hash(db, f"{HEADERS}job-1")
+    assert one == {"tenant": "acme", RETRY: "2;billing", "trace": "t-1"}  # the caller's kept
+    two = _hash(db, f"{HEADERS}job-2")
+    assert two == {RETRY: "3;checkout", "trace": "t-2"}  # no "x": the refused enqueue left
+    delivery = Delivery.read("charge", "job-2", two)
+    assert delivery.inherited == fw.RetryMarker(3, "checkout")
+    with pytest.raises(TypeError, match="_headers must be a mapping of str to str"):
+        asyncio.run(enqueue_job(None, "charge", _headers={"n": 1}))  # type: ignore[arg-type, dict-item]
+
+
+def test_arq_task_guard_deliveries_reach_a_prometheus_scrape(
+    broker: tuple[str, redis.Redis],
+) -> None:
+    """QA: a task guard's figures reached no metrics exporter. ``register_tasks`` publishes
+    them like the inbound guard's: scraped over HTTP from ``prometheus_client``'s server
+    while a real arq worker ran deferred, retried and failed jobs."""
+    import urllib.request
+
+    from arq.worker import Worker
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    import floodwall as fw
+    from floodwall.arq import TaskGuard, func
+    from floodwall.observe.prometheus import register_tasks
+    from floodwall.ratelimit import GCRA
+
+    url, _ = broker
+    deferring = TaskGuard(GCRA("1/s", burst=0), min_delay=0.05, name="limited")
+    retrying = TaskGuard(
+        retry=fw.Retry("r", attempts=2, backoff=fw.backoff.Fixed(0.05)), name="flaky"
+    )
+    into = CollectorRegistry()
+    register_tasks(deferring, into)
+    register_tasks(retrying, into)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=into)
+
+    async def limited(ctx: dict[str, Any], i: int) -> int:
+        return i
+
+    async def flaky(ctx: dict[str, Any]) -> None:
+        raise ConnectionError("the dependency is down")
+
+    async def run() -> None:
+        arq = await create_pool(RedisSettings.from_dsn(url))
+        for i in range(2):
+            await arq.enqueue_job("limited", i)
+        await arq.enqueue_job("flaky")
+        worker = Worker(
+            functions=[
+                func(limited, guard=deferring, name="limited"),
+                func(flaky, guard=retrying, name="flaky"),
+            ],
+            redis_pool=arq,
+            burst=True,
+            poll_delay=0.02,
+            handle_signals=False,
+        )
+        await asyncio.wait_for(worker.main(), 30)
+        await worker.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            scrape = answer.read().decode()
+    finally:
+        loop.close()
+        server.shutdown()
+        thread.join(5)
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scrape.splitlines()
+        if line.startswith("floodwall_task_deliveries_total")
+    }
+    family = "floodwall_task_deliveries_total"
+    assert samples[f'{family}{{guard="limited",outcome="executions"}}'] == 2
+    assert samples[f'{family}{{guard="limited",outcome="deferred"}}'] >= 1
+    assert samples[f'{family}{{guard="flaky",outcome="retried"}}'] == 1
+    assert samples[f'{family}{{guard="flaky",outcome="failed"}}'] == 1
+    assert samples[f'{family}{{guard="flaky",outcome="executions"}}'] == 2
+
+
+def _hash(db: redis.Redis, key: str) -> dict[str, str]:
+    def text(value: object) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {text(name): text(value) for name, value in db.hgetall(key).items()}

@@ -9,7 +9,14 @@ from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import Idempotency
 from floodwall.stores.guard import StoreGuard
 
-__all__ = ["InboundGuard", "rate_limit_decisions", "shedder_figures", "store_figures"]
+__all__ = [
+    "InboundGuard",
+    "TaskGuard",
+    "rate_limit_decisions",
+    "shedder_figures",
+    "store_figures",
+    "task_deliveries",
+]
 
 _BEFORE_LIMITER = ("circuit_open", "bulkhead_full", "degraded")
 """Outcomes of calls refused before the limiter saw them (the pipeline's order is fixed:
@@ -38,6 +45,21 @@ class InboundGuard(Protocol):
     shedder: Any
 
     def decisions(self) -> dict[tuple[str, str], int]: ...
+
+
+class TaskGuard(Protocol):
+    """What the adapters read of a task guard (Celery, Dramatiq, arq: named structurally, as
+    :class:`InboundGuard` is)."""
+
+    name: str
+
+    def snapshot(self) -> dict[str, int]: ...
+
+
+def task_deliveries(guard: TaskGuard) -> dict[str, int]:
+    """A task guard's deliveries by what became of them: ``executions`` (the function ran),
+    ``replays`` (a stored result answered), ``deferred``, ``retried``, ``failed``."""
+    return dict(guard.snapshot())
 
 
 def shedder_figures(guard: InboundGuard) -> tuple[float, float] | None:

@@ -41,6 +41,11 @@ and, for an inbound guard published with :func:`register_guard`::
     floodwall_inbound_shedder_limit{guard}              gauge: the shedder's concurrency limit
     floodwall_inbound_shedder_in_flight{guard}          gauge: requests holding a ticket
 
+and, for a task guard (Celery, Dramatiq, arq) published with :func:`register_tasks`::
+
+    floodwall_task_deliveries_total{guard, outcome}     counter (outcome: executions, replays,
+                                                        deferred, retried, failed)
+
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
 folded into them, so a bucket boundary is exact to within one bin (±12 %).
 
@@ -62,9 +67,11 @@ from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
 from floodwall.observe._read import (
     InboundGuard,
+    TaskGuard,
     rate_limit_decisions,
     shedder_figures,
     store_figures,
+    task_deliveries,
 )
 
 try:
@@ -347,5 +354,38 @@ def register_guard(
     """Publish an inbound guard's decisions (and its shedder's figures) on a registry; ``name``
     is the ``guard`` label (one per guard: ``http``, ``grpc``, …)."""
     collector = InboundCollector(guard, name)
+    into.register(collector)
+    return collector
+
+
+class TaskCollector(Collector):
+    """A ``prometheus_client`` collector over a task guard (Celery, Dramatiq, arq): its
+    deliveries by what became of them."""
+
+    def __init__(self, guard: TaskGuard, name: str) -> None:
+        self.guard = guard
+        self.name = validate.text("name", name)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily(
+            "floodwall_task_deliveries",
+            "Task deliveries by what became of them (executions, replays, deferred, retried, "
+            "failed).",
+            labels=["guard", "outcome"],
+        )
+        for outcome, count in sorted(task_deliveries(self.guard).items()):
+            deliveries.add_metric([self.name, outcome], count)
+        yield deliveries
+
+
+def register_tasks(
+    guard: TaskGuard, into: CollectorRegistry = REGISTRY, name: str | None = None
+) -> TaskCollector:
+    """Publish a task guard's deliveries on a registry; ``name`` is the ``guard`` label
+    (default: the guard's own ``name``)."""
+    collector = TaskCollector(guard, guard.name if name is None else name)
     into.register(collector)
     return collector
