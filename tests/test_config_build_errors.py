@@ -94,3 +94,22 @@ def test_a_port_no_socket_can_use_is_refused_when_the_store_is_made() -> None:
             connect(url)
     for url in ("redis://localhost/0", "postgresql://u@h1:5432,h2:5433/x", "redis://[::1]:6379"):
         connect(url)  # no port, several hosts, IPv6: fine (nothing connects yet)
+
+
+def test_check_config_builds_a_gateways_route_limits(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "stores: {shared: 'redis://127.0.0.1:notaport/0'}\n"
+        "upstreams: {svc: {endpoints: ['http://127.0.0.1:9']}}\n"
+        "routes:\n"
+        "  - name: quota\n"
+        "    match: {path_prefix: /}\n"
+        "    upstream: svc\n"
+        "    rate_limit: {rate: 5/s, algorithm: fixed, scope: global, store: shared}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, ["check-config", str(path)])
+    output = "".join(result.output.split())
+    assert result.exit_code == FAILED
+    assert f"invalid:{path}:routes[0](quota):rate_limit.store:stores.sharedcannotbe" in output
+    assert "portmustbeanintegerin1-65535" in output

@@ -182,12 +182,18 @@ def _built(document: Document, source: str) -> Registry:
 
 
 def _check_gateway(console: Console, raw: dict[str, Any], source: str) -> None:
+    from floodwall._core.clock import SYSTEM_CLOCK
     from floodwall._core.errors import ConfigError
     from floodwall.gateway.config import parse_gateway
+    from floodwall.gateway.policies import check_limits
 
     document = parse_gateway(raw, source)
     if not document.routes:
         raise ConfigError(f"{source}: routes: no route is configured")
+    try:
+        check_limits(document, SYSTEM_CLOCK)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     registry = _built(document, source) if document.resources else None
     routes, upstreams = len(document.routes), len(document.upstreams)
     host, port = document.listen
