@@ -22,10 +22,11 @@ listed by :meth:`Registry.overrides`, and expire after their TTL.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -166,11 +167,12 @@ def open_store(name: str, stores: Mapping[str, str]) -> Store:
         raise StoreFieldError(f"stores.{name}{value} cannot be opened: {why}") from exc
 
 
-def _section(resource: str, section: str, make: Callable[[], R]) -> R:
-    """``make()``, any error it raises turned into a :class:`ConfigError` naming the path:
-    ``resources.<resource>.<section>[.store]: <reason>`` (a build never half-fails)."""
+@contextlib.contextmanager
+def _at(resource: str, section: str) -> Iterator[None]:
+    """Turn any error raised while building ``section`` into a :class:`ConfigError` naming the
+    path: ``resources.<resource>.<section>[.<field>]: <reason>`` (a build never half-fails)."""
     try:
-        return make()
+        yield
     except FieldError as exc:
         raise ConfigError(f"resources.{resource}.{section}.{exc.field}: {exc}") from exc
     except (ConfigError, ValueError) as exc:
@@ -310,39 +312,30 @@ def build(
     circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout.
 
     Any error is a :class:`ConfigError` naming the section's path, like a schema error
-    (``resources.orders.rate_limit.store: stores.shared = 'host://x' cannot be opened: …``)."""
-    policies: list[Policy] = []
+    (``resources.orders.rate_limit.store: stores.shared cannot be opened: …``)."""
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
+    idempotency = chaos = None
     if config.sampled_drop is not None:
-        ratio = config.sampled_drop.ratio
-        sampled = _section(
-            name,
-            "sampled_drop",
-            lambda: SampledDrop(
-                ratio, name=f"{name}.sampled_drop", clock=clock, listeners=listeners
-            ),
-        )
-        policies.append(sampled)
+        with _at(name, "sampled_drop"):
+            sampled = SampledDrop(
+                config.sampled_drop.ratio,
+                name=f"{name}.sampled_drop",
+                clock=clock,
+                listeners=listeners,
+            )
     if config.fallback is not None:
-        fc = config.fallback
-        fallback = _section(
-            name,
-            "fallback",
-            lambda: Fallback(
-                value=fc.value,
-                kinds=fc.kinds,
+        with _at(name, "fallback"):
+            fallback = Fallback(
+                value=config.fallback.value,
+                kinds=config.fallback.kinds,
                 name=f"{name}.fallback",
                 clock=clock,
                 listeners=listeners,
-            ),
-        )
-        policies.append(fallback)
+            )
     if config.cache is not None:
         cc = config.cache
-        cache = _section(
-            name,
-            "cache",
-            lambda: Cache(
+        with _at(name, "cache"):
+            cache = Cache(
                 ttl=cc.ttl,
                 stale_ttl=cc.stale_ttl,
                 max_entries=cc.max_entries,
@@ -352,57 +345,37 @@ def build(
                 name=f"{name}.cache",
                 clock=clock,
                 listeners=listeners,
-            ),
-        )
-        policies.append(cache)
+            )
     if config.circuit_breaker is not None:
         options = kwargs(config.circuit_breaker.options())
-        breaker = _section(
-            name,
-            "circuit_breaker",
-            lambda: CircuitBreaker(name, clock=clock, listeners=listeners, **options),
-        )
-        policies.append(breaker)
+        with _at(name, "circuit_breaker"):
+            breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
     if config.bulkhead is not None:
-        bc = config.bulkhead
-        bulkhead = _section(
-            name, "bulkhead", lambda: build_bulkhead(name, bc, clock, listeners, store)
-        )
-        policies.append(bulkhead)
+        with _at(name, "bulkhead"):
+            bulkhead = build_bulkhead(name, config.bulkhead, clock, listeners, store)
     if config.rate_limit is not None:
-        rl = config.rate_limit
-        limiter = _section(
-            name, "rate_limit", lambda: build_limiter(name, rl, clock, listeners, store)
-        )
-        policies.append(limiter)
+        with _at(name, "rate_limit"):
+            limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
     if config.adaptive is not None:
-        ac = config.adaptive
-        adaptive = _section(name, "adaptive", lambda: build_adaptive(name, ac, clock, listeners))
-        policies.append(adaptive)
+        with _at(name, "adaptive"):
+            adaptive = build_adaptive(name, config.adaptive, clock, listeners)
     if config.idempotency is not None:
-        ic = config.idempotency
-        policies.append(
-            _section(
-                name,
-                "idempotency",
-                lambda: Idempotency(
-                    store(ic.store),
-                    ttl=ic.ttl,
-                    lock_ttl=ic.lock_ttl,
-                    required=ic.required,
-                    on_store_error=ic.on_store_error,
-                    name=f"{name}.idempotency",
-                    clock=clock,
-                    listeners=listeners,
-                ),
+        with _at(name, "idempotency"):
+            ic = config.idempotency
+            idempotency = Idempotency(
+                store(ic.store),
+                ttl=ic.ttl,
+                lock_ttl=ic.lock_ttl,
+                required=ic.required,
+                on_store_error=ic.on_store_error,
+                name=f"{name}.idempotency",
+                clock=clock,
+                listeners=listeners,
             )
-        )
     if config.retry is not None:
-        rc = config.retry
-        retry = _section(
-            name,
-            "retry",
-            lambda: Retry(
+        with _at(name, "retry"):
+            rc = config.retry
+            retry = Retry(
                 name,
                 attempts=rc.attempts,
                 backoff=build_backoff(rc.backoff),
@@ -414,36 +387,27 @@ def build(
                 level=config.level,
                 clock=clock,
                 listeners=listeners,
-            ),
-        )
-        policies.append(retry)
+            )
     if config.timeout is not None:
-        options = kwargs(config.timeout.options())
-        timeout = _section(
-            name,
-            "timeout",
-            lambda: Timeout(name=name, clock=clock, listeners=listeners, **options),
-        )
-        policies.append(timeout)
-    chaos = None
+        with _at(name, "timeout"):
+            timeout = Timeout(
+                name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
+            )
     if config.chaos is not None:
-        from floodwall.chaos import chaos_from_spec
+        with _at(name, "chaos"):
+            from floodwall.chaos import chaos_from_spec
 
-        spec = config.chaos.spec()
-        chaos = _section(
-            name,
-            "chaos",
-            lambda: chaos_from_spec(
+            chaos = chaos_from_spec(
                 f"{name}.chaos",
-                spec,
+                config.chaos.spec(),
                 allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
                 clock=clock,
                 listeners=listeners,
-            ),
-        )
-        policies.append(chaos)  # innermost: it stands for the dependency
+            )
+    ordered: tuple[Policy | None, ...] = (sampled, fallback, cache, breaker, bulkhead, limiter)
+    ordered += (adaptive, idempotency, retry, timeout, chaos)  # chaos innermost: the dependency
     return Built(
-        tuple(policies),
+        tuple(p for p in ordered if p is not None),
         fallback,
         breaker,
         retry,
