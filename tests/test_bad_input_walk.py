@@ -120,6 +120,7 @@ NOT_WALKED: dict[str, str] = {
             "floodwall.drill.Mode",
             "floodwall.drill.Job",
             "floodwall.ratelimit.Decision",
+            "floodwall.ratelimit.StoreDownDecision",
             "floodwall.shared.Cached",
             "floodwall.shared.Deferred",
             "floodwall.shared.Message",

@@ -98,7 +98,10 @@ def test_an_unknown_store_scheme_refuses_before_anything_changes() -> None:
         "stores": {"default": "memory://", "shared": "carrier-pigeon://loft"},
         "resources": {**BASE["resources"], "ledger": {"idempotency": {"store": "shared"}}},
     }
-    with pytest.raises(fw.ConfigError, match=r"stores\.shared: store url scheme must be one of"):
+    with pytest.raises(
+        fw.ConfigError,
+        match=r"resources\.ledger\.idempotency\.store: stores\.shared cannot be opened: store url",
+    ):
         registry.reload(bad)
     assert registry.names() == ["a", "b"]
     missing = {"resources": {**BASE["resources"], "ledger": {"idempotency": {"store": "gone"}}}}

@@ -35,6 +35,7 @@ from django.test import AsyncClient, Client, override_settings  # noqa: E402
 import floodwall as fw  # noqa: E402
 import floodwall.django  # noqa: E402
 from djangoapp import views  # noqa: E402
+from servers import RestartableRedis  # noqa: E402
 
 
 @pytest.fixture
@@ -150,3 +151,27 @@ def test_django_the_registry_is_the_settings(down: Path) -> None:
     assert registry.names() == ["payments", "reviews"]
     assert isinstance(registry.get("payments").breaker, fw.CircuitBreaker)
     assert floodwall.django.guard().registry is registry
+
+
+def test_django_a_global_limit_whose_store_is_down_answers_503_not_429(
+    restartable_redis: RestartableRedis,
+) -> None:
+    limit = {"rate": "1/min", "algorithm": "fixed", "scope": "global", "store": "shared"}
+    document = {
+        "stores": {"shared": restartable_redis.url},
+        "resources": {"quota": {"rate_limit": {**limit, "on_store_error": "fail_closed"}}},
+    }
+    client = Client(raise_request_exception=False)
+    with override_settings(FLOODWALL=document, FLOODWALL_GUARD=_guard_settings()):
+        floodwall.django.registry().get("quota").limiter.reset()  # type: ignore[union-attr]
+        assert client.get("/quota").status_code == 200
+        assert client.get("/quota").status_code == 429  # the store answers: the caller's rate
+        restartable_redis.stop()
+        answers = [client.get("/quota") for _ in range(2)]
+        metrics = client.get("/metrics").content.decode()
+    for answer in answers:
+        assert answer.status_code == 503
+        assert answer["Content-Type"] == "application/problem+json"
+        assert 1 <= int(answer["Retry-After"]) <= 10
+        assert answer.json()["kind"] == "store_unavailable"
+    assert 'guard="http",outcome="app_rejected",reason="store_unavailable"} 2.0' in metrics

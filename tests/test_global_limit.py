@@ -18,6 +18,7 @@ import pytest
 
 import floodwall as fw
 from conftest import Shell, SwitchableStore
+from floodwall.ratelimit import StoreDownDecision
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.leasing import LeasedLimiter
 from floodwall.shared.timeslice import TimeSliceLimiter
@@ -194,8 +195,10 @@ async def test_the_store_down_never_raises_and_follows_the_mode(
     assert store.calls == 1 + 3, "three failures open the breaker; the rest never reach it"
     if mode == "fail_closed":
         assert both[-1].retry_after == pytest.approx(1.0), "until the breaker's probe"
-        with pytest.raises(fw.RateLimitedError, match="fail_closed"):
+        assert all(isinstance(d, StoreDownDecision) for d in both)  # not the limit's refusal
+        with pytest.raises(fw.LimitStoreUnavailableError, match="fail_closed") as caught:
             limiter.call(lambda: None)
+        assert caught.value.kind == "store_unavailable"
     store.down = False
     clock.advance(1.0)
     assert limiter.acquire().remaining == 98, "back on the store by itself"
@@ -221,6 +224,23 @@ def test_leases_cut_round_trips_by_the_lease_size(
         clock.advance(0.0001)
     assert store.calls == 50 and limiter.leases == 50 and limiter.local_decisions == 950
     assert limiter.held() == 0
+
+
+def test_a_leased_limit_whose_store_is_down_says_the_store_not_the_limit(
+    clock: fw.FakeClock, store: SwitchableStore
+) -> None:
+    limiter = LeasedLimiter(
+        "gcra", "1/h", store=store, clock=clock, lease=1, on_store_error="fail_closed"
+    )
+    limiter.call(lambda: None)
+    with pytest.raises(fw.RateLimitedError) as limited:
+        limiter.call(lambda: None)
+    assert limited.value.kind == "rate_limited"  # the store answered: the limit refused
+    store.down = True
+    clock.advance(7200)
+    with pytest.raises(fw.LimitStoreUnavailableError, match="store is unavailable") as down:
+        limiter.call(lambda: None)
+    assert down.value.kind == "store_unavailable" and down.value.retry_after is not None
 
 
 def test_the_default_lease_keeps_over_admission_within_ten_percent() -> None:

@@ -91,7 +91,7 @@ def test_another_layout_or_size_is_refused_with_both_values(name: str) -> None:
             _count(other)  # as any store that cannot serve: on_store_error decides
         assert isinstance(caught.value.__cause__, fw.ConfigError)
         assert "exists with max_keys=4096" in str(caught.value)
-        assert "got max_keys=64" in str(caught.value)
+        assert "this store asks for max_keys=64" in str(caught.value)
         store.slots("db", 3)
         with pytest.raises(fw.ConfigError, match="max_concurrent=3 while processes use it"):
             store.slots("db", 4)
@@ -419,6 +419,40 @@ def test_a_size_another_process_holds_degrades_as_a_store_outage_not_an_error(
         down = [e for e in events if e.kind == "store_down"]
         assert len(down) == 1
         assert "max_concurrent=2" in down[0].reason and "max_concurrent=3" in down[0].reason
+
+
+@pytest.mark.parametrize(
+    ("asked", "layout"),
+    [
+        ("max_keys=8192", "max_keys=8192, record_bytes=1024, bulkheads=64"),
+        ("bulkheads=128", "max_keys=4096, record_bytes=1024, bulkheads=128"),
+        ("record_bytes=2048", "max_keys=4096, record_bytes=2048, bulkheads=64"),
+    ],
+)
+def test_a_larger_layout_is_refused_naming_both_layouts_and_the_fix(
+    name: str, asked: str, layout: str
+) -> None:
+    """QA: a store asking NAME for more keys or slots than its running segment got EINVAL from
+    shmget/semget, reported as "unavailable during 'attach'" (a closed store) with nothing
+    about the layout. Now it names NAME, both layouts and how to fix it."""
+    events: list[fw.Event] = []
+    from floodwall.shared import GlobalLimiter
+
+    with HostStore(f"host://{name}") as running, HostStore(f"host://{name}?{asked}") as larger:
+        _count(running)
+        with pytest.raises(StoreUnavailableError) as caught:
+            _count(larger)
+        assert isinstance(caught.value.__cause__, fw.ConfigError)
+        text = str(caught.value)
+        assert f"host store {name!r} exists with max_keys=4096, record_bytes=1024, " in text
+        assert f"bulkheads=64; this store asks for {layout}" in text
+        assert f"run `floodwall host remove {name}` once no process uses it" in text
+        assert f"or use a new name (host://{name}-2?...)" in text
+        limiter = GlobalLimiter("fixed", "2/h", store=larger, name="api", listeners=[events.append])
+        assert limiter.try_acquire()  # on_store_error="local": no exception, its share
+        down = [e for e in events if e.kind == "store_down"]
+        assert len(down) == 1 and f"asks for {layout}" in down[0].reason, down
+        assert _count(running) == (True, 2), "the running segment is untouched"
 
 
 def test_a_store_of_another_layout_degrades_its_limiter_instead_of_raising(name: str) -> None:

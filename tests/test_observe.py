@@ -234,8 +234,9 @@ def test_item5_opentelemetry_publishes_every_prometheus_family_with_the_same_fig
     duration histogram counting the same calls."""
     from floodwall.adaptive import AdaptiveLimiter, FixedLimit, LoadShedder
     from floodwall.integrations._inbound import Inbound, InboundGuard
-    from floodwall.observe.otel import PROMETHEUS_TWINS, instrument_guard
-    from floodwall.observe.prometheus import register_guard
+    from floodwall.integrations._tasks import Delivery, TaskGuard
+    from floodwall.observe.otel import PROMETHEUS_TWINS, instrument_guard, instrument_tasks
+    from floodwall.observe.prometheus import register_guard, register_tasks
 
     registry = Registry(PARITY_DOC, clock=clock)
     guard = InboundGuard(shedder=LoadShedder(AdaptiveLimiter(FixedLimit(1), clock=clock)))
@@ -243,6 +244,11 @@ def test_item5_opentelemetry_publishes_every_prometheus_family_with_the_same_fig
     meter = MeterProvider(metric_readers=[reader]).get_meter("parity")
     instrument(registry, meter, spans=False)
     instrument_guard(guard, meter, name="web")
+    tasks = TaskGuard(fw.CircuitBreaker("jobs", clock=clock), name="jobs", clock=clock)
+    instrument_tasks(tasks, meter)
+    tasks.run(Delivery("t", "m1"), lambda: None)
+    tasks.policy.force_open()  # type: ignore[union-attr]
+    tasks.run(Delivery("t", "m2"), lambda: None)  # deferred
     exercise(registry, clock)
     registry.get("ranking").call(clock.advance, 0.004)
     held = guard.admit(Inbound("GET", "/", {}, "10.0.0.1"))
@@ -250,6 +256,7 @@ def test_item5_opentelemetry_publishes_every_prometheus_family_with_the_same_fig
     prom = CollectorRegistry()
     register(registry, prom)
     register_guard(guard, prom, name="web")
+    register_tasks(tasks, prom)
     families = {
         family.name: family
         for family in text_string_to_metric_families(generate_latest(prom).decode())

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from conftest import ONCE, SwitchableStore, once
-from floodwall import CircuitOpenError, ConfigError, Event, FakeClock
+from floodwall import CircuitOpenError, ConfigError, Event, FakeClock, LimitStoreUnavailableError
 from floodwall.shared._global_ops import FIXED
 from floodwall.shared.frequency import Frequency
 from floodwall.stores import Arg, Op, R, StoreGuard, StoreTimeoutError
@@ -144,7 +144,8 @@ def test_frequency_never_raises_a_store_error(
     if error:
         with pytest.raises(Exception, match="fail_closed") as caught:
             limiter.call(lambda: None)
-        assert caught.value.kind == "rate_limited"  # type: ignore[attr-defined]
+        assert isinstance(caught.value, LimitStoreUnavailableError)  # a RateLimitedError
+        assert caught.value.kind == "store_unavailable"  # HTTP 503: the store's outage
 
 
 class FrozenStore(SwitchableStore):

@@ -20,6 +20,7 @@ from floodwall.integrations._tasks import (
     ATTEMPT,
     DEFERRED,
     RETRY,
+    UNTIL,
     Again,
     Delivery,
     Done,
@@ -312,3 +313,70 @@ def test_tasks_an_idempotency_store_outage_defers_rather_than_runs_or_fails(
     store.down = False
     assert guard.run(Delivery("t", "m1"), lambda: ran.append(1)) == Done(None)
     assert ran == [1]
+
+
+def test_tasks_a_global_limit_whose_store_is_down_defers_like_a_rate_limit(
+    clock: fw.FakeClock,
+) -> None:
+    from conftest import SwitchableStore
+    from floodwall.shared import GlobalLimiter
+
+    store = SwitchableStore(clock)
+    limiter = GlobalLimiter(
+        "fixed", "100/s", store=store, on_store_error="fail_closed", batch=False, clock=clock
+    )
+    guard = TaskGuard(limiter, clock=clock, defer_jitter=0.0)
+    store.down = True
+    ran: list[int] = []
+    outcome = guard.run(Delivery("t", "m1"), lambda: ran.append(1))
+    assert ran == []
+    assert isinstance(outcome, Again) and outcome.kind == "defer"
+    assert isinstance(outcome.error, fw.LimitStoreUnavailableError)
+    assert outcome.delay > 0  # until the store is probed again
+    store.down = False
+    clock.advance(outcome.delay)
+    assert guard.run(Delivery("t", "m1"), lambda: ran.append(1)) == Done(None)
+    assert ran == [1]
+
+
+def test_tasks_a_delivery_back_before_its_until_is_held_without_running(
+    clock: fw.FakeClock,
+) -> None:
+    wall = Wall()
+    breaker = fw.CircuitBreaker("dep", clock=clock)
+    breaker.force_open()
+    guard = TaskGuard(breaker, clock=clock, wall=wall)
+    early = Delivery("t", "m1", attempt=2, deferred_since=wall.now - 5, until=wall.now + 30)
+    ran: list[int] = []
+    held = guard.run(early, lambda: ran.append(1))
+    assert ran == [] and guard.snapshot() == dict.fromkeys(guard.snapshot(), 0)
+    assert isinstance(held, Again) and held.kind == "hold" and held.delay == 30.0
+    assert held.headers[UNTIL] == f"{wall.now + 30:.3f}"  # kept for the next step
+    assert held.headers[ATTEMPT] == "2" and float(held.headers[DEFERRED]) == wall.now - 5
+    assert asyncio.run(guard.run_async(early, _async_append(ran))).kind == "hold"  # type: ignore[union-attr]
+    wall.now += 30
+    breaker.reset()
+    assert guard.run(early, lambda: ran.append(1)) == Done(None)
+    assert ran == [1]
+    assert Delivery.read("t", "m", {UNTIL: "nan"}).until is None
+
+
+def _async_append(ran: list[int]) -> Any:
+    async def append() -> None:
+        ran.append(1)
+
+    return append
+
+
+def test_celery_countdowns_are_capped_at_half_the_visibility_timeout() -> None:
+    pytest.importorskip("celery")
+    from celery import Celery
+
+    from floodwall.celery import hold_limit
+
+    assert hold_limit(Celery(broker="redis://127.0.0.1:6379/0")) == 1800.0  # kombu: 3600 s
+    assert hold_limit(Celery(broker="sqs://")) == 900.0  # kombu: 1800 s
+    app = Celery(broker="rediss://127.0.0.1:6380/0")
+    app.conf.broker_transport_options = {"visibility_timeout": 10}
+    assert hold_limit(app) == 5.0
+    assert hold_limit(Celery(broker="amqp://guest@localhost//")) is None  # no visibility timeout

@@ -26,6 +26,17 @@ Celery's own ``Task.retry`` (the same task id, so the message id stays the idemp
 floodwall's headers; Celery's ``max_retries`` is off (``None``) for these tasks because floodwall
 counts attempts itself and a deferral is not an attempt.
 
+**Long waits and the visibility timeout.** A task re-published with a countdown is fetched at once
+and held in the worker's memory until it is due; on Redis and SQS a message unacknowledged for
+longer than the broker's ``visibility_timeout`` (``broker_transport_options``; kombu's default
+3600 s on Redis, 1800 s on SQS) is delivered again, so a longer countdown would run the task
+twice. A wait longer than half the visibility timeout (:func:`hold_limit`) is therefore
+published in steps: the countdown is capped and the message carries when it may run
+(``floodwall-until``); a step that comes back early is held again without running anything
+(no admission, no claim, no attempt used) until the whole wait is over. Other brokers (AMQP)
+are not capped (RabbitMQ's own ``consumer_timeout``, 30 minutes by default, bounds how long a
+worker may hold a message: keep ``max_defer`` and retry backoffs below it).
+
 Every message published while a retry marker is ambient (inside a retried task, or an HTTP
 request that arrived as a retry) carries it (``floodwall-retry``; a ``before_task_publish``
 handler connected on import), so the tasks it enqueues do not retry again.
@@ -33,8 +44,10 @@ handler connected on import), so the tasks it enqueues do not retry again.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
+from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
 from floodwall._core.extras import missing_extra
 
@@ -48,6 +61,7 @@ from floodwall.integrations._tasks import (
     ATTEMPT,
     DEFERRED,
     RETRY,
+    UNTIL,
     Again,
     Delivery,
     Done,
@@ -55,7 +69,24 @@ from floodwall.integrations._tasks import (
     outgoing_headers,
 )
 
-__all__ = ["ATTEMPT", "DEFERRED", "RETRY", "GuardedTask", "TaskGuard"]
+__all__ = ["ATTEMPT", "DEFERRED", "RETRY", "UNTIL", "GuardedTask", "TaskGuard", "hold_limit"]
+
+_log = logging.getLogger("floodwall.celery")
+
+
+def hold_limit(app: Any) -> float | None:
+    """The longest countdown a guarded task of ``app`` is re-published with: half its broker's
+    ``visibility_timeout`` (the app's ``broker_transport_options``, else kombu's default for
+    Redis and SQS), or ``None`` for a broker without one (AMQP: no cap)."""
+    options = app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout")
+    if timeout is None:
+        url = app.conf.broker_url
+        scheme = url.partition("://")[0].lower() if isinstance(url, str) else ""
+        timeout = defaults.TASK_VISIBILITY_TIMEOUTS.get(scheme.partition("+")[0])
+    if timeout is None:
+        return None
+    return float(timeout) * defaults.TASK_HOLD_SHARE
 
 
 class GuardedTask(Task):  # type: ignore[misc] # celery ships no type information
@@ -103,7 +134,21 @@ class GuardedTask(Task):  # type: ignore[misc] # celery ships no type informatio
     def _again(self, again: Again) -> Any:
         headers = dict(self.request.headers or {})
         headers.update(again.headers)
-        raise self.retry(countdown=again.delay, headers=headers, exc=again.error)
+        countdown = again.delay
+        cap = hold_limit(self.app)
+        if cap is not None and countdown > cap:  # in steps: see "Long waits" above
+            if not headers.get(UNTIL):
+                assert self.guard is not None
+                headers[UNTIL] = f"{self.guard.wall() + countdown:.3f}"
+                _log.info(
+                    "task %s: a %.1fs wait published in steps of %.1fs (half the broker's "
+                    "visibility_timeout)",
+                    self.name,
+                    countdown,
+                    cap,
+                )
+            countdown = cap
+        raise self.retry(countdown=countdown, headers=headers, exc=again.error)
 
 
 def _carry_marker(headers: dict[str, Any] | None = None, **_: Any) -> None:

@@ -138,7 +138,7 @@ def check_config(
 
 def _check(console: Console, path: Path, as_gateway: bool) -> None:
     from floodwall._core.errors import ConfigError
-    from floodwall.config import Registry, loads, parse
+    from floodwall.config import loads, parse
     from floodwall.gateway.cli import is_gateway_document
 
     source = str(path)
@@ -161,19 +161,40 @@ def _check(console: Console, path: Path, as_gateway: bool) -> None:
     document = parse(raw, source)
     if not document.resources:
         raise ConfigError(f"{source}: resources: no resource is configured")
-    registry = Registry(document)
-    console.print(f"[green]valid:[/] {source}: {len(document.resources)} resource(s)")
-    _print_resources(console, document, registry)
+    registry = _built(document, source)
+    try:
+        console.print(f"[green]valid:[/] {source}: {len(document.resources)} resource(s)")
+        _print_resources(console, document, registry)
+    finally:
+        registry.close()
+
+
+def _built(document: Document, source: str) -> Registry:
+    """The registry of ``document``, built as a service would build it: an error found only
+    then (a store that cannot be opened, a section that fails) names the file and its path."""
+    from floodwall._core.errors import ConfigError
+    from floodwall.config import Registry
+
+    try:
+        return Registry(document)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
 
 
 def _check_gateway(console: Console, raw: dict[str, Any], source: str) -> None:
+    from floodwall._core.clock import SYSTEM_CLOCK
     from floodwall._core.errors import ConfigError
-    from floodwall.config import Registry
     from floodwall.gateway.config import parse_gateway
+    from floodwall.gateway.policies import check_limits
 
     document = parse_gateway(raw, source)
     if not document.routes:
         raise ConfigError(f"{source}: routes: no route is configured")
+    try:
+        check_limits(document, SYSTEM_CLOCK)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    registry = _built(document, source) if document.resources else None
     routes, upstreams = len(document.routes), len(document.upstreams)
     host, port = document.listen
     console.print(
@@ -184,8 +205,11 @@ def _check_gateway(console: Console, raw: dict[str, Any], source: str) -> None:
         console.print(f"upstream {name}: {', '.join(str(e) for e in upstream.endpoints)}")
     for label in document.route_names():
         console.print(f"route {label}")
-    if document.resources:
-        _print_resources(console, document, Registry(document))
+    if registry is not None:
+        try:
+            _print_resources(console, document, registry)
+        finally:
+            registry.close()
 
 
 def _print_resources(console: Console, document: Document, registry: Registry) -> None:

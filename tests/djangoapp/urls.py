@@ -12,5 +12,6 @@ urlpatterns = [
     path("payments", views.payments),
     path("orders", views.orders),
     path("limited", views.limited),
+    path("quota", views.quota),
     path("metrics", metrics),
 ]

@@ -1,4 +1,4 @@
-"""Views of the test project: a hello, two dependencies, a write, a rate-limited route."""
+"""Views of the test project: a hello, two dependencies, a write, rate-limited routes."""
 
 from __future__ import annotations
 
@@ -50,6 +50,11 @@ def orders(request: HttpRequest) -> HttpResponse:
     COUNTS["orders"] = COUNTS.get("orders", 0) + 1
     body: Any = json.loads(request.body or b"{}")
     return JsonResponse({"order": COUNTS["orders"], "item": body.get("item")}, status=201)
+
+
+def quota(request: HttpRequest) -> HttpResponse:
+    floodwall.django.registry().get("quota").call(lambda: None)
+    return HttpResponse("ok")
 
 
 def limited(request: HttpRequest) -> HttpResponse:

@@ -264,3 +264,198 @@ def test_arq_a_finished_job_leaves_no_floodwall_headers_behind(
     ]
     assert deferring.snapshot()["deferred"] >= 1 and retrying.snapshot()["retried"] == 2
     assert db.keys(f"{HEADERS}*") == []
+
+
+def test_arq_deferrals_do_not_use_up_max_tries(broker: tuple[str, redis.Redis]) -> None:
+    """QA: a job deferred by floodwall (breaker open, rate limited) used one of arq's
+    ``max_tries`` per deferral, so a long outage made arq give up ("max 2 retries exceeded")
+    a job that never ran. A deferral gives its try back: ``max_tries`` counts runs, while a
+    retried failure still uses one. A real arq worker in this process, burst mode."""
+    from arq.worker import Worker
+
+    import floodwall as fw
+    from floodwall.arq import TaskGuard, func
+
+    url, _ = broker
+    breaker = fw.CircuitBreaker("dependency")
+    breaker.force_open("the dependency is down")
+    deferring = TaskGuard(breaker, defer=0.05, defer_jitter=0.0, min_delay=0.0)
+    retrying = TaskGuard(retry=fw.Retry("r", attempts=5, backoff=fw.backoff.Fixed(0.05)))
+    tries: list[int] = []
+    deferrals = 6
+
+    async def guarded(ctx: dict[str, Any]) -> int:
+        tries.append(ctx["job_try"])
+        return len(tries)
+
+    async def failing(ctx: dict[str, Any]) -> None:
+        raise ConnectionError("the dependency is down")
+
+    async def run() -> list[tuple[bool, object]]:
+        arq = await create_pool(RedisSettings.from_dsn(url))
+
+        async def close_after_deferrals() -> None:
+            while deferring.snapshot()["deferred"] < deferrals:  # noqa: ASYNC110 - a counter, no event
+                await asyncio.sleep(0.01)
+            breaker.reset("the dependency is back")
+
+        jobs = [
+            await arq.enqueue_job("guarded", _job_id="guarded"),
+            await arq.enqueue_job("failing", _job_id="failing"),
+        ]
+        worker = Worker(
+            functions=[
+                func(guarded, guard=deferring, name="guarded", max_tries=2),
+                func(failing, guard=retrying, name="failing", max_tries=2),
+            ],
+            redis_pool=arq,
+            burst=True,
+            poll_delay=0.01,
+            handle_signals=False,
+        )
+        closer = asyncio.create_task(close_after_deferrals())
+        await asyncio.wait_for(worker.main(), 30)
+        closer.cancel()  # (done, unless arq gave the job up before its deferrals were over)
+        results = []
+        for job in jobs:
+            assert job is not None
+            info = await job.result_info()
+            assert info is not None
+            results.append((info.success, info.result))
+        await worker.close()
+        return results
+
+    loop = asyncio.new_event_loop()
+    try:
+        (done, value), (failed, error) = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert deferring.snapshot()["deferred"] >= deferrals > 2
+    assert (done, value) == (True, 1)  # it ran once, after the deferrals
+    assert tries == [1]  # arq saw its first try: the deferrals gave theirs back
+    assert not failed
+    assert "max 2 retries exceeded" in str(error)  # a retried failure is a try: arq's bound
+    assert retrying.snapshot()["retried"] == 2
+
+
+def test_arq_enqueue_job_merges_headers_and_never_replaces_a_users_own(
+    broker: tuple[str, redis.Redis],
+) -> None:
+    """QA: ``floodwall.arq.enqueue_job`` replaced what a job's header hash already held (the
+    caller's own fields, and on a refused duplicate the existing job's marker). Now the
+    caller's ``_headers`` and the ambient marker are merged in, existing fields kept; a
+    duplicate arq refuses leaves the existing job's headers as they were."""
+    import floodwall as fw
+    from floodwall.arq import HEADERS, enqueue_job
+    from floodwall.integrations._tasks import RETRY, Delivery
+
+    url, db = broker
+    db.hset(f"{HEADERS}job-1", mapping={"tenant": "acme", RETRY: "2;billing"})
+
+    async def run() -> tuple[Any, Any]:
+        pool = await create_pool(RedisSettings.from_dsn(url))
+        try:
+            with fw.retry_marker(3, "checkout"):
+                first = await enqueue_job(
+                    pool, "charge", 1, _job_id="job-1", _headers={"trace": "t-1"}
+                )
+                await enqueue_job(pool, "charge", 2, _job_id="job-2", _headers={"trace": "t-2"})
+                again = await enqueue_job(pool, "charge", 3, _job_id="job-2", _headers={"x": "y"})
+            return first, again
+        finally:
+            await pool.aclose()
+
+    loop = asyncio.new_event_loop()
+    try:
+        first, again = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert first is not None and again is None  # arq refused the duplicate job-2
+    one = _hash(db, f"{HEADERS}job-1")
+    assert one == {"tenant": "acme", RETRY: "2;billing", "trace": "t-1"}  # the caller's kept
+    two = _hash(db, f"{HEADERS}job-2")
+    assert two == {RETRY: "3;checkout", "trace": "t-2"}  # no "x": the refused enqueue left
+    delivery = Delivery.read("charge", "job-2", two)
+    assert delivery.inherited == fw.RetryMarker(3, "checkout")
+    with pytest.raises(TypeError, match="_headers must be a mapping of str to str"):
+        asyncio.run(enqueue_job(None, "charge", _headers={"n": 1}))  # type: ignore[arg-type, dict-item]
+
+
+def test_arq_task_guard_deliveries_reach_a_prometheus_scrape(
+    broker: tuple[str, redis.Redis],
+) -> None:
+    """QA: a task guard's figures reached no metrics exporter. ``register_tasks`` publishes
+    them like the inbound guard's: scraped over HTTP from ``prometheus_client``'s server
+    while a real arq worker ran deferred, retried and failed jobs."""
+    import urllib.request
+
+    from arq.worker import Worker
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    import floodwall as fw
+    from floodwall.arq import TaskGuard, func
+    from floodwall.observe.prometheus import register_tasks
+    from floodwall.ratelimit import GCRA
+
+    url, _ = broker
+    deferring = TaskGuard(GCRA("1/s", burst=0), min_delay=0.05, name="limited")
+    retrying = TaskGuard(
+        retry=fw.Retry("r", attempts=2, backoff=fw.backoff.Fixed(0.05)), name="flaky"
+    )
+    into = CollectorRegistry()
+    register_tasks(deferring, into)
+    register_tasks(retrying, into)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=into)
+
+    async def limited(ctx: dict[str, Any], i: int) -> int:
+        return i
+
+    async def flaky(ctx: dict[str, Any]) -> None:
+        raise ConnectionError("the dependency is down")
+
+    async def run() -> None:
+        arq = await create_pool(RedisSettings.from_dsn(url))
+        for i in range(2):
+            await arq.enqueue_job("limited", i)
+        await arq.enqueue_job("flaky")
+        worker = Worker(
+            functions=[
+                func(limited, guard=deferring, name="limited"),
+                func(flaky, guard=retrying, name="flaky"),
+            ],
+            redis_pool=arq,
+            burst=True,
+            poll_delay=0.02,
+            handle_signals=False,
+        )
+        await asyncio.wait_for(worker.main(), 30)
+        await worker.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            scrape = answer.read().decode()
+    finally:
+        loop.close()
+        server.shutdown()
+        thread.join(5)
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scrape.splitlines()
+        if line.startswith("floodwall_task_deliveries_total")
+    }
+    family = "floodwall_task_deliveries_total"
+    assert samples[f'{family}{{guard="limited",outcome="executions"}}'] == 2
+    assert samples[f'{family}{{guard="limited",outcome="deferred"}}'] >= 1
+    assert samples[f'{family}{{guard="flaky",outcome="retried"}}'] == 1
+    assert samples[f'{family}{{guard="flaky",outcome="failed"}}'] == 1
+    assert samples[f'{family}{{guard="flaky",outcome="executions"}}'] == 2
+
+
+def _hash(db: redis.Redis, key: str) -> dict[str, str]:
+    def text(value: object) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {text(name): text(value) for name, value in db.hgetall(key).items()}

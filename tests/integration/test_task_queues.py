@@ -251,3 +251,32 @@ def test_a_redelivered_task_does_not_repeat_its_side_effect(
     )
     assert naive == ["order-1", "order-1"]
     assert guarded == ["order-2"]
+
+
+def test_celery_a_deferral_longer_than_the_visibility_timeout_runs_once(
+    broker: tuple[str, redis.Redis], tmp_path: Path
+) -> None:
+    """QA: a deferral is re-published with a countdown, held in the worker's memory until
+    due; with the Redis broker a message unacknowledged past ``visibility_timeout`` is
+    delivered again, so a refusal whose ``retry_after`` (8 s here) outlasts it (2 s) ran the
+    task twice. The wait now goes in steps under half the visibility timeout, held again
+    until due: each task runs once, and no countdown exceeds the cap."""
+    url, db = broker
+    queue = CeleryQueue(url, {})
+    visibility = 2.0
+    with Workers(url, tmp_path, FW_VISIBILITY=str(visibility)) as workers:
+        queue.start(workers, "w", 2)
+        _ready(queue, db, workers, 2)
+        queue.send("slow_limited", "o-1")  # takes the one permit of the next 8 s
+        queue.send("slow_limited", "o-2")  # refused: retry_after about 8 s
+        until(lambda: db.llen("effects:slow_limited") >= 2, 60, "both tasks to run", workers)
+        time.sleep(8 + 2 * visibility)  # a redelivered copy, deferred 8 s in turn, would run
+    effects = strings(db, "effects:slow_limited")
+    countdowns = [float(entry.split()[0]) for entry in strings(db, "again:slow_limited")]
+    print(
+        f"\ncelery, visibility_timeout {visibility:g} s, a deferral of about 8 s: "
+        f"side effects {effects}, countdowns {countdowns}"
+    )
+    assert sorted(effects) == ["o-1", "o-2"]  # each once: no redelivered copy ran
+    assert countdowns and max(countdowns) <= visibility / 2
+    assert len(countdowns) >= 4  # the 8 s went in steps of at most 1 s

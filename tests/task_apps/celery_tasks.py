@@ -151,6 +151,20 @@ def charge_guarded(order: str) -> str:
     return order
 
 
+# -- a deferral longer than the broker's visibility timeout ----------------------------------
+
+slow_guard = TaskGuard(
+    GlobalLimiter("gcra", "1/8s", burst=0, store=REDIS, name="tasks-1per8s"), defer_jitter=0.0
+)
+
+
+@app.task(base=GuardedTask, guard=slow_guard)
+def slow_limited(order: str) -> str:
+    _ran("slow_limited")
+    db.rpush("effects:slow_limited", order)
+    return order
+
+
 # -- outcomes, for the test ---------------------------------------------------------------------
 
 

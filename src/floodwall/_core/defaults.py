@@ -291,3 +291,10 @@ TASK_DEFER_JITTER = 0.5
 over half the wait, not in one burst at the breaker's half-open moment."""
 TASK_MIN_DELAY = 0.05
 """Seconds a deferred or retried task waits at least: never a tight loop through the broker."""
+TASK_HOLD_SHARE = 0.5
+"""The longest countdown a Celery task is re-published with, as a share of the broker's
+``visibility_timeout`` (Redis, SQS): a message held in a worker's memory longer than that is
+delivered again. Longer waits go in steps of at most this, the message carrying when it may
+run (``floodwall-until``); half leaves room for a busy worker's delay in fetching it."""
+TASK_VISIBILITY_TIMEOUTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+"""kombu's default ``visibility_timeout`` per broker scheme, used when the app sets none."""

@@ -15,6 +15,7 @@ __all__ = [
     "DegradedError",
     "FailedResult",
     "FloodwallError",
+    "LimitStoreUnavailableError",
     "OverloadedError",
     "RateLimitedError",
     "RejectedError",
@@ -140,6 +141,19 @@ class RateLimitedError(RejectedError):
     """A rate limiter refused the call: ``RateLimitedError(name, reason, retry_after)``."""
 
     kind = "rate_limited"
+
+
+class LimitStoreUnavailableError(RateLimitedError):
+    """A shared limit could not be checked: its store is down and ``on_store_error`` is
+    ``"fail_closed"``. ``LimitStoreUnavailableError(name, reason, retry_after)``.
+
+    It is floodwall's outage, not the caller's rate: HTTP integrations answer it 503 with
+    ``Retry-After`` (when the store is probed again), not 429, and metrics count it under
+    ``kind="store_unavailable"``. A :class:`RateLimitedError` still, so code that catches the
+    limiter's refusals keeps catching it.
+    """
+
+    kind = "store_unavailable"
 
 
 class BulkheadFullError(RejectedError):

@@ -8,7 +8,8 @@ bins into whatever buckets they publish.
 
 Every call is counted twice, because an outage answered by fallbacks must not read as health:
 its *outcome* is what the dependency did (``success``, ``error`` or the rejection kind that kept
-it from being called: ``circuit_open``, ``timeout``, ``rate_limited``, ``bulkhead_full``,
+it from being called: ``circuit_open``, ``timeout``, ``rate_limited``, ``store_unavailable``
+(a shared limit's store down, ``fail_closed``), ``bulkhead_full``,
 ``overloaded``, ``degraded``, …), its *answer* what the caller got (``answer`` from the
 dependency, ``fallback`` from a fallback, cache or backup source, or ``error``). Both sets are
 small and fixed, so labels stay bounded.
@@ -52,6 +53,7 @@ OUTCOMES = (
     "circuit_open",
     "timeout",
     "rate_limited",
+    "store_unavailable",
     "bulkhead_full",
     "overloaded",
     "degraded",

@@ -22,10 +22,11 @@ listed by :meth:`Registry.overrides`, and expire after their TTL.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -84,6 +85,7 @@ from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import Idempotency
 from floodwall.stores import Store, connect
+from floodwall.stores.base import redact
 from floodwall.stores.host import HostStore
 from floodwall.timeout import Timeout
 
@@ -127,8 +129,56 @@ def _new_budget(
     return fresh
 
 
+class FieldError(ConfigError):
+    """A field of a section failed to build: ``FieldError(field, reason)``; :func:`build` puts
+    the section's path before the field (``resources.orders.adaptive.options: …``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+
+
+class StoreFieldError(FieldError):
+    """The ``store`` field of a section names a store that cannot serve it (unknown, a URL
+    that cannot be opened, the wrong kind)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("store", reason)
+
+
 def _no_store(name: str) -> Store:
-    raise ConfigError(f"no store named {name!r} (stores: are resolved by a Registry)")
+    raise StoreFieldError(f"no store named {name!r} (stores: are resolved by a Registry)")
+
+
+def open_store(name: str, stores: Mapping[str, str]) -> Store:
+    """Connect to the ``stores:`` entry ``name``; :class:`StoreFieldError` naming the entry,
+    its URL and the reason when it is unknown or cannot be opened."""
+    url = stores.get(name)
+    if url is None:
+        known = ", ".join(sorted(stores)) or "none"
+        raise StoreFieldError(f"no store named {name!r} (stores: {known})")
+    try:
+        return connect(url)
+    except Exception as exc:  # any failure to open it is the entry's, named with its URL
+        plain = isinstance(exc, ConfigError | ValueError)
+        why = str(exc) if plain else f"{type(exc).__name__}: {exc}"
+        shown = redact(url)
+        value = "" if shown in why else f" = {shown!r}"
+        raise StoreFieldError(f"stores.{name}{value} cannot be opened: {why}") from exc
+
+
+@contextlib.contextmanager
+def _at(resource: str, section: str) -> Iterator[None]:
+    """Turn any error raised while building ``section`` into a :class:`ConfigError` naming the
+    path: ``resources.<resource>.<section>[.<field>]: <reason>`` (a build never half-fails)."""
+    try:
+        yield
+    except FieldError as exc:
+        raise ConfigError(f"resources.{resource}.{section}.{exc.field}: {exc}") from exc
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"resources.{resource}.{section}: {exc}") from exc
+    except Exception as exc:  # a bug or an OS error while building: still a refusal
+        raise ConfigError(f"resources.{resource}.{section}: {type(exc).__name__}: {exc}") from exc
 
 
 def build_limiter(
@@ -168,7 +218,7 @@ def build_bulkhead(
     if config.scope == "host":
         held = store(config.store)
         if not isinstance(held, HostStore):
-            raise ConfigError(f"bulkhead scope: host needs a host:// store, got {held.url!r}")
+            raise StoreFieldError(f"scope: host needs a host:// store, got {held.url!r}")
         return HostBulkhead(
             name,
             store=held,
@@ -241,94 +291,97 @@ def build(
     allow_chaos: bool = False,
 ) -> Built:
     """Build the policies of one resource, in the order sampled_drop -> fallback -> cache ->
-    circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout."""
-    policies: list[Policy] = []
+    circuit_breaker -> bulkhead -> rate_limit -> adaptive -> idempotency -> retry -> timeout.
+
+    Any error is a :class:`ConfigError` naming the section's path, like a schema error
+    (``resources.orders.rate_limit.store: stores.shared cannot be opened: …``)."""
     fallback = breaker = retry = timeout = bulkhead = limiter = sampled = cache = adaptive = None
+    idempotency = chaos = None
     if config.sampled_drop is not None:
-        sampled = SampledDrop(
-            **kwargs(config.sampled_drop.options()),
-            name=f"{name}.sampled_drop",
-            clock=clock,
-            listeners=listeners,
-        )
-        policies.append(sampled)
+        with _at(name, "sampled_drop"):
+            sampled = SampledDrop(
+                **kwargs(config.sampled_drop.options()),
+                name=f"{name}.sampled_drop",
+                clock=clock,
+                listeners=listeners,
+            )
     if config.fallback is not None:
-        fallback = Fallback(
-            **kwargs(config.fallback.options()),
-            name=f"{name}.fallback",
-            clock=clock,
-            listeners=listeners,
-        )
-        policies.append(fallback)
+        with _at(name, "fallback"):
+            fallback = Fallback(
+                **kwargs(config.fallback.options()),
+                name=f"{name}.fallback",
+                clock=clock,
+                listeners=listeners,
+            )
     if config.cache is not None:
         cc = config.cache
-        cache = Cache(
-            **kwargs(cc.options()),
-            store=None if cc.store is None else store(cc.store),
-            name=f"{name}.cache",
-            clock=clock,
-            listeners=listeners,
-        )
-        policies.append(cache)
+        with _at(name, "cache"):
+            cache = Cache(
+                **kwargs(cc.options()),
+                store=None if cc.store is None else store(cc.store),
+                name=f"{name}.cache",
+                clock=clock,
+                listeners=listeners,
+            )
     if config.circuit_breaker is not None:
         options = kwargs(config.circuit_breaker.options())
-        breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
-        policies.append(breaker)
+        with _at(name, "circuit_breaker"):
+            breaker = CircuitBreaker(name, clock=clock, listeners=listeners, **options)
     if config.bulkhead is not None:
-        bulkhead = build_bulkhead(name, config.bulkhead, clock, listeners, store)
-        policies.append(bulkhead)
+        with _at(name, "bulkhead"):
+            bulkhead = build_bulkhead(name, config.bulkhead, clock, listeners, store)
     if config.rate_limit is not None:
-        limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
-        policies.append(limiter)
+        with _at(name, "rate_limit"):
+            limiter = build_limiter(name, config.rate_limit, clock, listeners, store)
     if config.adaptive is not None:
-        adaptive = build_adaptive(name, config.adaptive, clock, listeners)
-        policies.append(adaptive)
+        with _at(name, "adaptive"):
+            adaptive = build_adaptive(name, config.adaptive, clock, listeners)
     if config.idempotency is not None:
-        ic = config.idempotency
-        policies.append(
-            Idempotency(
+        with _at(name, "idempotency"):
+            ic = config.idempotency
+            idempotency = Idempotency(
                 store(ic.store),
                 **kwargs(ic.options()),
                 name=f"{name}.idempotency",
                 clock=clock,
                 listeners=listeners,
             )
-        )
     if config.retry is not None:
-        rc = config.retry
-        retry = Retry(
-            name,
-            attempts=rc.attempts,
-            backoff=build_backoff(rc.backoff),
-            budget=budget(name, rc),
-            deadline=rc.deadline,
-            idempotent=rc.idempotent,
-            retry_overload=rc.retry_overload,
-            max_retry_after=rc.max_retry_after,
-            level=config.level,
-            clock=clock,
-            listeners=listeners,
-        )
-        policies.append(retry)
+        with _at(name, "retry"):
+            rc = config.retry
+            retry = Retry(
+                name,
+                attempts=rc.attempts,
+                backoff=build_backoff(rc.backoff),
+                budget=budget(name, rc),
+                deadline=rc.deadline,
+                idempotent=rc.idempotent,
+                retry_overload=rc.retry_overload,
+                max_retry_after=rc.max_retry_after,
+                level=config.level,
+                clock=clock,
+                listeners=listeners,
+            )
     if config.timeout is not None:
-        timeout = Timeout(
-            name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
-        )
-        policies.append(timeout)
-    chaos = None
+        with _at(name, "timeout"):
+            timeout = Timeout(
+                name=name, clock=clock, listeners=listeners, **kwargs(config.timeout.options())
+            )
     if config.chaos is not None:
-        from floodwall.chaos import chaos_from_spec
+        with _at(name, "chaos"):
+            from floodwall.chaos import chaos_from_spec
 
-        chaos = chaos_from_spec(
-            f"{name}.chaos",
-            config.chaos.spec(),
-            allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
-            clock=clock,
-            listeners=listeners,
-        )
-        policies.append(chaos)  # innermost: it stands for the dependency
+            chaos = chaos_from_spec(
+                f"{name}.chaos",
+                config.chaos.spec(),
+                allow=True if allow_chaos else None,  # None: FLOODWALL_CHAOS=1 decides
+                clock=clock,
+                listeners=listeners,
+            )
+    ordered: tuple[Policy | None, ...] = (sampled, fallback, cache, breaker, bulkhead, limiter)
+    ordered += (adaptive, idempotency, retry, timeout, chaos)  # chaos innermost: the dependency
     return Built(
-        tuple(policies),
+        tuple(p for p in ordered if p is not None),
         fallback,
         breaker,
         retry,
@@ -629,10 +682,14 @@ class Registry:
         self._now = clock.monotonic
         self._sampled: dict[tuple[str, str], list[float]] = {}
         self._observers: tuple[CallObserver, ...] = ()
-        for name, config in self.document.resources.items():
-            resource = Resource(name, config, self)
-            self._build(resource, config)
-            self._resources[name] = resource
+        try:
+            for name, config in self.document.resources.items():
+                resource = Resource(name, config, self)
+                self._build(resource, config)
+                self._resources[name] = resource
+        except ConfigError:
+            self.close()  # the stores opened for the resources built so far
+            raise
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -673,11 +730,7 @@ class Registry:
         """The store a ``stores:`` entry names, connected once and shared."""
         store = self._stores.get(name)
         if store is None:
-            url = self.document.stores.get(name)
-            if url is None:
-                known = ", ".join(sorted(self.document.stores)) or "none"
-                raise ConfigError(f"no store named {name!r} (stores: {known})")
-            store = self._stores[name] = connect(url)
+            store = self._stores[name] = open_store(name, self.document.stores)
         return store
 
     def _build(self, resource: Resource, config: ResourceConfig) -> None:
@@ -799,14 +852,7 @@ class Registry:
             held = staged.stores.get(name)
             if held is not None:
                 return held
-            url = document.stores.get(name)
-            if url is None:
-                known = ", ".join(sorted(document.stores)) or "none"
-                raise ConfigError(f"no store named {name!r} (stores: {known})")
-            try:
-                held = connect(url)
-            except (ConfigError, ImportError, ValueError, TypeError) as exc:
-                raise ConfigError(f"stores.{name}: {exc}") from exc
+            held = open_store(name, document.stores)
             staged.stores[name] = held
             staged.opened.append(held)
             return held
@@ -827,20 +873,15 @@ class Registry:
                     and not (armed and config.chaos is not None)
                 ):
                     continue  # unchanged, and so are its stores and whether its chaos may act
-                try:
-                    built = build(
-                        name,
-                        config,
-                        clock=self.clock,
-                        budget=budget,
-                        listeners=self.listeners,
-                        store=store,
-                        allow_chaos=document.allow_chaos,
-                    )
-                except (ConfigError, ValueError, TypeError) as exc:
-                    raise ConfigError(f"resources.{name}: {exc}") from exc
-                except Exception as exc:  # a reload refuses, it never half-fails
-                    raise ConfigError(f"resources.{name}: {type(exc).__name__}: {exc}") from exc
+                built = build(  # every error names its path: resources.<name>.<section>
+                    name,
+                    config,
+                    clock=self.clock,
+                    budget=budget,
+                    listeners=self.listeners,
+                    store=store,
+                    allow_chaos=document.allow_chaos,
+                )
                 staged.built[name] = (config, built)
         except ConfigError:
             for opened in staged.opened:

@@ -44,7 +44,7 @@ from floodwall.adaptive import (
     VegasLimit,
 )
 from floodwall.adaptive._base import Limit
-from floodwall.config.registry import Registry, Resource, build_limiter
+from floodwall.config.registry import FieldError, Registry, Resource, build_limiter, open_store
 from floodwall.gateway._headers import RESPONSE_DROPPED
 from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimitConfig
 from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
@@ -69,6 +69,7 @@ __all__ = [
 
 OUTCOMES = (
     "rate_limited",
+    "store_unavailable",
     "overloaded",
     "circuit_open",
     "bulkhead_full",
@@ -189,8 +190,35 @@ def _key_func(config: RouteRateLimitConfig) -> KeyFunc | None:
 def build_limiter_for(
     name: str, config: RouteRateLimitConfig, doc: GatewayDocument, clock: Clock
 ) -> RateLimiter[Any] | GlobalLimiter:
-    """The route's local (keyed) limiter, or its global one on ``stores[config.store]``."""
+    """The route's local (keyed) limiter, or its global one on ``stores[config.store]``; an
+    error names its field (``rate_limit.store: stores.shared cannot be opened: …``)."""
+    try:
+        return _route_limiter(name, config, doc, clock)
+    except FieldError as exc:
+        raise ConfigError(f"rate_limit.{exc.field}: {exc}") from exc
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"rate_limit: {exc}") from exc
+
+
+def check_limits(doc: GatewayDocument, clock: Clock) -> None:
+    """Build (and close) every route's rate limiter, as the gateway will: an error names the
+    route and the field (``check-config`` calls it; nothing connects)."""
+    for index, (config, name) in enumerate(zip(doc.routes, doc.route_names(), strict=True)):
+        if config.rate_limit is None:
+            continue
+        try:
+            limiter = build_limiter_for(name, config.rate_limit, doc, clock)
+        except ConfigError as exc:
+            raise ConfigError(f"routes[{index}] ({name}): {exc}") from None
+        if isinstance(limiter, GlobalLimiter):
+            limiter.close()
+
+
+def _route_limiter(
+    name: str, config: RouteRateLimitConfig, doc: GatewayDocument, clock: Clock
+) -> RateLimiter[Any] | GlobalLimiter:
     if config.scope == "global":
+        open_store(config.store, doc.stores).close()  # its URL, checked with the entry named
         return GlobalLimiter(
             config.algorithm,
             config.rate,

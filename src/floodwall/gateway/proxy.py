@@ -44,7 +44,7 @@ from functools import partial
 from typing import Any, Final
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import RateLimitedError, RejectedError
+from floodwall._core.errors import LimitStoreUnavailableError, RateLimitedError, RejectedError
 from floodwall._core.meter import DEGRADED
 from floodwall.context import Deadline, remaining, retry_marker
 from floodwall.gateway._client import (
@@ -78,7 +78,7 @@ from floodwall.gateway.upstream import Endpoint, UpstreamPool
 from floodwall.integrations._inbound import Admission, Inbound, Refusal, refusal
 from floodwall.integrations._outbound import Call, Outbound
 from floodwall.integrations._wire import PROBLEM_JSON, problem
-from floodwall.ratelimit._base import INF, Decision
+from floodwall.ratelimit._base import INF, Decision, StoreDownDecision
 from floodwall.ratelimit.headers import rate_limit_headers
 from floodwall.retry import gave_up
 
@@ -454,8 +454,9 @@ class Proxy:
                     decision = limiter.acquire(key)
                 refused = _rate_decision(route, decision, extra)
                 if refused is not None:
-                    route.stats.count("rate_limited")
-                    route.stats.settle("rate_limited", "error")
+                    kind = refused.error.kind
+                    route.stats.count(kind)
+                    route.stats.settle(kind, "error")
                     return _with(_refused(refused), table.request_id, rid, ())
             expect = headers.get("expect")
             if expect is not None:
@@ -533,8 +534,8 @@ class Proxy:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
             outcome = rejection_outcome(error)
-            if error.kind == "rate_limited":
-                route.stats.count("rate_limited")
+            if error.kind in {"rate_limited", "store_unavailable"}:  # the limit's, not upstream's
+                route.stats.count(error.kind)
                 route.stats.settle(outcome, "error")
                 return _refused(refusal(error))
             return await self._failed(request, route, out, error.kind, outcome, error=error)
@@ -795,11 +796,14 @@ def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]])
     if decision[0]:
         out.extend(route.rate_fields(decision))
         return None
+    retry = decision[3]
+    if isinstance(decision, StoreDownDecision):  # floodwall's outage: 503, no RateLimit-*
+        why = f"rate limit of route {route.name!r}: the store is unavailable (fail_closed)"
+        return refusal(LimitStoreUnavailableError(f"route {route.name}", why, retry))
     fields = rate_limit_headers(decision)
     window = limiter.window
     if window is not None:
         fields["RateLimit-Policy"] = f"{decision[4]};w={max(1, round(window))}"
-    retry = decision[3]
     error = RateLimitedError(
         f"route {route.name}",
         f"rate limit of route {route.name!r} exceeded",

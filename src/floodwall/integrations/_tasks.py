@@ -42,6 +42,12 @@ the job in arq):
                              under it and is not retried itself: a chain of tasks retries at one
                              layer, not at each (3 × 3 × 3 becomes 3)
 ``floodwall-deferred``       wall-clock epoch seconds of the task's first deferral
+``floodwall-until``          wall-clock epoch seconds before which the delivery must not run: a
+                             wait longer than the broker can hold a message is published in
+                             steps (Celery on Redis/SQS: under its ``visibility_timeout``), and
+                             a delivery that comes back early is held again (:meth:`TaskGuard.
+                             run` answers :class:`Again` ``"hold"``: nothing runs, nothing is
+                             counted)
 ==========================  ======================================================================
 
 :func:`outgoing_headers` gives what a message published now must carry (the ambient retry
@@ -73,6 +79,7 @@ __all__ = [
     "DEFERRED",
     "DEFERRED_KINDS",
     "RETRY",
+    "UNTIL",
     "Again",
     "Delivery",
     "Done",
@@ -84,6 +91,7 @@ DEFERRED_KINDS: Final = frozenset(
     {
         "circuit_open",
         "rate_limited",
+        "store_unavailable",
         "bulkhead_full",
         "overloaded",
         "degraded",
@@ -92,11 +100,13 @@ DEFERRED_KINDS: Final = frozenset(
     }
 )
 """Refusals that defer a task (it did not run, and will later: an idempotency store that is
-down included, rather than run a write it cannot deduplicate); any other error is a failure."""
+down included, rather than run a write it cannot deduplicate, and a global limit whose store is
+down with ``fail_closed``); any other error is a failure."""
 
 ATTEMPT: Final = "floodwall-attempt"
 RETRY: Final = "floodwall-retry"
 DEFERRED: Final = "floodwall-deferred"
+UNTIL: Final = "floodwall-until"
 
 
 def _marker(value: object) -> RetryMarker | None:
@@ -130,13 +140,15 @@ def outgoing_headers() -> dict[str, str]:
 class Delivery:
     """One delivery of a task message: ``task`` name, ``message_id`` (stable across
     redeliveries), its ``attempt`` (1 unless it is a retry), the ``inherited`` retry marker of
-    whatever enqueued it, and when it was first deferred (wall clock, or ``None``)."""
+    whatever enqueued it, when it was first deferred and when it may run (wall clock, or
+    ``None``)."""
 
     task: str
     message_id: str
     attempt: int = 1
     inherited: RetryMarker | None = None
     deferred_since: float | None = None
+    until: float | None = None
 
     @classmethod
     def read(cls, task: str, message_id: str, headers: Mapping[str, Any] | None) -> Delivery:
@@ -150,14 +162,18 @@ class Delivery:
             int(attempt) if attempt is not None and attempt >= 1 else 1,
             _marker(headers.get(RETRY)),
             _number(headers.get(DEFERRED)),
+            _number(headers.get(UNTIL)),
         )
 
-    def headers(self, attempt: int, deferred_since: float | None) -> dict[str, str]:
-        """The floodwall headers of this task's next message."""
+    def headers(
+        self, attempt: int, deferred_since: float | None, until: float | None = None
+    ) -> dict[str, str]:
+        """The floodwall headers of this task's next message (``until``: not before then)."""
         out = {ATTEMPT: str(attempt)}
         inherited = self.inherited
         out[RETRY] = "" if inherited is None else f"{inherited.attempt};{inherited.origin}"
         out[DEFERRED] = "" if deferred_since is None else f"{deferred_since:.3f}"
+        out[UNTIL] = "" if until is None else f"{until:.3f}"
         return out
 
 
@@ -170,8 +186,9 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Again:
-    """Publish the task again in ``delay`` seconds with ``headers``: a ``"retry"`` of a failure
-    or a ``"defer"`` of a refusal; ``error`` is what happened."""
+    """Publish the task again in ``delay`` seconds with ``headers``: a ``"retry"`` of a failure,
+    a ``"defer"`` of a refusal, or a ``"hold"`` of a delivery that came back before its
+    ``floodwall-until`` (a long wait published in steps); ``error`` is what happened."""
 
     delay: float
     headers: dict[str, str]
@@ -313,6 +330,19 @@ class TaskGuard:
         self._deferred.add()
         return Again(delay, delivery.headers(delivery.attempt, since), "defer", error)
 
+    def _held(self, delivery: Delivery) -> Again | None:
+        """A delivery that came back before its ``until``: publish it again for the rest of
+        the wait, running nothing (no claim, no admission, no budget deposit)."""
+        until = delivery.until
+        if until is None:
+            return None
+        left = until - self.wall()
+        if left <= 0:
+            return None
+        headers = delivery.headers(delivery.attempt, delivery.deferred_since, until)
+        why = f"held until {until:.3f} (a wait longer than the broker holds a message)"
+        return Again(left, headers, "hold", RejectedError(delivery.task, why, left))
+
     def _ran(self, ran: list[bool]) -> None:
         if ran:
             self._executions.add()
@@ -330,6 +360,9 @@ class TaskGuard:
     ) -> Done | Again:
         """Run one delivery of a sync task: :class:`Done` or :class:`Again`, or raise the
         error the task fails with."""
+        held = self._held(delivery)
+        if held is not None:
+            return held
         kwargs = {} if kwargs is None else kwargs
         tokens = self._enter(delivery, self._key(delivery, args, kwargs))
         ran: list[bool] = []
@@ -362,6 +395,9 @@ class TaskGuard:
         kwargs: dict[str, Any] | None = None,
     ) -> Done | Again:
         """:meth:`run` for a coroutine function."""
+        held = self._held(delivery)
+        if held is not None:
+            return held
         kwargs = {} if kwargs is None else kwargs
         tokens = self._enter(delivery, self._key(delivery, args, kwargs))
         ran: list[bool] = []

@@ -114,6 +114,7 @@ STATUS_OF_KIND: Final[Mapping[str, int]] = {
     "degraded": 503,
     "retry_budget_exhausted": 503,
     "idempotency_unavailable": 503,
+    "store_unavailable": 503,
     "timeout": 504,
     "duplicate_in_flight": 409,
     "idempotency_token_used": 409,

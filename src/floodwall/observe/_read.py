@@ -9,7 +9,14 @@ from floodwall.shared.host_bulkhead import HostBulkhead
 from floodwall.shared.idempotency import Idempotency
 from floodwall.stores.guard import StoreGuard
 
-__all__ = ["InboundGuard", "rate_limit_decisions", "shedder_figures", "store_figures"]
+__all__ = [
+    "InboundGuard",
+    "TaskGuard",
+    "rate_limit_decisions",
+    "shedder_figures",
+    "store_figures",
+    "task_deliveries",
+]
 
 _BEFORE_LIMITER = ("circuit_open", "bulkhead_full", "degraded")
 """Outcomes of calls refused before the limiter saw them (the pipeline's order is fixed:
@@ -17,15 +24,18 @@ sampled drop, fallback, cache, breaker, bulkhead, rate limit, ...)."""
 
 
 def rate_limit_decisions(resource: Any) -> dict[str, int] | None:
-    """``{"admitted": n, "rejected": m}`` of a resource's rate limiter, from its meter: every
-    call not refused before or by the limiter was admitted by it. ``None`` without a limiter
-    (or without a meter)."""
+    """``{"admitted": n, "rejected": m, "store_unavailable": k}`` of a resource's rate
+    limiter, from its meter: ``rejected`` by the limit, refused because its store was down
+    (``fail_closed``: nothing was checked), and every other call not refused before the
+    limiter admitted. ``None`` without a limiter (or without a meter)."""
     if resource.limiter is None or resource.meter is None:
         return None
     counts, _, _ = resource.meter.read()
     rejected = counts.get("rate_limited", 0)
+    down = counts.get("store_unavailable", 0)
     before = sum(counts.get(kind, 0) for kind in _BEFORE_LIMITER)
-    return {"admitted": sum(counts.values()) - before - rejected, "rejected": rejected}
+    admitted = sum(counts.values()) - before - rejected - down
+    return {"admitted": admitted, "rejected": rejected, "store_unavailable": down}
 
 
 class InboundGuard(Protocol):
@@ -35,6 +45,21 @@ class InboundGuard(Protocol):
     shedder: Any
 
     def decisions(self) -> dict[tuple[str, str], int]: ...
+
+
+class TaskGuard(Protocol):
+    """What the adapters read of a task guard (Celery, Dramatiq, arq: named structurally, as
+    :class:`InboundGuard` is)."""
+
+    name: str
+
+    def snapshot(self) -> dict[str, int]: ...
+
+
+def task_deliveries(guard: TaskGuard) -> dict[str, int]:
+    """A task guard's deliveries by what became of them: ``executions`` (the function ran),
+    ``replays`` (a stored result answered), ``deferred``, ``retried``, ``failed``."""
+    return dict(guard.snapshot())
 
 
 def shedder_figures(guard: InboundGuard) -> tuple[float, float] | None:

@@ -20,7 +20,8 @@ status ``ERROR`` when the caller got an error, and every policy decision taken d
 event by :class:`SpanEventListener`.
 
 ``instrument_guard(guard, meter)`` publishes an inbound guard's decisions and its shedder's
-figures. Needs ``opentelemetry-api`` (the ``otel`` extra).
+figures; ``instrument_tasks(guard, meter)`` a task guard's deliveries. Needs
+``opentelemetry-api`` (the ``otel`` extra).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
 from floodwall.observe._read import (
     InboundGuard,
+    TaskGuard,
     rate_limit_decisions,
     shedder_figures,
     store_figures,
+    task_deliveries,
 )
 
 if TYPE_CHECKING:  # only annotations name it: importing this module needs no pydantic
@@ -56,6 +59,7 @@ __all__ = [
     "SpanEventListener",
     "instrument",
     "instrument_guard",
+    "instrument_tasks",
 ]
 
 PROMETHEUS_TWINS = {
@@ -83,6 +87,7 @@ PROMETHEUS_TWINS = {
     "floodwall_inbound_decisions_total": "floodwall.inbound.decisions",
     "floodwall_inbound_shedder_limit": "floodwall.inbound.shedder.limit",
     "floodwall_inbound_shedder_in_flight": "floodwall.inbound.shedder.in_flight",
+    "floodwall_task_deliveries_total": "floodwall.task.deliveries",
 }
 """Each Prometheus family (its sample name) and the OpenTelemetry instrument that carries the
 same figures under the same label names."""
@@ -304,6 +309,23 @@ def instrument_guard(guard: InboundGuard, meter: Meter, name: str = "http") -> N
         [in_flight],
         "{request}",
         "Inbound requests holding a shedding ticket",
+    )
+
+
+def instrument_tasks(guard: TaskGuard, meter: Meter, name: str | None = None) -> None:
+    """Publish a task guard's deliveries (by ``outcome``) through ``meter``; ``name`` is the
+    ``guard`` attribute (default: the guard's own ``name``)."""
+    label = guard.name if name is None else name
+
+    def deliveries(options: CallbackOptions) -> Iterable[Observation]:
+        for outcome, count in task_deliveries(guard).items():
+            yield Observation(count, {"guard": label, "outcome": outcome})
+
+    meter.create_observable_counter(
+        "floodwall.task.deliveries",
+        [deliveries],
+        "{delivery}",
+        "Task deliveries by what became of them (executions, replays, deferred, retried, failed)",
     )
 
 

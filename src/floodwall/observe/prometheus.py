@@ -25,7 +25,8 @@ labels are bounded (``resource``, ``outcome``, ``answer``, ``state``, ``decision
     floodwall_bulkhead_in_flight{resource}              gauge
     floodwall_bulkhead_queued{resource}                 gauge
     floodwall_bulkhead_rejected_total{resource}         counter
-    floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected)
+    floodwall_rate_limit_decisions_total{resource, decision}  counter (admitted, rejected,
+                                                        store_unavailable)
     floodwall_adaptive_limit{resource}                  gauge
     floodwall_adaptive_inflight{resource}               gauge
     floodwall_level_shed{level}                         gauge 0/1
@@ -39,6 +40,11 @@ and, for an inbound guard published with :func:`register_guard`::
                                                         refused, app_rejected; reason: the kind)
     floodwall_inbound_shedder_limit{guard}              gauge: the shedder's concurrency limit
     floodwall_inbound_shedder_in_flight{guard}          gauge: requests holding a ticket
+
+and, for a task guard (Celery, Dramatiq, arq) published with :func:`register_tasks`::
+
+    floodwall_task_deliveries_total{guard, outcome}     counter (outcome: executions, replays,
+                                                        deferred, retried, failed)
 
 The histogram's buckets are the standard Prometheus latency buckets; the meter's finer bins are
 folded into them, so a bucket boundary is exact to within one bin (±12 %).
@@ -61,9 +67,11 @@ from floodwall._core.meter import LATENCY_BUCKETS
 from floodwall.breaker import CircuitState
 from floodwall.observe._read import (
     InboundGuard,
+    TaskGuard,
     rate_limit_decisions,
     shedder_figures,
     store_figures,
+    task_deliveries,
 )
 
 try:
@@ -346,5 +354,38 @@ def register_guard(
     """Publish an inbound guard's decisions (and its shedder's figures) on a registry; ``name``
     is the ``guard`` label (one per guard: ``http``, ``grpc``, …)."""
     collector = InboundCollector(guard, name)
+    into.register(collector)
+    return collector
+
+
+class TaskCollector(Collector):
+    """A ``prometheus_client`` collector over a task guard (Celery, Dramatiq, arq): its
+    deliveries by what became of them."""
+
+    def __init__(self, guard: TaskGuard, name: str) -> None:
+        self.guard = guard
+        self.name = validate.text("name", name)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily(
+            "floodwall_task_deliveries",
+            "Task deliveries by what became of them (executions, replays, deferred, retried, "
+            "failed).",
+            labels=["guard", "outcome"],
+        )
+        for outcome, count in sorted(task_deliveries(self.guard).items()):
+            deliveries.add_metric([self.name, outcome], count)
+        yield deliveries
+
+
+def register_tasks(
+    guard: TaskGuard, into: CollectorRegistry = REGISTRY, name: str | None = None
+) -> TaskCollector:
+    """Publish a task guard's deliveries on a registry; ``name`` is the ``guard`` label
+    (default: the guard's own ``name``)."""
+    collector = TaskCollector(guard, guard.name if name is None else name)
     into.register(collector)
     return collector

@@ -34,6 +34,7 @@ from floodwall.ratelimit._base import (
     Rate,
     RateLike,
     RateLimiter,
+    StoreDownDecision,
     WindowOptions,
     parse_rate,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "RateLimiter",
     "SlidingLog",
     "SlidingWindowCounter",
+    "StoreDownDecision",
     "TokenBucket",
     "TokenBucketOptions",
     "WarmUp",

@@ -183,7 +183,16 @@ class Decision(NamedTuple):
         return self[0]
 
 
-_new: Callable[[type[Decision], tuple[bool, int, float, float, int]], Decision]
+class StoreDownDecision(Decision):
+    """A refusal that is not the limit's: a shared limiter's store did not answer and its
+    ``on_store_error`` is ``"fail_closed"``, so nothing was checked. ``retry_after`` is the
+    time until the store is probed again. Integrations answer it as floodwall's outage (HTTP
+    503, :class:`~floodwall.LimitStoreUnavailableError`), never as the caller's rate (429)."""
+
+    __slots__ = ()
+
+
+_new: Callable[[type[Decision], tuple[bool, int, float, float, int]], Decision]  # or a subclass
 _new = tuple.__new__
 """``_new(Decision, (allowed, remaining, reset_after, retry_after, limit))``: builds a decision
 in C, skipping the Python-level ``NamedTuple.__new__``. Kept because it is measured: it saves

@@ -22,7 +22,9 @@ back with an expiry; ``lua/ratelimit_*.lua`` mirror the steps and these records:
   theoretical arrival time ``tat_us + frac / scale`` µs.
 
 A reply is ``(now_us, verdicts)``; a :data:`Verdict` is ``(allowed, granted, remaining,
-reset_us, retry_us)`` with ``retry_us = -1`` for "never" (the cost exceeds the limit).
+reset_us, retry_us)`` with ``retry_us = -1`` for "never" (the cost exceeds the limit); a
+refusal with ``granted =`` :data:`STORE_DOWN` was given because the store did not answer
+(``on_store_error="fail_closed"``), and reads as a :class:`~floodwall.ratelimit.StoreDownDecision`.
 ``tests/integration/test_rate_steps.py`` feeds one trace to a local limiter, to these ops and to
 the Lua scripts and finds the same verdicts. Records expire (Redis ``PX``) one millisecond after
 the state they hold is back to fresh, so idle keys vanish; decisions never depend on the expiry,
@@ -39,7 +41,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from floodwall._core import validate
 from floodwall._core.errors import ConfigError
-from floodwall.ratelimit._base import INF, Decision, Rate, _new
+from floodwall.ratelimit._base import INF, Decision, Rate, StoreDownDecision, _new
 from floodwall.ratelimit._steps import (
     Bucket,
     Counts,
@@ -58,6 +60,7 @@ __all__ = [
     "GCRA_OP",
     "RESET",
     "SLIDING",
+    "STORE_DOWN",
     "TOKEN",
     "Batch",
     "Plan",
@@ -68,6 +71,8 @@ __all__ = [
 ]
 
 Verdict = tuple[bool, int, int, int, int]
+STORE_DOWN: Final = -1
+"""``granted`` of a refusal the store did not give (it was down, ``fail_closed``)."""
 """``(allowed, granted, remaining, reset_us, retry_us)``; ``retry_us = -1``: never."""
 Batch = tuple[int, list[Verdict]]
 """What a rate-limit op returns: the store's ``now`` in µs and one verdict per request."""
@@ -421,12 +426,15 @@ def plan(algorithm: str, rate: Rate, burst: int | None, initial: float | None) -
 
 
 def decision(verdict: Verdict, limit: int) -> Decision:
-    """The :class:`Decision` a verdict stands for (seconds, ``inf`` for "never")."""
-    allowed, _, remaining, reset_us, retry_us = verdict
+    """The :class:`Decision` a verdict stands for (seconds, ``inf`` for "never"); a
+    :class:`~floodwall.ratelimit.StoreDownDecision` for a :data:`STORE_DOWN` refusal."""
+    allowed, granted, remaining, reset_us, retry_us = verdict
     if allowed:
         retry = 0.0
     elif retry_us < 0:
         retry = INF
     else:
         retry = retry_us / 1_000_000
+        if granted == STORE_DOWN:
+            return _new(StoreDownDecision, (False, remaining, reset_us / 1_000_000, retry, limit))
     return _new(Decision, (allowed, remaining, reset_us / 1_000_000, retry, limit))

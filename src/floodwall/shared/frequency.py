@@ -15,7 +15,8 @@ Keys: ``key`` is a string or a callable that receives the protected call's argum
 user_id, **_: user_id``); the stored key is ``<prefix>{freq:<name>:<key>}``.
 
 Store outages follow ``on_store_error`` (see :mod:`floodwall.stores.guard`): ``"fail_open"``
-(default) admits, ``"fail_closed"`` refuses with :class:`~floodwall.RateLimitedError`, ``"local"``
+(default) admits, ``"fail_closed"`` refuses with :class:`~floodwall.LimitStoreUnavailableError`
+(a :class:`~floodwall.RateLimitedError` whose ``kind`` is ``"store_unavailable"``), ``"local"``
 counts in this process at ``max(1, limit // expected_instances)`` per window. Decisions made
 that way carry ``degraded`` = the mode.
 
@@ -35,7 +36,12 @@ from typing import Any, ClassVar
 from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
+from floodwall._core.errors import (
+    CircuitOpenError,
+    ConfigError,
+    LimitStoreUnavailableError,
+    RateLimitedError,
+)
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.options import Checks, check_all
 from floodwall._core.pending import advance, settle, settle_async, start
@@ -211,6 +217,8 @@ class Frequency(Gate):
                     figures={"count": decision.count, "limit": decision.limit},
                 )
             )
+        if decision.degraded == "fail_closed":
+            return LimitStoreUnavailableError(self.name, reason, decision.retry_after)
         return RateLimitedError(self.name, reason, decision.retry_after)
 
     def _allow_steps(self, key: str | None, cost: int) -> FlowSteps:

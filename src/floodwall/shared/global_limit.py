@@ -27,10 +27,12 @@ decisions. A lone caller is sent at once. ``batch=False`` sends every request on
 :class:`~floodwall.stores.StoreGuard`): ``"local"`` (default) keeps limiting in this process at
 the limit ÷ ``expected_instances`` (the same algorithm on an in-process store), so the fleet
 stays near its limit; ``"fail_open"`` admits; ``"fail_closed"`` refuses (``retry_after`` = until
-the store is probed again). A breaker makes an outage cost a few fast failures, not a timeout
-per request, and the limiter returns to the store by itself when it answers; events
-``store_down`` / ``store_up`` go to the listeners and ``limiter.guard.snapshot()`` has the
-counters. No store error ever reaches the caller.
+the store is probed again) with a :class:`~floodwall.ratelimit.StoreDownDecision`, raised as
+:class:`~floodwall.LimitStoreUnavailableError` (``kind="store_unavailable"``: HTTP 503, not
+429, for the outage is floodwall's, not the caller's rate). A breaker makes an outage cost a
+few fast failures, not a timeout per request, and the limiter returns to the store by itself
+when it answers; events ``store_down`` / ``store_up`` go to the listeners and
+``limiter.guard.snapshot()`` has the counters. No store error ever reaches the caller.
 
 As a :class:`~floodwall.Policy` (``call``, ``call_async``, decorator) a refused call raises
 :class:`~floodwall.RateLimitedError` with ``retry_after``; ``max_wait`` > 0 waits instead (at
@@ -47,7 +49,12 @@ from typing import Any, ClassVar
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import CircuitOpenError, ConfigError, RateLimitedError
+from floodwall._core.errors import (
+    CircuitOpenError,
+    ConfigError,
+    LimitStoreUnavailableError,
+    RateLimitedError,
+)
 from floodwall._core.events import Event, EventListener, Listeners
 from floodwall._core.options import Checks, check_all, optional
 from floodwall._core.pending import advance, settle, settle_async, start
@@ -62,12 +69,22 @@ from floodwall.ratelimit._base import (
     Decision,
     Rate,
     RateLike,
+    StoreDownDecision,
     max_wait_field,
     parse_rate,
     rate_field,
 )
 from floodwall.shared._coalesce import Coalescer
-from floodwall.shared._global_ops import ALGORITHMS, RESET, Plan, Verdict, decision, encode, plan
+from floodwall.shared._global_ops import (
+    ALGORITHMS,
+    RESET,
+    STORE_DOWN,
+    Plan,
+    Verdict,
+    decision,
+    encode,
+    plan,
+)
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, mode_field
@@ -293,7 +310,7 @@ class GlobalLimiter(_Acquiring, Gate):
         error = down.error
         retry = error.retry_after if isinstance(error, CircuitOpenError) else None
         retry_us = round(1_000_000 * (defaults.STORE_BREAKER_OPEN if retry is None else retry))
-        return [(False, 0, 0, retry_us, retry_us) for _ in pairs]
+        return [(False, STORE_DOWN, 0, retry_us, retry_us) for _ in pairs]
 
     def _args(self, pairs: list[Pair]) -> tuple[list[Arg], list[Arg] | None]:
         """The op's arguments for ``pairs`` on the store, and for the in-process fallback."""
@@ -423,7 +440,7 @@ class GlobalLimiter(_Acquiring, Gate):
                     source=self.kind,
                     name=self.name,
                     time=self.clock.monotonic(),
-                    reason=self._why(),
+                    reason=self._why(result),
                     figures={
                         "key": key,
                         "cost": cost,
@@ -435,14 +452,16 @@ class GlobalLimiter(_Acquiring, Gate):
                 )
             )
 
-    def _why(self) -> str:
-        if self.guard.mode == "fail_closed" and self.guard.state == "down":
+    def _why(self, result: Decision) -> str:
+        if isinstance(result, StoreDownDecision):
             return f"{self.describe()}: the store is unavailable and on_store_error='fail_closed'"
         return self._reason
 
     def _error(self, result: Decision) -> RateLimitedError:
-        retry = result[3]
-        return RateLimitedError(self.name, self._why(), None if retry == INF else retry)
+        retry = None if result[3] == INF else result[3]
+        if isinstance(result, StoreDownDecision):
+            return LimitStoreUnavailableError(self.name, self._why(result), retry)
+        return RateLimitedError(self.name, self._reason, retry)
 
     @property
     def rejected(self) -> int:

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from floodwall._core import defaults, validate
 from floodwall._core.admission import Gate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
-from floodwall._core.errors import RateLimitedError
+from floodwall._core.errors import LimitStoreUnavailableError, RateLimitedError
 from floodwall._core.events import EventListener
 from floodwall._core.flight import LANDED, Flight, Flights
 from floodwall._core.options import Checks, check_all, optional
@@ -48,7 +48,15 @@ from floodwall._core.pending import advance, start
 from floodwall._core.roundtrip import Then
 from floodwall._core.steps import FlowSteps, Step
 from floodwall.breaker import CircuitBreaker
-from floodwall.ratelimit._base import INF, Decision, Rate, RateLike, _new, rate_field
+from floodwall.ratelimit._base import (
+    INF,
+    Decision,
+    Rate,
+    RateLike,
+    StoreDownDecision,
+    _new,
+    rate_field,
+)
 from floodwall.shared._global_ops import Verdict, decision, plan
 from floodwall.shared.global_limit import GlobalLimiter, _Acquiring, _cost, algorithm_field
 from floodwall.stores.base import Store
@@ -281,9 +289,11 @@ class LeasedLimiter(_Acquiring, Gate):
         return advance(step, value)  # type: ignore[no-any-return]
 
     def _error(self, result: Decision) -> RateLimitedError:
-        retry = result[3]
-        reason = f"{self.describe()} exceeded"
-        return RateLimitedError(self.name, reason, None if retry == INF else retry)
+        retry = None if result[3] == INF else result[3]
+        if isinstance(result, StoreDownDecision):
+            reason = f"{self.describe()}: the store is unavailable and on_store_error='fail_closed'"
+            return LimitStoreUnavailableError(self.name, reason, retry)
+        return RateLimitedError(self.name, f"{self.describe()} exceeded", retry)
 
     # -- observers --------------------------------------------------------------------------
 

@@ -99,6 +99,8 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(url, **_known(MemoryStore, scheme, options))
+    if scheme in {"redis", "rediss", "postgresql", "postgres"}:
+        _check_port(url)
     if scheme in {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}:
         from floodwall.stores.redis import RedisStore
 
@@ -131,6 +133,19 @@ def _known(store: type[Store], scheme: str, options: dict[str, Any]) -> dict[str
             f"{scheme}:// store options must be among {', '.join(taken)}, got {unknown}"
         )
     return options
+
+
+def _check_port(url: str) -> None:
+    """A server URL's ports, if given, must be ones a socket can use (checked now: a store
+    connects only at its first operation, where a bad port would read as an outage)."""
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    for host in hosts.split(","):  # PostgreSQL takes host:port,host:port
+        try:
+            port = urlsplit(f"//{host}").port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ConfigError(f"store url port must be an integer in 1-65535, got {redact(url)!r}")
 
 
 def resolve(store: Store | str | None, **options: Any) -> Store:

@@ -35,9 +35,10 @@ reused by the next process (every slot came back through ``SEM_UNDO``); :func:`r
 **Bounds.** Memory is ``max_keys x record_bytes`` plus ``bulkheads x 96`` bytes, fixed when
 NAME is first created (4 MiB by default); a new key arriving at a full probe window (16
 records) evicts the one expiring first (:attr:`HostStore.evicted`). The layout is fixed for
-the life of the objects: a process asking NAME for another layout cannot use it (its ops
-raise :class:`~floodwall.stores.StoreUnavailableError` naming both layouts, so its policies'
-``on_store_error`` answers, never an error per call).
+the life of the objects: a process asking NAME for another layout, larger or smaller, cannot
+use it (its ops raise :class:`~floodwall.stores.StoreUnavailableError` whose cause names NAME,
+both layouts and the fix: ``floodwall host remove NAME`` once no process uses it, or a new
+name; its policies' ``on_store_error`` answers, never an error per call).
 
 Linux only (``semtimedop``); ops on a store cost two system calls (lock, unlock) plus the step.
 """
@@ -172,6 +173,12 @@ class _Layout:
     def size(self) -> int:
         return self.records + self.max_keys * self.record_bytes
 
+    def __str__(self) -> str:
+        return (
+            f"max_keys={self.max_keys}, record_bytes={self.record_bytes}, "
+            f"bulkheads={self.bulkheads}"
+        )
+
 
 class HostStore(Store):
     """Records and host bulkhead slots shared by the processes of one host
@@ -285,6 +292,10 @@ class HostStore(Store):
                 raise error from exc
             except OSError as exc:
                 self._forget()
+                mismatch = self._mismatch() if exc.errno == errno.EINVAL else None
+                if mismatch is not None:  # a larger layout than NAME's: semget/shmget say EINVAL
+                    error = StoreUnavailableError(self.url, "attach")
+                    raise error from mismatch
                 if exc.errno in (errno.EIDRM, errno.EINVAL) and attempt < 2:
                     continue  # removed between our lookup and our lock: make them anew
                 raise _wrap(self.url, "attach", exc) from None
@@ -315,13 +326,43 @@ class HostStore(Store):
                 f"the shared memory at key {self.shm_key:#010x} is not {self.url}'s "
                 "(another program's, or another floodwall version's); remove it with ipcrm"
             )
-        if (keys, record, bulkheads) != (layout.max_keys, layout.record_bytes, layout.bulkheads):
-            raise ConfigError(
-                f"{self.url} exists with max_keys={keys}, record_bytes={record}, "
-                f"bulkheads={bulkheads}; got max_keys={layout.max_keys}, record_bytes="
-                f"{layout.record_bytes}, bulkheads={layout.bulkheads} (the layout is fixed "
-                "while a process uses it; `floodwall host remove` it when none does)"
-            )
+        existing = _Layout(keys, record, bulkheads)
+        if existing != layout:
+            raise self._layout_error(str(existing))
+
+    def _layout_error(self, existing: str) -> ConfigError:
+        """The error for NAME existing with another layout than this store asks for."""
+        name = self.name
+        return ConfigError(
+            f"host store {name!r} exists with {existing}; this store asks for {self.layout} "
+            f"(the layout is fixed while the objects exist): run `floodwall host remove {name}` "
+            "once no process uses it (the next one creates it with the new layout), or use a "
+            f"new name (host://{name}-2?...)"
+        )
+
+    def _mismatch(self) -> ConfigError | None:
+        """After ``EINVAL`` from ``semget``/``shmget``: the layout error when NAME's objects
+        exist smaller than this store's layout (read from the segment's header), else ``None``
+        (they were removed under us: try again)."""
+        lib = self._lib
+        assert lib is not None
+        try:
+            shmid = lib.shm_find(self.shm_key)
+            if shmid is None:
+                semid = lib.sem_find(self.sem_key)
+                return None if semid is None else self._layout_error("fewer bulkhead slots")
+            address, view = lib.shm_attach(shmid, _HEADER_SIZE)
+            try:
+                magic, version, keys, record, bulkheads, identity, _ = _HEADER.unpack_from(view)
+            finally:
+                view.release()
+                lib.shm_detach(address)
+        except OSError:
+            return None
+        if magic != _MAGIC or identity != self._identity or version != _VERSION:
+            return None
+        existing = _Layout(keys, record, bulkheads)
+        return None if existing == self.layout else self._layout_error(str(existing))
 
     # -- the lock -----------------------------------------------------------------------------
 
