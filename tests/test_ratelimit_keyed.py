@@ -18,6 +18,7 @@ from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
     Keyed,
+    LeakyBucket,
     Multi,
     RateLimiter,
     SlidingLog,
@@ -279,3 +280,63 @@ def test_warm_up_keys_start_cold_and_idle_keys_are_cold_again() -> None:
     assert not limiter.try_acquire("a")  # cold: 0.3 s between requests
     clock.advance(5.0)
     assert limiter.sweep() == 1
+
+
+PACKED: list[Any] = [
+    pytest.param(lambda c: TokenBucket("3/s", burst=1, clock=c), id="token_bucket"),
+    pytest.param(lambda c: GCRA("3/s", clock=c), id="gcra"),
+    pytest.param(lambda c: FixedWindow("3/s", clock=c), id="fixed_window"),
+    pytest.param(lambda c: SlidingWindowCounter("3/s", clock=c), id="sliding_counter"),
+    pytest.param(lambda c: LeakyBucket("3/s", queue=2, clock=c), id="leaky_bucket"),
+    pytest.param(lambda c: WarmUp("3/s", warmup=2.0, clock=c), id="warm_up"),
+    pytest.param(
+        lambda c: Multi(TokenBucket("3/s", clock=c), FixedWindow("5/2s", clock=c)), id="multi"
+    ),
+]
+
+
+@pytest.mark.parametrize("make", PACKED)
+def test_keyed_states_are_numbers_the_collector_does_not_track(make: MakeLimiter) -> None:
+    clock = fw.FakeClock(1000.0)
+    limiter = Keyed(make(clock), max_keys=5000)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
+        limiter.try_acquire(f"user-{i}")
+    gc.collect()
+    assert len(gc.get_objects()) - before < 500  # 5 000 keys, no tracked object each
+    assert not any(gc.is_tracked(packed) for packed in limiter._table.values())
+
+
+@pytest.mark.parametrize("make", PACKED)
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.sampled_from([0, 0, 1, 5, 40]),
+            st.sampled_from(["acquire", "try_acquire", "peek", "wait", "reset"]),
+        ),
+        max_size=80,
+    )
+)
+def test_packed_keyed_states_decide_like_one_limiter_per_key(
+    make: MakeLimiter, ops: list[tuple[int, int, str]]
+) -> None:
+    """Every shell on a keyed limiter (packing each state back after it) decides as one plain
+    limiter per key does, the figures included."""
+    clock = fw.FakeClock(1000.0)
+    keyed = Keyed(make(clock), max_keys=10)
+    models: dict[int, RateLimiter[Any]] = {}
+    for key, dt, shell in ops:
+        clock.advance(dt / 16)
+        model = models.setdefault(key, make(clock))
+        if shell == "try_acquire":
+            assert keyed.try_acquire(key) == model.try_acquire()
+        elif shell == "wait":
+            assert keyed.wait(key, max_wait=0) == model.wait(max_wait=0)
+        elif shell == "reset":
+            keyed.reset(key)
+            model.reset()
+        else:
+            assert getattr(keyed, shell)(key) == getattr(model, shell)()

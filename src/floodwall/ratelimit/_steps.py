@@ -28,9 +28,11 @@ Each step has the same methods: ``fresh(now)`` (a key never seen), ``check`` (co
 be admitted now; brings the state forward, consumes nothing), ``commit``, ``decide`` (both at
 once: the hot path), ``take(st, now, least, most)`` (a lease: admit at least ``least``, at most
 ``most`` permits; the number granted or -1; ``take(c, c)`` is ``decide(c)``), ``figures`` (the
-:class:`~floodwall.ratelimit.Decision`, durations in the unit of ``now``) and ``idle_at`` (when
-the state equals a fresh one again, in the unit of ``now``). The booking algorithms add
-``reserve`` for a local ``wait`` (the store does not book ahead).
+:class:`~floodwall.ratelimit.Decision`, durations in the unit of ``now``), ``idle_at`` (when
+the state equals a fresh one again, in the unit of ``now``) and ``pack`` / ``unpack`` (the
+state as numbers or a tuple of numbers, which the garbage collector does not track: how
+:class:`~floodwall.ratelimit.Keyed` holds a million of them without collector pauses). The
+booking algorithms add ``reserve`` for a local ``wait`` (the store does not book ahead).
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ class FixedWindowStep:
 
     def fresh(self, now: float) -> Window:
         return Window(0, -INF)
+
+    def pack(self, st: Window) -> tuple[float, float]:
+        return st.count, st.end
+
+    def unpack(self, packed: tuple[float, float]) -> Window:
+        return Window(*packed)
 
     def check(self, st: Window, now: float, cost: float) -> bool:
         t = now * self.us_per_now
@@ -183,6 +191,12 @@ class SlidingCounterStep:
 
     def fresh(self, now: float) -> Counts:
         return Counts(0, 0, -INF)
+
+    def pack(self, st: Counts) -> tuple[float, float, float]:
+        return st.prev, st.cur, st.end
+
+    def unpack(self, packed: tuple[float, float, float]) -> Counts:
+        return Counts(*packed)
 
     def _roll(self, st: Counts, t: float) -> None:
         """Move ``st`` to the grid window holding ``t`` (``t >= st.end``)."""
@@ -294,6 +308,12 @@ class TokenBucketStep:
 
     def fresh(self, now: float) -> Bucket:
         return Bucket(self.start, now * self.us_per_now)
+
+    def pack(self, st: Bucket) -> tuple[float, float]:
+        return st.tokens, st.stamp
+
+    def unpack(self, packed: tuple[float, float]) -> Bucket:
+        return Bucket(*packed)
 
     def check(self, st: Bucket, now: float, cost: float) -> bool:
         t = now * self.us_per_now
@@ -416,6 +436,12 @@ class GcraStep:
 
     def fresh(self, now: float) -> Tat:
         return Tat(_NEVER)
+
+    def pack(self, st: Tat) -> int:
+        return st.tat
+
+    def unpack(self, packed: int) -> Tat:
+        return Tat(packed)
 
     def _delay(self, st: Tat, t: int) -> int:
         """``d``: how far the TAT runs ahead of ``t`` (units), 0 when it is past."""

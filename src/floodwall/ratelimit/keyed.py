@@ -29,8 +29,14 @@ A token bucket whose ``initial`` is below its capacity is idle once full: a key 
 and seen again starts from ``initial`` tokens, stricter than the bucket it replaces, never
 looser.
 
-Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its state
-(a few numbers) plus about 90 bytes of table (measured in ``tests/test_ratelimit_keyed.py``).
+**No tracked objects per key.** The table holds each state packed (``limiter._pack``: numbers
+or one tuple of numbers, which the garbage collector stops tracking when it first meets it); a
+decision unpacks the key's state, decides and packs it back. A million keys add nothing to the
+collector's work but the entries a full collection walks in any large dict.
+
+Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its packed
+state (a few numbers) plus about 90 bytes of table (measured in
+``tests/test_ratelimit_keyed.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from floodwall._core import defaults
 from floodwall._core.errors import ConfigError
@@ -87,11 +93,14 @@ class Keyed(RateLimiter[S], Generic[S]):
         self.limit = limiter.limit
         self.window = limiter.window
         self.books_ahead = limiter.books_ahead  # type: ignore[misc]
-        self._table: OrderedDict[Hashable, S] = OrderedDict()
+        self._table: OrderedDict[Hashable, Any] = OrderedDict()
+        """Each key's state, packed (``limiter._pack``): numbers the collector never tracks."""
         self._inner_decide = limiter._decide
         self._inner_figures = limiter._figures
         self._idle = limiter._idle_at
         self._fresh = limiter._new_state
+        self._packs = limiter._pack
+        self._unpacks = limiter._unpack
         self._full_until = -INF
         self._scan_left = 0
         """Entries left in the current pass over a full table (0: no pass under way)."""
@@ -133,8 +142,12 @@ class Keyed(RateLimiter[S], Generic[S]):
     # -- the table (lock held) --------------------------------------------------------------
 
     def _state_for(self, key: Hashable, now: float) -> S | None:
-        st = self._table.get(key)
-        return self._admit_key(key, now) if st is None else st
+        packed = self._table.get(key)
+        return self._admit_key(key, now) if packed is None else self._unpacks(packed)
+
+    def _keep(self, key: Hashable, st: S) -> None:
+        if st is not self._state:  # not the shared state of untracked keys
+            self._table[key] = self._packs(st)
 
     def _admit_key(self, key: Hashable, now: float) -> S | None:
         """Track ``key`` (a miss): make room if needed, or fall back per ``overflow``."""
@@ -145,7 +158,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         elif table:
             self._tidy(now)
         st = self._fresh(now)
-        table[key] = st
+        table[key] = self._packs(st)
         self._peak = max(self._peak, len(table))
         return st
 
@@ -154,7 +167,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         table = self._table
         for _ in range(2):
             key = next(iter(table))
-            if self._idle(table[key]) > now:
+            if self._idle(self._unpacks(table[key])) > now:
                 table.move_to_end(key)  # active: back of the line, state untouched
                 return
             del table[key]
@@ -174,11 +187,11 @@ class Keyed(RateLimiter[S], Generic[S]):
         if self._scan_left <= 0:  # a new pass over the whole table
             self._scan_left = len(table)
             self._scan_soonest = INF
-        idle = self._idle
+        idle, unpack = self._idle, self._unpacks
         for _ in range(min(self.ROOM_STEPS, self._scan_left)):
             self._scan_left -= 1
             key = next(iter(table))
-            idle_at = idle(table[key])
+            idle_at = idle(unpack(table[key]))
             if idle_at <= now:
                 del table[key]
                 self.evicted += 1
@@ -196,10 +209,10 @@ class Keyed(RateLimiter[S], Generic[S]):
         return _new(Decision, (False, 0, wait, wait, self.limit))
 
     def _peek_state(self, key: Hashable, now: float) -> S | None:
-        st = self._table.get(key)
-        if st is None:
+        packed = self._table.get(key)
+        if packed is None:
             return self._fresh(now) if len(self._table) < self.max_keys else None
-        return copy.deepcopy(st)
+        return copy.deepcopy(self._unpacks(packed))  # a copy: an unpacked state may be shared
 
     def _forget(self, key: Hashable, now: float) -> None:
         self._table.pop(key, None)
@@ -214,10 +227,15 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()
         try:
             now = self._now()
-            st = self._table.get(key)
+            table = self._table
+            packed = table.get(key)
+            st = self._admit_key(key, now) if packed is None else self._unpacks(packed)
             if st is None:
-                st = self._admit_key(key, now)
-            allowed = st is not None and self._inner_decide(st, now, cost)
+                allowed = False
+            else:
+                allowed = self._inner_decide(st, now, cost)
+                if st is not self._state:  # not the shared state of untracked keys
+                    table[key] = self._packs(st)
         finally:
             self._lock_release()
         if allowed:
@@ -231,13 +249,15 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()
         try:
             now = self._now()
-            st = self._table.get(key)
-            if st is None:
-                st = self._admit_key(key, now)
+            table = self._table
+            packed = table.get(key)
+            st = self._admit_key(key, now) if packed is None else self._unpacks(packed)
             if st is None:
                 result = self._no_room(now)
             else:
                 result = self._inner_figures(st, now, cost, self._inner_decide(st, now, cost))
+                if st is not self._state:
+                    table[key] = self._packs(st)
         finally:
             self._lock_release()
         if not result[0]:
@@ -248,14 +268,17 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()  # not `with self._lock`: bound once, cheaper per call
         try:
             now = self._now()
-            st = self._table.get(key)
-            if st is None:
-                st = self._admit_key(key, now)
+            table = self._table
+            packed = table.get(key)
+            st = self._admit_key(key, now) if packed is None else self._unpacks(packed)
             if st is None:
                 result = self._no_room(now)
-            elif self._inner_decide(st, now, cost):
-                return None
             else:
+                allowed = self._inner_decide(st, now, cost)
+                if st is not self._state:
+                    table[key] = self._packs(st)
+                if allowed:
+                    return None
                 result = self._inner_figures(st, now, cost, False)
         finally:
             self._lock_release()
@@ -278,8 +301,8 @@ class Keyed(RateLimiter[S], Generic[S]):
         try:
             now = self._now()
             table = self._table
-            idle = self._idle
-            gone = [key for key, st in table.items() if idle(st) <= now]
+            idle, unpack = self._idle, self._unpacks
+            gone = [key for key, packed in table.items() if idle(unpack(packed)) <= now]
             for key in gone:
                 del table[key]
             self.evicted += len(gone)

@@ -160,6 +160,12 @@ class WarmUp(RateLimiter[_Warm]):
             return -INF
         return st.free + (self.maximum - st.stored) * self.cool_down
 
+    def _pack(self, st: _Warm) -> tuple[float, float]:
+        return st.stored, st.free
+
+    def _unpack(self, packed: tuple[float, float]) -> _Warm:
+        return _Warm(*packed)
+
     def describe(self) -> str:
         return (
             f"WarmUp({self.name!r}, {self.rate}, warmup={self.warmup:g}s, "
