@@ -118,7 +118,7 @@ def test_sweep_forgets_idle_keys_and_keeps_active_ones() -> None:
     clock.advance(0.5)
     limiter.try_acquire(3)
     assert limiter.sweep() == 9
-    assert list(limiter._table) == [3]
+    assert len(limiter) == 1 and 3 in limiter
     assert limiter.evicted == 9
 
 
@@ -305,7 +305,8 @@ def test_keyed_states_are_numbers_the_collector_does_not_track(make: MakeLimiter
         limiter.try_acquire(f"user-{i}")
     gc.collect()
     assert len(gc.get_objects()) - before < 500  # 5 000 keys, no tracked object each
-    assert not any(gc.is_tracked(packed) for packed in limiter._table.values())
+    packed = [value for table in limiter._tables for value in table.values()]
+    assert len(packed) == 5000 and not any(gc.is_tracked(value) for value in packed)
 
 
 @pytest.mark.parametrize("make", PACKED)
@@ -340,3 +341,57 @@ def test_packed_keyed_states_decide_like_one_limiter_per_key(
             model.reset()
         else:
             assert getattr(keyed, shell)(key) == getattr(model, shell)()
+
+
+@pytest.fixture
+def small_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of 4 keys, so a bound of a few dozen keys spans several of them."""
+    monkeypatch.setattr(Keyed, "SHARD_KEYS", 4)
+
+
+@pytest.mark.usefixtures("small_tables")
+def test_the_bound_is_kept_across_tables_and_any_table_makes_room() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/h", clock=clock), max_keys=40)
+    assert len(limiter._tables) == 10
+    for i in range(40):  # the whole bound is usable, however the keys fall into tables
+        assert limiter.try_acquire(i)
+    assert len(limiter) == 40
+    for i in range(40, 60):
+        assert not limiter.try_acquire(i)  # every tracked key is active
+    assert len(limiter) == 40 and limiter.evicted == 0
+    clock.advance(3601.0)  # all idle now: new keys take their places, in any table
+    crowded = [1000 + 10 * i for i in range(40)]  # all in one table: hash(n) == n for ints
+    assert {hash(key) % 10 for key in crowded} == {0}
+    for key in crowded:  # its own table has room for 4: the others give theirs in turn
+        assert limiter.try_acquire(key)
+        assert len(limiter) == 40
+    assert len(limiter._tables[0]) == 40 and limiter.evicted == 40
+    assert not limiter.try_acquire(2000)  # and now every tracked key is active again
+    assert limiter.sweep() == 0 and len(limiter) == 40
+
+
+@pytest.mark.usefixtures("small_tables")
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 30), st.sampled_from([0, 0, 0, 1, 30, 200])), max_size=200
+    ),
+    max_keys=st.integers(8, 24),
+)
+def test_keyed_over_several_tables_decides_like_unbounded_per_key_limiters(
+    ops: list[tuple[int, int]], max_keys: int
+) -> None:
+    clock = fw.FakeClock()
+    keyed = Keyed(TokenBucket("1/s", burst=1, clock=clock), max_keys=max_keys)
+    assert len(keyed._tables) > 1
+    reference: dict[int, TokenBucket] = {}
+    for key, dt in ops:
+        clock.advance(dt / 16)
+        model = reference.setdefault(key, TokenBucket("1/s", burst=1, clock=clock))
+        decision = keyed.acquire(key)
+        if key in keyed:
+            assert decision.allowed == model.try_acquire()
+        else:
+            assert not decision.allowed
+        assert len(keyed) == sum(len(table) for table in keyed._tables) <= max_keys
