@@ -282,9 +282,11 @@ class RateLimiter(Gate, Generic[S]):
         """When ``st`` will be equivalent to a fresh state (``-inf`` if it already is)."""
 
     def _pack(self, st: S) -> Any:
-        """``st`` as what :class:`~floodwall.ratelimit.Keyed` keeps per key: numbers or a
-        tuple of numbers where the algorithm's state allows (the garbage collector tracks
-        none, so a million keys cost its collections nothing); default: ``st`` itself."""
+        """``st`` as what :class:`~floodwall.ratelimit.Keyed` keeps per key: a number, or its
+        numbers packed in ``bytes``, where the algorithm's state allows (the garbage collector
+        tracks neither, so a million keys cost its collections nothing; a
+        :class:`~floodwall.ratelimit.Multi` packs a tuple of its members' values); default:
+        ``st`` itself."""
         return st
 
     def _unpack(self, packed: Any) -> S:

@@ -30,7 +30,8 @@ once: the hot path), ``take(st, now, least, most)`` (a lease: admit at least ``l
 ``most`` permits; the number granted or -1; ``take(c, c)`` is ``decide(c)``), ``figures`` (the
 :class:`~floodwall.ratelimit.Decision`, durations in the unit of ``now``), ``idle_at`` (when
 the state equals a fresh one again, in the unit of ``now``) and ``pack`` / ``unpack`` (the
-state as numbers or a tuple of numbers, which the garbage collector does not track: how
+state as a number or its numbers packed in ``bytes``, which the garbage collector never tracks:
+how
 :class:`~floodwall.ratelimit.Keyed` holds a million of them without collector pauses). The
 booking algorithms add ``reserve`` for a local ``wait`` (the store does not book ahead).
 """
@@ -38,6 +39,7 @@ booking algorithms add ``reserve`` for a local ``wait`` (the store does not book
 from __future__ import annotations
 
 import math
+import struct
 from typing import Final
 
 from floodwall._core.errors import ConfigError
@@ -60,6 +62,11 @@ US: Final = 1_000_000.0
 """Ticks (µs) per second: the ``us_per_now`` of a local limiter, whose ``now`` is seconds."""
 
 _floor = math.floor
+
+_PAIR: Final = struct.Struct("dd")
+_TRIPLE: Final = struct.Struct("ddd")
+"""A packed state: its numbers as doubles in one ``bytes``, an object the garbage collector
+never tracks (a tuple is tracked until a collection meets it, and counts toward the next one)."""
 
 
 def period_ticks(rate: Rate) -> int:
@@ -104,11 +111,11 @@ class FixedWindowStep:
     def fresh(self, now: float) -> Window:
         return Window(0, -INF)
 
-    def pack(self, st: Window) -> tuple[float, float]:
-        return st.count, st.end
+    def pack(self, st: Window) -> bytes:
+        return _PAIR.pack(st.count, st.end)
 
-    def unpack(self, packed: tuple[float, float]) -> Window:
-        return Window(*packed)
+    def unpack(self, packed: bytes) -> Window:
+        return Window(*_PAIR.unpack(packed))
 
     def check(self, st: Window, now: float, cost: float) -> bool:
         t = now * self.us_per_now
@@ -192,11 +199,11 @@ class SlidingCounterStep:
     def fresh(self, now: float) -> Counts:
         return Counts(0, 0, -INF)
 
-    def pack(self, st: Counts) -> tuple[float, float, float]:
-        return st.prev, st.cur, st.end
+    def pack(self, st: Counts) -> bytes:
+        return _TRIPLE.pack(st.prev, st.cur, st.end)
 
-    def unpack(self, packed: tuple[float, float, float]) -> Counts:
-        return Counts(*packed)
+    def unpack(self, packed: bytes) -> Counts:
+        return Counts(*_TRIPLE.unpack(packed))
 
     def _roll(self, st: Counts, t: float) -> None:
         """Move ``st`` to the grid window holding ``t`` (``t >= st.end``)."""
@@ -309,11 +316,11 @@ class TokenBucketStep:
     def fresh(self, now: float) -> Bucket:
         return Bucket(self.start, now * self.us_per_now)
 
-    def pack(self, st: Bucket) -> tuple[float, float]:
-        return st.tokens, st.stamp
+    def pack(self, st: Bucket) -> bytes:
+        return _PAIR.pack(st.tokens, st.stamp)
 
-    def unpack(self, packed: tuple[float, float]) -> Bucket:
-        return Bucket(*packed)
+    def unpack(self, packed: bytes) -> Bucket:
+        return Bucket(*_PAIR.unpack(packed))
 
     def check(self, st: Bucket, now: float, cost: float) -> bool:
         t = now * self.us_per_now

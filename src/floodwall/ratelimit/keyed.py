@@ -36,10 +36,11 @@ A token bucket whose ``initial`` is below its capacity is idle once full: a key 
 and seen again starts from ``initial`` tokens, stricter than the bucket it replaces, never
 looser.
 
-**No tracked objects per key.** The table holds each state packed (``limiter._pack``: numbers
-or one tuple of numbers, which the garbage collector stops tracking when it first meets it); a
-decision unpacks the key's state, decides and packs it back. A million keys add nothing to the
-collector's work but the entries a full collection walks in any large dict.
+**No tracked objects per key.** The table holds each state packed (``limiter._pack``: a number
+or its numbers in ``bytes``, which the garbage collector never tracks); a decision unpacks the
+key's state, decides and packs it back. New keys trigger no collections, and a million keys
+add nothing to the collector's work but the entries a full collection walks in any large
+dict.
 
 Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its packed
 state (a few numbers) plus about 90 bytes of table (measured in

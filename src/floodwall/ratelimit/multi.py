@@ -54,10 +54,6 @@ class Multi(RateLimiter[_States]):
             if not isinstance(limiter, RateLimiter):
                 raise ConfigError(f"limiters[{index}] must be a RateLimiter, got {limiter!r}")
         self.limiters: tuple[RateLimiter[Any], ...] = limiters
-        fresh = [limiter._pack(limiter._new_state(0.0)) for limiter in limiters]
-        self._widths = [len(p) if p.__class__ is tuple else 0 for p in fresh]
-        """Numbers each member's packed state takes in :meth:`_pack`'s flat tuple (0: one
-        value, not a tuple)."""
         self.limit = min(limiter.limit for limiter in limiters)
         windows = [limiter.window for limiter in limiters if limiter.window is not None]
         self.window = max(windows) if windows else None
@@ -123,28 +119,13 @@ class Multi(RateLimiter[_States]):
         return max(limiter._idle_at(sub) for limiter, sub in zip(self.limiters, st, strict=True))
 
     def _pack(self, st: _States) -> tuple[Any, ...]:
-        # one flat tuple: the collector untracks a tuple of numbers the first time it meets
-        # it, but a tuple of tuples only once they are untracked (a collection later)
-        flat: list[Any] = []
-        for limiter, sub in zip(self.limiters, st, strict=True):
-            packed = limiter._pack(sub)
-            if packed.__class__ is tuple:
-                flat.extend(packed)
-            else:
-                flat.append(packed)
-        return tuple(flat)
+        # each member's packed state is one value (bytes or a number): the tuple of them is
+        # untracked by the first collection that meets it
+        return tuple([limiter._pack(sub) for limiter, sub in zip(self.limiters, st, strict=True)])
 
     def _unpack(self, packed: tuple[Any, ...]) -> _States:
-        states = []
-        at = 0
-        for limiter, width in zip(self.limiters, self._widths, strict=True):
-            if width:
-                states.append(limiter._unpack(packed[at : at + width]))
-                at += width
-            else:
-                states.append(limiter._unpack(packed[at]))
-                at += 1
-        return tuple(states)
+        pairs = zip(self.limiters, packed, strict=True)
+        return tuple([limiter._unpack(sub) for limiter, sub in pairs])
 
     def describe(self) -> str:
         inner = ", ".join(limiter.describe() for limiter in self.limiters)

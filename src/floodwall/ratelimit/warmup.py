@@ -31,6 +31,7 @@ Alibaba Sentinel ``WarmUpController`` (cold factor 3); the seeds' rate-limiting 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 from floodwall._core import defaults, validate
@@ -51,6 +52,11 @@ __all__ = ["WarmUp"]
 _MAX_COLD_FACTOR = 1e6
 """A cold start a million times slower than the rate is no warm-up any more (and a larger factor
 makes the ramp's slope underflow to zero)."""
+
+
+_PAIR = struct.Struct("dd")
+"""A packed :class:`_Warm`: ``stored`` and ``free`` as doubles (``bytes``: never tracked by the
+garbage collector)."""
 
 
 class _Warm:
@@ -160,11 +166,11 @@ class WarmUp(RateLimiter[_Warm]):
             return -INF
         return st.free + (self.maximum - st.stored) * self.cool_down
 
-    def _pack(self, st: _Warm) -> tuple[float, float]:
-        return st.stored, st.free
+    def _pack(self, st: _Warm) -> bytes:
+        return _PAIR.pack(st.stored, st.free)
 
-    def _unpack(self, packed: tuple[float, float]) -> _Warm:
-        return _Warm(*packed)
+    def _unpack(self, packed: bytes) -> _Warm:
+        return _Warm(*_PAIR.unpack(packed))
 
     def describe(self) -> str:
         return (
