@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import tracemalloc
 from collections.abc import Callable
@@ -395,3 +396,20 @@ def test_keyed_over_several_tables_decides_like_unbounded_per_key_limiters(
         else:
             assert not decision.allowed
         assert len(keyed) == sum(len(table) for table in keyed._tables) <= max_keys
+
+
+def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/s", clock=clock), max_keys=20_000)
+    assert len(limiter._tables) == 4
+    for i in range(19_000):
+        limiter.try_acquire(i)
+    clock.advance(0.9)
+    for i in range(19_000, 20_000):
+        limiter.try_acquire(i)
+    full = sum(sys.getsizeof(table) for table in limiter._tables)
+    clock.advance(0.15)  # the first windows have ended, the last 1 000 have not
+    assert limiter.sweep() == 19_000 and len(limiter) == 1000
+    kept = sum(sys.getsizeof(table) for table in limiter._tables)
+    assert kept < full / 8  # every table rebuilt at its size: dicts never shrink on their own
+    assert all(limiter.peek(i).remaining == 0 for i in range(19_000, 20_000))

@@ -370,10 +370,10 @@ class Keyed(RateLimiter[S], Generic[S]):
                 for key in idle_keys:
                     del table[key]
                 gone += len(idle_keys)
-                scan = self._scans[i] = _Scan()
-                if len(table) <= scan.peak // 4 or not table:
+                if len(table) <= self._scans[i].peak // 4:
                     # dicts never shrink on deletion: rebuild at the current size
                     self._tables[i] = OrderedDict(table)
+                scan = self._scans[i] = _Scan()  # a new pass may find room again
                 scan.peak = len(table)
             self._held -= gone
             self.evicted += gone
