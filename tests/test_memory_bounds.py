@@ -132,15 +132,16 @@ def test_the_hand_never_rests_past_an_expiry(ops: list[tuple[int, int, int]]) ->
     the bound held, and every shard's resting time at or before its soonest expiry."""
     clock = fw.FakeClock()
     store = MemoryStore(clock=clock, max_keys=24)
-    model: dict[str, float] = {}  # key -> expiry, no bound
+    model: dict[str, int] = {}  # key -> end of its window in µs (the op's clock), no bound
     for key, ttl_ms, wait_ms in ops:
         name = f"k{key}"
-        free = model.get(name, -1.0) <= clock.monotonic()
+        now_us = round(clock.monotonic() * 1_000_000)
+        free = model.get(name, -1) <= now_us
         took, _ = store.apply(ONCE, name, once(ttl_ms))
         if store.evicted == 0:
             assert took == free
         if took:
-            model[name] = clock.monotonic() + ttl_ms / 1000 + 0.001
+            model[name] = now_us + ttl_ms * 1000
         assert len(store) <= 24
         for data, hand in zip(store._shards, store._hands, strict=True):
             expiries = [struct.unpack_from("d", held)[0] for held in data.values()]

@@ -224,6 +224,7 @@ class Keyed(RateLimiter[S], Generic[S]):
     def _make_room(self, i: int, now: float) -> bool:
         """Evict one idle key from table ``i`` (else from the next table in turn, so every
         table is searched as new keys arrive); False when none was found (yet)."""
+        self._room_at = -INF  # as long as room is found: nothing to wait for
         if self._room_in(i, now):
             return True
         tables = len(self._tables)
@@ -275,6 +276,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         for scan in self._scans:
             scan.full_until = -INF
             scan.left = 0
+        self._room_at = -INF
 
     # -- the shells: every key goes through the table ---------------------------------------
 
@@ -377,6 +379,7 @@ class Keyed(RateLimiter[S], Generic[S]):
                 scan.peak = len(table)
             self._held -= gone
             self.evicted += gone
+            self._room_at = -INF
             return gone
         finally:
             self._lock_release()
