@@ -22,13 +22,17 @@ the thread's CPU time (``thread_time_ns``, which leaves out the time the process
 core: on a busy machine the wall tail is the scheduler's, the CPU tail the code's); p50 / p99 /
 p99.9 in microseconds and the worst in milliseconds; the same over the *calm* decisions, those
 during which the thread was not preempted (``ru_nivcsw`` unchanged, Linux), with how many were
-preempted; the growth of the process's peak RSS over the run; the records or keys held at the
-end, the bound, and how many were evicted.
+preempted; the growth of the process's peak RSS over the run; the garbage collector's full
+(generation 2) collections during the run and its longest collection of any generation, in ms
+(from ``gc.callbacks``: a fresh process has run no full collection yet, so its first one, which
+walks every object and dict entry the process holds, may land in the run); the records or keys
+held at the end, the bound, and how many were evicted.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import subprocess
@@ -101,6 +105,17 @@ def run_case(case: str, keys: int) -> dict[str, Any]:
     switched = bytearray(keys)
     before = _rss_mb()
     perf, thread = time.perf_counter_ns, time.thread_time_ns
+    collections = [0, 0]  # full collections, longest collection (ns)
+    began = [0]
+
+    def collecting(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = perf()
+            return
+        collections[0] += info["generation"] == 2
+        collections[1] = max(collections[1], perf() - began[0])
+
+    gc.callbacks.append(collecting)
     started = time.monotonic()
     for i in range(keys):
         key = f"user-{i}"
@@ -111,6 +126,7 @@ def run_case(case: str, keys: int) -> dict[str, Any]:
         switched[i] = _switches() != s0
         wall[i], cpu[i] = t1 - t0, c1 - c0
     elapsed = time.monotonic() - started
+    gc.callbacks.remove(collecting)
     grown = _rss_mb() - before
     walls, cpus = sorted(wall), sorted(cpu)
     calm = sorted(w for w, s in zip(wall, switched, strict=True) if not s)
@@ -132,6 +148,8 @@ def run_case(case: str, keys: int) -> dict[str, Any]:
         "calm_p999_us": round(pct(calm, 0.999), 2),
         "calm_worst_ms": round(calm[-1] / 1e6, 3),
         "rss_growth_mb": round(grown, 1),
+        "full_gcs": collections[0],
+        "gc_worst_ms": round(collections[1] / 1e6, 3),
         **held(),
     }
 
@@ -148,7 +166,8 @@ def main() -> None:
     header = (
         f"{'case':20} {'p50 µs':>8} {'p99 µs':>8} {'p99.9 µs':>9} {'worst ms':>9} "
         f"{'cpu p99.9':>9} {'cpu worst':>9} {'preempted':>9} {'calm p99.9':>10} "
-        f"{'calm worst':>10} {'RSS +MB':>8} {'held':>8} {'bound':>8} {'evicted':>8}"
+        f"{'calm worst':>10} {'RSS +MB':>8} {'full GCs':>8} {'GC ms':>7} {'held':>8} {'bound':>8} "
+        f"{'evicted':>8}"
     )
     print(header)
     for case in options.case or CASES:
@@ -163,7 +182,8 @@ def main() -> None:
             f"{r['case']:20} {r['p50_us']:8.2f} {r['p99_us']:8.2f} {r['p999_us']:9.2f} "
             f"{r['worst_ms']:9.3f} {r['cpu_p999_us']:9.2f} {r['cpu_worst_ms']:9.3f} "
             f"{r['preempted']:9} {r['calm_p999_us']:10.2f} {r['calm_worst_ms']:10.3f} "
-            f"{r['rss_growth_mb']:8.1f} {r['held']:8} {r['bound']:8} {r['evicted']:8}",
+            f"{r['rss_growth_mb']:8.1f} {r['full_gcs']:8} {r['gc_worst_ms']:7.3f} {r['held']:8} "
+            f"{r['bound']:8} {r['evicted']:8}",
             flush=True,
         )
 

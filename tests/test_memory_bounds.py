@@ -7,10 +7,14 @@ keys come from ``python benchmarks/million_keys.py`` (not a timed assertion here
 from __future__ import annotations
 
 import gc
+import math
+import struct
 from collections import OrderedDict
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import floodwall as fw
 from conftest import ONCE, once
@@ -91,6 +95,58 @@ def test_expired_records_go_without_being_touched_and_no_op_scans_the_table() ->
     clock.advance(61.0)
     assert full.sweep() == 50
     assert len(full) == 0
+
+
+def test_the_hand_rests_while_no_record_can_have_expired() -> None:
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=50)
+    for i in range(50):
+        store.apply(ONCE, f"live{i}", once(60_000))
+        clock.advance(0.01)
+    store._shards = [table := Counting(store._shards[0])]
+    for i in range(100):  # a full shard of live records: each new key evicts the front one
+        before = table.touched
+        store.apply(ONCE, f"more{i}", once(60_000))
+        assert table.touched == before  # no step of the hand: none could have expired
+    assert store.evicted == 100
+    assert store.raw("floodwall:{more99}") is not None
+    assert store.raw("floodwall:{live49}") is None  # the oldest went first
+    store.apply(ONCE, "short", once(1_000))  # one record that expires soon wakes the hand
+    assert store.evicted == 101  # "more50" made room for it
+    clock.advance(1.5)
+    for i in range(51, 100):
+        store.apply(ONCE, f"more{i}", once(60_000))  # kept records: no room needed
+    assert len(store) == 49  # the hand met the expired one and dropped it, untouched
+    assert store.evicted == 101
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from([5, 50, 500, 5_000]), st.integers(0, 800)),
+        max_size=250,
+    )
+)
+def test_the_hand_never_rests_past_an_expiry(ops: list[tuple[int, int, int]]) -> None:
+    """Against a reference model: decisions as an unbounded table's while nothing is evicted,
+    the bound held, and every shard's resting time at or before its soonest expiry."""
+    clock = fw.FakeClock()
+    store = MemoryStore(clock=clock, max_keys=24)
+    model: dict[str, int] = {}  # key -> end of its window in µs (the op's clock), no bound
+    for key, ttl_ms, wait_ms in ops:
+        name = f"k{key}"
+        now_us = round(clock.monotonic() * 1_000_000)
+        free = model.get(name, -1) <= now_us
+        took, _ = store.apply(ONCE, name, once(ttl_ms))
+        if store.evicted == 0:
+            assert took == free
+        if took:
+            model[name] = now_us + ttl_ms * 1000
+        assert len(store) <= 24
+        for data, hand in zip(store._shards, store._hands, strict=True):
+            expiries = [struct.unpack_from("d", held)[0] for held in data.values()]
+            assert hand.calm_until <= min(expiries, default=math.inf)
+        clock.advance(wait_ms / 1000)
 
 
 def test_records_are_not_tracked_by_the_garbage_collector() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import tracemalloc
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from floodwall.ratelimit import (
     GCRA,
     FixedWindow,
     Keyed,
+    LeakyBucket,
     Multi,
     RateLimiter,
     SlidingLog,
@@ -117,7 +119,7 @@ def test_sweep_forgets_idle_keys_and_keeps_active_ones() -> None:
     clock.advance(0.5)
     limiter.try_acquire(3)
     assert limiter.sweep() == 9
-    assert list(limiter._table) == [3]
+    assert len(limiter) == 1 and 3 in limiter
     assert limiter.evicted == 9
 
 
@@ -279,3 +281,135 @@ def test_warm_up_keys_start_cold_and_idle_keys_are_cold_again() -> None:
     assert not limiter.try_acquire("a")  # cold: 0.3 s between requests
     clock.advance(5.0)
     assert limiter.sweep() == 1
+
+
+PACKED: list[Any] = [
+    pytest.param(lambda c: TokenBucket("3/s", burst=1, clock=c), id="token_bucket"),
+    pytest.param(lambda c: GCRA("3/s", clock=c), id="gcra"),
+    pytest.param(lambda c: FixedWindow("3/s", clock=c), id="fixed_window"),
+    pytest.param(lambda c: SlidingWindowCounter("3/s", clock=c), id="sliding_counter"),
+    pytest.param(lambda c: LeakyBucket("3/s", queue=2, clock=c), id="leaky_bucket"),
+    pytest.param(lambda c: WarmUp("3/s", warmup=2.0, clock=c), id="warm_up"),
+    pytest.param(
+        lambda c: Multi(TokenBucket("3/s", clock=c), FixedWindow("5/2s", clock=c)), id="multi"
+    ),
+]
+
+
+@pytest.mark.parametrize("make", PACKED)
+def test_keyed_states_are_numbers_the_collector_does_not_track(make: MakeLimiter) -> None:
+    clock = fw.FakeClock(1000.0)
+    limiter = Keyed(make(clock), max_keys=5000)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(5000):
+        limiter.try_acquire(f"user-{i}")
+    gc.collect()
+    assert len(gc.get_objects()) - before < 500  # 5 000 keys, no tracked object each
+    packed = [value for table in limiter._tables for value in table.values()]
+    assert len(packed) == 5000 and not any(gc.is_tracked(value) for value in packed)
+
+
+@pytest.mark.parametrize("make", PACKED)
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.sampled_from([0, 0, 1, 5, 40]),
+            st.sampled_from(["acquire", "try_acquire", "peek", "wait", "reset"]),
+        ),
+        max_size=80,
+    )
+)
+def test_packed_keyed_states_decide_like_one_limiter_per_key(
+    make: MakeLimiter, ops: list[tuple[int, int, str]]
+) -> None:
+    """Every shell on a keyed limiter (packing each state back after it) decides as one plain
+    limiter per key does, the figures included."""
+    clock = fw.FakeClock(1000.0)
+    keyed = Keyed(make(clock), max_keys=10)
+    models: dict[int, RateLimiter[Any]] = {}
+    for key, dt, shell in ops:
+        clock.advance(dt / 16)
+        model = models.setdefault(key, make(clock))
+        if shell == "try_acquire":
+            assert keyed.try_acquire(key) == model.try_acquire()
+        elif shell == "wait":
+            assert keyed.wait(key, max_wait=0) == model.wait(max_wait=0)
+        elif shell == "reset":
+            keyed.reset(key)
+            model.reset()
+        else:
+            assert getattr(keyed, shell)(key) == getattr(model, shell)()
+
+
+@pytest.fixture
+def small_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of 4 keys, so a bound of a few dozen keys spans several of them."""
+    monkeypatch.setattr(Keyed, "SHARD_KEYS", 4)
+
+
+@pytest.mark.usefixtures("small_tables")
+def test_the_bound_is_kept_across_tables_and_any_table_makes_room() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/h", clock=clock), max_keys=40)
+    assert len(limiter._tables) == 10
+    for i in range(40):  # the whole bound is usable, however the keys fall into tables
+        assert limiter.try_acquire(i)
+    assert len(limiter) == 40
+    for i in range(40, 60):
+        assert not limiter.try_acquire(i)  # every tracked key is active
+    assert len(limiter) == 40 and limiter.evicted == 0
+    clock.advance(3601.0)  # all idle now: new keys take their places, in any table
+    crowded = [1000 + 10 * i for i in range(40)]  # all in one table: hash(n) == n for ints
+    assert {hash(key) % 10 for key in crowded} == {0}
+    for key in crowded:  # its own table has room for 4: the others give theirs in turn
+        assert limiter.try_acquire(key)
+        assert len(limiter) == 40
+    assert len(limiter._tables[0]) == 40 and limiter.evicted == 40
+    assert not limiter.try_acquire(2000)  # and now every tracked key is active again
+    assert limiter.sweep() == 0 and len(limiter) == 40
+
+
+@pytest.mark.usefixtures("small_tables")
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 30), st.sampled_from([0, 0, 0, 1, 30, 200])), max_size=200
+    ),
+    max_keys=st.integers(8, 24),
+)
+def test_keyed_over_several_tables_decides_like_unbounded_per_key_limiters(
+    ops: list[tuple[int, int]], max_keys: int
+) -> None:
+    clock = fw.FakeClock()
+    keyed = Keyed(TokenBucket("1/s", burst=1, clock=clock), max_keys=max_keys)
+    assert len(keyed._tables) > 1
+    reference: dict[int, TokenBucket] = {}
+    for key, dt in ops:
+        clock.advance(dt / 16)
+        model = reference.setdefault(key, TokenBucket("1/s", burst=1, clock=clock))
+        decision = keyed.acquire(key)
+        if key in keyed:
+            assert decision.allowed == model.try_acquire()
+        else:
+            assert not decision.allowed
+        assert len(keyed) == sum(len(table) for table in keyed._tables) <= max_keys
+
+
+def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle() -> None:
+    clock = fw.FakeClock()
+    limiter = Keyed(FixedWindow("1/s", clock=clock), max_keys=20_000)
+    assert len(limiter._tables) == 4
+    for i in range(19_000):
+        limiter.try_acquire(i)
+    clock.advance(0.9)
+    for i in range(19_000, 20_000):
+        limiter.try_acquire(i)
+    full = sum(sys.getsizeof(table) for table in limiter._tables)
+    clock.advance(0.15)  # the first windows have ended, the last 1 000 have not
+    assert limiter.sweep() == 19_000 and len(limiter) == 1000
+    kept = sum(sys.getsizeof(table) for table in limiter._tables)
+    assert kept < full / 8  # every table rebuilt at its size: dicts never shrink on their own
+    assert all(limiter.peek(i).remaining == 0 for i in range(19_000, 20_000))

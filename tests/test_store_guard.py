@@ -17,7 +17,7 @@ from conftest import ONCE, SwitchableStore, once
 from floodwall import CircuitOpenError, ConfigError, Event, FakeClock, LimitStoreUnavailableError
 from floodwall.shared._global_ops import FIXED
 from floodwall.shared.frequency import Frequency
-from floodwall.stores import Arg, Op, R, StoreGuard, StoreTimeoutError
+from floodwall.stores import Arg, MemoryStore, Op, R, StoreGuard, StoreTimeoutError
 
 
 @pytest.fixture
@@ -212,3 +212,21 @@ async def test_callers_that_gave_up_get_the_mode_answer_and_are_counted(
     refused = await closed.gave_up_async(ONCE, "k", once(1000))
     assert refused.value is None and refused.down is not None
     assert refused.down.mode == "fail_closed"
+
+
+def test_a_memory_store_is_called_directly_until_its_breaker_is_forced_open(
+    clock: FakeClock,
+) -> None:
+    store = MemoryStore(clock=clock)
+    guard = StoreGuard(store, on_store_error="fail_closed", clock=clock)
+    first = guard.apply(ONCE, "k", once(1000))
+    assert first.value == (True, 1000) and first.down is None
+    assert guard.apply(ONCE, "k", once(1000)).value == (False, 1000)
+    guard.breaker.force_open()  # an operator's action still holds
+    down = guard.apply(ONCE, "k", once(1000)).down
+    assert down is not None and isinstance(down.error, CircuitOpenError)
+    assert guard.short_circuits == 1
+    guard.breaker.force_closed()
+    guard.breaker.reset()
+    assert guard.apply(ONCE, "k", once(1000)).value == (False, 1000)
+    assert guard.short_circuits == 1 and guard.failures == 0

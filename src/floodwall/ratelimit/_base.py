@@ -319,6 +319,18 @@ class RateLimiter(Gate, Generic[S]):
     def _idle_at(self, st: S) -> float:
         """When ``st`` will be equivalent to a fresh state (``-inf`` if it already is)."""
 
+    def _pack(self, st: S) -> Any:
+        """``st`` as what :class:`~floodwall.ratelimit.Keyed` keeps per key: a number, or its
+        numbers packed in ``bytes``, where the algorithm's state allows (the garbage collector
+        tracks neither, so a million keys cost its collections nothing; a
+        :class:`~floodwall.ratelimit.Multi` packs a tuple of its members' values); default:
+        ``st`` itself."""
+        return st
+
+    def _unpack(self, packed: Any) -> S:
+        """The state :meth:`_pack` packed (a new object, or ``packed`` itself by default)."""
+        return packed  # type: ignore[no-any-return]
+
     # -- keys -------------------------------------------------------------------------------
 
     def _state_for(self, key: Hashable, now: float) -> S | None:
@@ -329,6 +341,10 @@ class RateLimiter(Gate, Generic[S]):
                 f"got key={key!r}; wrap it in floodwall.ratelimit.Keyed(...) for per-key limits"
             )
         return self._state
+
+    def _keep(self, key: Hashable, st: S) -> None:
+        """Store ``st``, taken by :meth:`_state_for` and changed since (lock held): a plain
+        limiter changed its one state in place; a keyed one packs it back into its table."""
 
     def _no_room(self, now: float) -> Decision:  # pragma: no cover - plain limiters have room
         """The decision for a key that cannot be tracked (only keyed limiters have none)."""
@@ -457,6 +473,7 @@ class RateLimiter(Gate, Generic[S]):
                 result = self._no_room(now)
             else:
                 delay = self._reserve(st, now, cost, max(0.0, until - now))
+                self._keep(key, st)
                 if delay >= 0:
                     return self._figures(st, now, cost, True), delay
                 result = self._figures(st, now, cost, False)

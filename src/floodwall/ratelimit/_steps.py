@@ -28,14 +28,18 @@ Each step has the same methods: ``fresh(now)`` (a key never seen), ``check`` (co
 be admitted now; brings the state forward, consumes nothing), ``commit``, ``decide`` (both at
 once: the hot path), ``take(st, now, least, most)`` (a lease: admit at least ``least``, at most
 ``most`` permits; the number granted or -1; ``take(c, c)`` is ``decide(c)``), ``figures`` (the
-:class:`~floodwall.ratelimit.Decision`, durations in the unit of ``now``) and ``idle_at`` (when
-the state equals a fresh one again, in the unit of ``now``). The booking algorithms add
-``reserve`` for a local ``wait`` (the store does not book ahead).
+:class:`~floodwall.ratelimit.Decision`, durations in the unit of ``now``), ``idle_at`` (when
+the state equals a fresh one again, in the unit of ``now``) and ``pack`` / ``unpack`` (the
+state as a number or its numbers packed in ``bytes``, which the garbage collector never tracks:
+how
+:class:`~floodwall.ratelimit.Keyed` holds a million of them without collector pauses). The
+booking algorithms add ``reserve`` for a local ``wait`` (the store does not book ahead).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from typing import Final
 
 from floodwall._core.errors import ConfigError
@@ -58,6 +62,11 @@ US: Final = 1_000_000.0
 """Ticks (µs) per second: the ``us_per_now`` of a local limiter, whose ``now`` is seconds."""
 
 _floor = math.floor
+
+_PAIR: Final = struct.Struct("dd")
+_TRIPLE: Final = struct.Struct("ddd")
+"""A packed state: its numbers as doubles in one ``bytes``, an object the garbage collector
+never tracks (a tuple is tracked until a collection meets it, and counts toward the next one)."""
 
 
 def period_ticks(rate: Rate) -> int:
@@ -101,6 +110,12 @@ class FixedWindowStep:
 
     def fresh(self, now: float) -> Window:
         return Window(0, -INF)
+
+    def pack(self, st: Window) -> bytes:
+        return _PAIR.pack(st.count, st.end)
+
+    def unpack(self, packed: bytes) -> Window:
+        return Window(*_PAIR.unpack(packed))
 
     def check(self, st: Window, now: float, cost: float) -> bool:
         t = now * self.us_per_now
@@ -183,6 +198,12 @@ class SlidingCounterStep:
 
     def fresh(self, now: float) -> Counts:
         return Counts(0, 0, -INF)
+
+    def pack(self, st: Counts) -> bytes:
+        return _TRIPLE.pack(st.prev, st.cur, st.end)
+
+    def unpack(self, packed: bytes) -> Counts:
+        return Counts(*_TRIPLE.unpack(packed))
 
     def _roll(self, st: Counts, t: float) -> None:
         """Move ``st`` to the grid window holding ``t`` (``t >= st.end``)."""
@@ -294,6 +315,12 @@ class TokenBucketStep:
 
     def fresh(self, now: float) -> Bucket:
         return Bucket(self.start, now * self.us_per_now)
+
+    def pack(self, st: Bucket) -> bytes:
+        return _PAIR.pack(st.tokens, st.stamp)
+
+    def unpack(self, packed: bytes) -> Bucket:
+        return Bucket(*_PAIR.unpack(packed))
 
     def check(self, st: Bucket, now: float, cost: float) -> bool:
         t = now * self.us_per_now
@@ -416,6 +443,12 @@ class GcraStep:
 
     def fresh(self, now: float) -> Tat:
         return Tat(_NEVER)
+
+    def pack(self, st: Tat) -> int:
+        return st.tat
+
+    def unpack(self, packed: int) -> Tat:
+        return Tat(packed)
 
     def _delay(self, st: Tat, t: int) -> int:
         """``d``: how far the TAT runs ahead of ``t`` (units), 0 when it is past."""

@@ -69,6 +69,8 @@ class FixedWindow(RateLimiter[Window], FixedWindowStep):
     _decide = FixedWindowStep.decide
     _figures = FixedWindowStep.figures
     _idle_at = FixedWindowStep.idle_at
+    _pack = FixedWindowStep.pack
+    _unpack = FixedWindowStep.unpack
 
     def describe(self) -> str:
         return f"FixedWindow({self.name!r}, {self.rate})"

@@ -111,6 +111,8 @@ class GCRA(RateLimiter[Tat], GcraStep):
     _reserve = GcraStep.reserve
     _figures = GcraStep.figures
     _idle_at = GcraStep.idle_at
+    _pack = GcraStep.pack
+    _unpack = GcraStep.unpack
 
     def describe(self) -> str:
         return f"GCRA({self.name!r}, {self.rate}, burst={self.burst})"

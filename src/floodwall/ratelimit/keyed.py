@@ -12,16 +12,23 @@ the key is *idle*, and forgetting it changes no later decision, so idle keys are
   if idle, else sending it to the back of the line (a CLOCK sweep: O(1) per new key);
 * on demand: :meth:`Keyed.sweep` evicts every idle key and gives the table's memory back.
 
-**An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
-tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries per
-new key, so one pass over a full table is spread over ``max_keys / 16`` new keys and no decision
-costs O(keys). A pass that meets only active keys learns the earliest moment any of them goes
-idle, and no pass starts again before it, so a table full of active keys refuses new keys in
-O(1). While a pass is under way a new key may be refused although a key further along is
-idle: stricter for that moment, never looser. Without room, ``overflow`` decides:
+**Tables of a few thousand keys.** Keys live in up to 256 tables of about
+``Keyed.SHARD_KEYS`` (4 096) keys, picked by the key's hash (one table up to 8 191 keys), so
+the rebuild Python does of a growing table stays small (a single table of 700 000 keys took
+124 ms for it, under load). ``max_keys`` bounds the keys of all tables together.
 
-* ``"reject"`` (default): the new key is refused (``retry_after`` = when the earliest tracked key
-  goes idle); tracked keys are unaffected;
+**An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
+tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries of
+the key's own table, then as many of the next table in turn (so every table gives its idle keys
+as new keys arrive), so one pass over a full table is spread over its keys / 16 new keys and
+no decision costs O(keys). A pass that meets only active keys learns the earliest moment any
+of them goes idle, and no pass of that table starts again before it, so tables full of active
+keys refuse new keys in O(1). While a pass is under way a new key may be refused although a
+key further along (or in a table not searched yet) is idle: stricter for that moment, never
+looser. Without room, ``overflow`` decides:
+
+* ``"reject"`` (default): the new key is refused (``retry_after`` = when the earliest key the
+  search met goes idle); tracked keys are unaffected;
 * ``"shared"``: the new key falls back to one shared state of the same limiter, which all
   untracked keys share until room frees up: they are still limited, collectively.
 
@@ -29,8 +36,15 @@ A token bucket whose ``initial`` is below its capacity is idle once full: a key 
 and seen again starts from ``initial`` tokens, stricter than the bucket it replaces, never
 looser.
 
-Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its state
-(a few numbers) plus about 90 bytes of table (measured in ``tests/test_ratelimit_keyed.py``).
+**No tracked objects per key.** The table holds each state packed (``limiter._pack``: a number
+or its numbers in ``bytes``, which the garbage collector never tracks); a decision unpacks the
+key's state, decides and packs it back. New keys trigger no collections, and a million keys
+add nothing to the collector's work but the entries a full collection walks in any large
+dict.
+
+Cost: one lock per keyed limiter, one dict lookup per decision; a tracked key costs its packed
+state (a few numbers) plus about 90 bytes of table (measured in
+``tests/test_ratelimit_keyed.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
@@ -79,6 +93,24 @@ class KeyedOptions:
         check_all(self, self.CHECKS)
 
 
+class _Scan:
+    """One table's search for room: no pass starts before ``full_until`` (a pass met only
+    active keys); ``left`` entries to look at in the pass under way, the soonest moment one
+    met goes idle; ``peak``: the most keys the table held since the last sweep."""
+
+    __slots__ = ("full_until", "left", "peak", "soonest")
+
+    def __init__(self) -> None:
+        self.full_until = -INF
+        self.left = 0
+        self.soonest = INF
+        self.peak = 0
+
+    def room_at(self) -> float:
+        """When this table could have an idle key, as far as its search knows."""
+        return self.full_until if self.left <= 0 else self.soonest
+
+
 class Keyed(RateLimiter[S], Generic[S]):
     """``limiter``'s algorithm with one state per key, at most ``max_keys`` of them.
 
@@ -112,17 +144,23 @@ class Keyed(RateLimiter[S], Generic[S]):
         self.limit = limiter.limit
         self.window = limiter.window
         self.books_ahead = limiter.books_ahead  # type: ignore[misc]
-        self._table: OrderedDict[Hashable, S] = OrderedDict()
+        tables = max(1, min(256, self.max_keys // self.SHARD_KEYS))
+        self._tables: list[OrderedDict[Hashable, Any]] = [OrderedDict() for _ in range(tables)]
+        """Each key's state, packed (``limiter._pack``: numbers the collector never tracks),
+        in the table the key's hash picks."""
+        self._scans = [_Scan() for _ in range(tables)]
+        self._held = 0
+        """Keys tracked, in every table: at most ``max_keys``."""
+        self._turn = 0
+        """The table a new key at the bound searches after its own (each in turn)."""
+        self._room_at = -INF
+        """When the tables the last search for room met could have an idle key."""
         self._inner_decide = limiter._decide
         self._inner_figures = limiter._figures
         self._idle = limiter._idle_at
         self._fresh = limiter._new_state
-        self._full_until = -INF
-        self._scan_left = 0
-        """Entries left in the current pass over a full table (0: no pass under way)."""
-        self._scan_soonest = INF
-        """The earliest moment a key looked at in this pass goes idle."""
-        self._peak = 0
+        self._packs = limiter._pack
+        self._unpacks = limiter._unpack
         self.evicted = 0
         """Idle keys forgotten since the limiter was built."""
         super().__init__(
@@ -157,32 +195,45 @@ class Keyed(RateLimiter[S], Generic[S]):
 
     # -- the table (lock held) --------------------------------------------------------------
 
-    def _state_for(self, key: Hashable, now: float) -> S | None:
-        st = self._table.get(key)
-        return self._admit_key(key, now) if st is None else st
+    def _table_of(self, key: Hashable) -> OrderedDict[Hashable, Any]:
+        tables = self._tables
+        return tables[hash(key) % len(tables)]
 
-    def _admit_key(self, key: Hashable, now: float) -> S | None:
-        """Track ``key`` (a miss): make room if needed, or fall back per ``overflow``."""
-        table = self._table
-        if len(table) >= self.max_keys:
-            if not self._make_room(now):
+    def _state_for(self, key: Hashable, now: float) -> S | None:
+        tables = self._tables
+        i = hash(key) % len(tables)
+        packed = tables[i].get(key)
+        return self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
+
+    def _keep(self, key: Hashable, st: S) -> None:
+        if st is not self._state:  # not the shared state of untracked keys
+            self._table_of(key)[key] = self._packs(st)
+
+    def _admit_key(self, key: Hashable, now: float, i: int) -> S | None:
+        """Track ``key`` (a miss) in table ``i``: make room if needed, or fall back per
+        ``overflow``."""
+        table = self._tables[i]
+        if self._held >= self.max_keys:
+            if not self._make_room(i, now):
                 return self._state if self.overflow == "shared" else None
         elif table:
-            self._tidy(now)
+            self._tidy(table, now)
         st = self._fresh(now)
-        table[key] = st
-        self._peak = max(self._peak, len(table))
+        table[key] = self._packs(st)
+        self._held += 1
+        scan = self._scans[i]
+        scan.peak = max(scan.peak, len(table))
         return st
 
-    def _tidy(self, now: float) -> None:
+    def _tidy(self, table: OrderedDict[Hashable, Any], now: float) -> None:
         """Two steps of the sweeping hand: evict the oldest entry if idle, else rotate it."""
-        table = self._table
         for _ in range(2):
             key = next(iter(table))
-            if self._idle(table[key]) > now:
+            if self._idle(self._unpacks(table[key])) > now:
                 table.move_to_end(key)  # active: back of the line, state untouched
                 return
             del table[key]
+            self._held -= 1
             self.evicted += 1
             if not table:
                 return
@@ -190,46 +241,67 @@ class Keyed(RateLimiter[S], Generic[S]):
     ROOM_STEPS = 16
     """Entries one new key at a full table may look at: the scan for an idle key is spread
     over new keys, so no decision pays for the whole table."""
+    SHARD_KEYS = 4096
+    """Keys per table (up to 256 tables, by the key's hash): Python rebuilds a growing table
+    now and then (O(its keys): 124 ms at 700 000 keys in one table, under load), and tables of
+    a few thousand keys keep each rebuild small."""
 
-    def _make_room(self, now: float) -> bool:
-        """Evict one idle key from a full table; False when none was found (yet)."""
-        if now < self._full_until:
+    def _make_room(self, i: int, now: float) -> bool:
+        """Evict one idle key from table ``i`` (else from the next table in turn, so every
+        table is searched as new keys arrive); False when none was found (yet)."""
+        self._room_at = -INF  # as long as room is found: nothing to wait for
+        if self._room_in(i, now):
+            return True
+        tables = len(self._tables)
+        turn = self._turn if self._turn != i else (i + 1) % tables
+        self._turn = (turn + 1) % tables
+        if turn != i and self._room_in(turn, now):
+            return True
+        self._room_at = min(self._scans[i].room_at(), self._scans[turn].room_at())
+        return False
+
+    def _room_in(self, i: int, now: float) -> bool:
+        """Look at up to :attr:`ROOM_STEPS` entries of table ``i`` for an idle key to evict."""
+        scan, table = self._scans[i], self._tables[i]
+        if now < scan.full_until or not table:
             return False
-        table = self._table
-        if self._scan_left <= 0:  # a new pass over the whole table
-            self._scan_left = len(table)
-            self._scan_soonest = INF
-        idle = self._idle
-        for _ in range(min(self.ROOM_STEPS, self._scan_left)):
-            self._scan_left -= 1
+        if scan.left <= 0:  # a new pass over the whole table
+            scan.left = len(table)
+            scan.soonest = INF
+        idle, unpack = self._idle, self._unpacks
+        for _ in range(min(self.ROOM_STEPS, scan.left)):
+            scan.left -= 1
             key = next(iter(table))
-            idle_at = idle(table[key])
+            idle_at = idle(unpack(table[key]))
             if idle_at <= now:
                 del table[key]
+                self._held -= 1
                 self.evicted += 1
-                self._scan_left = 0
+                scan.left = 0
                 return True
             table.move_to_end(key)  # active: back of the line, state untouched
-            self._scan_soonest = min(self._scan_soonest, idle_at)
-        if self._scan_left <= 0:  # a whole pass found every key active
-            self._full_until = self._scan_soonest
+            scan.soonest = min(scan.soonest, idle_at)
+        if scan.left <= 0:  # a whole pass found every key active
+            scan.full_until = scan.soonest
         return False
 
     def _no_room(self, now: float) -> Decision:
-        until = self._full_until if self._scan_left <= 0 else self._scan_soonest
-        wait = max(0.0, until - now)
+        wait = max(0.0, self._room_at - now)
         return _new(Decision, (False, 0, wait, wait, self.limit))
 
     def _peek_state(self, key: Hashable, now: float) -> S | None:
-        st = self._table.get(key)
-        if st is None:
-            return self._fresh(now) if len(self._table) < self.max_keys else None
-        return copy.deepcopy(st)
+        packed = self._table_of(key).get(key)
+        if packed is None:
+            return self._fresh(now) if self._held < self.max_keys else None
+        return copy.deepcopy(self._unpacks(packed))  # a copy: an unpacked state may be shared
 
     def _forget(self, key: Hashable, now: float) -> None:
-        self._table.pop(key, None)
-        self._full_until = -INF
-        self._scan_left = 0
+        if self._table_of(key).pop(key, None) is not None:
+            self._held -= 1
+        for scan in self._scans:
+            scan.full_until = -INF
+            scan.left = 0
+        self._room_at = -INF
 
     # -- the shells: every key goes through the table ---------------------------------------
 
@@ -239,10 +311,17 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()
         try:
             now = self._now()
-            st = self._table.get(key)
+            tables = self._tables
+            i = hash(key) % len(tables)
+            table = tables[i]
+            packed = table.get(key)
+            st = self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
             if st is None:
-                st = self._admit_key(key, now)
-            allowed = st is not None and self._inner_decide(st, now, cost)
+                allowed = False
+            else:
+                allowed = self._inner_decide(st, now, cost)
+                if st is not self._state:  # not the shared state of untracked keys
+                    table[key] = self._packs(st)
         finally:
             self._lock_release()
         if allowed:
@@ -256,13 +335,17 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()
         try:
             now = self._now()
-            st = self._table.get(key)
-            if st is None:
-                st = self._admit_key(key, now)
+            tables = self._tables
+            i = hash(key) % len(tables)
+            table = tables[i]
+            packed = table.get(key)
+            st = self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
             if st is None:
                 result = self._no_room(now)
             else:
                 result = self._inner_figures(st, now, cost, self._inner_decide(st, now, cost))
+                if st is not self._state:
+                    table[key] = self._packs(st)
         finally:
             self._lock_release()
         if not result[0]:
@@ -273,14 +356,19 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()  # not `with self._lock`: bound once, cheaper per call
         try:
             now = self._now()
-            st = self._table.get(key)
-            if st is None:
-                st = self._admit_key(key, now)
+            tables = self._tables
+            i = hash(key) % len(tables)
+            table = tables[i]
+            packed = table.get(key)
+            st = self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
             if st is None:
                 result = self._no_room(now)
-            elif self._inner_decide(st, now, cost):
-                return None
             else:
+                allowed = self._inner_decide(st, now, cost)
+                if st is not self._state:
+                    table[key] = self._packs(st)
+                if allowed:
+                    return None
                 result = self._inner_figures(st, now, cost, False)
         finally:
             self._lock_release()
@@ -302,28 +390,31 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._lock_acquire()
         try:
             now = self._now()
-            table = self._table
-            idle = self._idle
-            gone = [key for key, st in table.items() if idle(st) <= now]
-            for key in gone:
-                del table[key]
-            self.evicted += len(gone)
-            if len(table) <= self._peak // 4:
-                # dicts never shrink on deletion: rebuild at the current size
-                self._table = OrderedDict(table)
-                self._peak = len(table)
-            self._full_until = -INF
-            self._scan_left = 0
-            return len(gone)
+            idle, unpack = self._idle, self._unpacks
+            gone = 0
+            for i, table in enumerate(self._tables):
+                idle_keys = [key for key, packed in table.items() if idle(unpack(packed)) <= now]
+                for key in idle_keys:
+                    del table[key]
+                gone += len(idle_keys)
+                if len(table) <= self._scans[i].peak // 4:
+                    # dicts never shrink on deletion: rebuild at the current size
+                    self._tables[i] = OrderedDict(table)
+                scan = self._scans[i] = _Scan()  # a new pass may find room again
+                scan.peak = len(table)
+            self._held -= gone
+            self.evicted += gone
+            self._room_at = -INF
+            return gone
         finally:
             self._lock_release()
 
     def __len__(self) -> int:
         """Keys tracked now (active ones and idle ones not yet evicted)."""
-        return len(self._table)
+        return self._held
 
     def __contains__(self, key: object) -> bool:
-        return key in self._table
+        return key in self._table_of(key)
 
     def describe(self) -> str:
         inner = self.limiter.describe()

@@ -156,5 +156,11 @@ class LeakyBucket(RateLimiter[_Queue]):
     def _idle_at(self, st: _Queue) -> float:
         return st.free
 
+    def _pack(self, st: _Queue) -> float:
+        return st.free
+
+    def _unpack(self, packed: float) -> _Queue:
+        return _Queue(packed)
+
     def describe(self) -> str:
         return f"LeakyBucket({self.name!r}, {self.rate}, queue={self.queue})"

@@ -118,6 +118,15 @@ class Multi(RateLimiter[_States]):
     def _idle_at(self, st: _States) -> float:
         return max(limiter._idle_at(sub) for limiter, sub in zip(self.limiters, st, strict=True))
 
+    def _pack(self, st: _States) -> tuple[Any, ...]:
+        # each member's packed state is one value (bytes or a number): the tuple of them is
+        # untracked by the first collection that meets it
+        return tuple([limiter._pack(sub) for limiter, sub in zip(self.limiters, st, strict=True)])
+
+    def _unpack(self, packed: tuple[Any, ...]) -> _States:
+        pairs = zip(self.limiters, packed, strict=True)
+        return tuple([limiter._unpack(sub) for limiter, sub in pairs])
+
     def describe(self) -> str:
         inner = ", ".join(limiter.describe() for limiter in self.limiters)
         return f"Multi({self.name!r}: {inner})"

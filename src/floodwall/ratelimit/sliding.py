@@ -211,6 +211,8 @@ class SlidingWindowCounter(RateLimiter[Counts], SlidingCounterStep):
     _decide = SlidingCounterStep.decide
     _figures = SlidingCounterStep.figures
     _idle_at = SlidingCounterStep.idle_at
+    _pack = SlidingCounterStep.pack
+    _unpack = SlidingCounterStep.unpack
 
     def describe(self) -> str:
         return f"SlidingWindowCounter({self.name!r}, {self.rate})"

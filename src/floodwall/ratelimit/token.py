@@ -130,6 +130,8 @@ class TokenBucket(RateLimiter[Bucket], TokenBucketStep):
     _reserve = TokenBucketStep.reserve
     _figures = TokenBucketStep.figures
     _idle_at = TokenBucketStep.idle_at
+    _pack = TokenBucketStep.pack
+    _unpack = TokenBucketStep.unpack
 
     def describe(self) -> str:
         return f"TokenBucket({self.name!r}, {self.rate}, burst={self.burst})"

@@ -31,6 +31,7 @@ Alibaba Sentinel ``WarmUpController`` (cold factor 3); the seeds' rate-limiting 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -79,6 +80,11 @@ class WarmUpOptions:
 
     def __post_init__(self) -> None:
         check_all(self, self.CHECKS)
+
+
+_PAIR = struct.Struct("dd")
+"""A packed :class:`_Warm`: ``stored`` and ``free`` as doubles (``bytes``: never tracked by the
+garbage collector)."""
 
 
 class _Warm:
@@ -187,6 +193,12 @@ class WarmUp(RateLimiter[_Warm]):
         if st.free == -INF:
             return -INF
         return st.free + (self.maximum - st.stored) * self.cool_down
+
+    def _pack(self, st: _Warm) -> bytes:
+        return _PAIR.pack(st.stored, st.free)
+
+    def _unpack(self, packed: bytes) -> _Warm:
+        return _Warm(*_PAIR.unpack(packed))
 
     def describe(self) -> str:
         return (

@@ -10,13 +10,16 @@ tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records s
 tables (shards of about :attr:`MemoryStore.SHARD_KEYS` records, chosen by the key's hash, each
 holding at most its share of ``max_keys``) that a sweeping hand walks two steps per op: an
 expired record it reaches is dropped, a live one goes to the back of the line (a CLOCK sweep),
-so no op ever scans a table. Expired records are also dropped when touched. A new key arriving
-at a full shard first gives the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find
-an expired record; when every record it meets is live, the record at the front of the line
-(roughly the shard's oldest) is evicted and counted in :attr:`MemoryStore.evicted`: a limit
-kept for that key starts over, so size ``max_keys`` above the keys live at once (``evicted``
-staying 0 says it is). Shards keep Python's occasional rebuild of a table whose records are
-replaced (O(its records)) to a few thousand records.
+so no op ever scans a table. Expired records are also dropped when touched. A pass of the hand
+over a whole shard learns the soonest expiry in it, and every write lowers that bound: until
+then no record of the shard can have expired, so the hand rests (no steps at all). A new key
+arriving at a full shard evicts the record at the front of the line (roughly the shard's
+oldest) at once while the hand rests, else first gives the hand up to
+:attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; an evicted live record is
+counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
+``max_keys`` above the keys live at once (``evicted`` staying 0 says it is). Shards keep
+Python's occasional rebuild of a table whose records are replaced (O(its records)) to a few
+thousand records.
 
 **No work for the garbage collector.** A record is held as one ``bytes`` object (its expiry
 packed in front of its value), which the collector never tracks, and full keys are built per
@@ -37,7 +40,7 @@ from floodwall._core import defaults
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.validate import count
-from floodwall.stores.base import KEEP, Arg, Op, R, Record, Store
+from floodwall.stores.base import KEEP, Arg, Op, R, Record, Store, Write
 
 __all__ = ["MemoryStore"]
 
@@ -46,14 +49,31 @@ _EXPIRY = struct.Struct("d")
 _expiry = _EXPIRY.unpack_from
 
 
-def _hold(record: Record) -> bytes:
-    expires_at = math.inf if record.expires_at is None else record.expires_at
-    return _EXPIRY.pack(expires_at) + record.value
-
-
 def _record(held: bytes) -> Record:
     expires_at = _expiry(held)[0]
     return Record(held[8:], None if expires_at == math.inf else expires_at)
+
+
+def _live(held: bytes, now: float) -> Record | None:
+    """The record held, or ``None`` once it has expired."""
+    return None if _expiry(held)[0] <= now else _record(held)
+
+
+class _Hand:
+    """A shard's sweeping hand: no record of the shard expires before ``calm_until`` (until
+    then the hand rests: there is nothing for it to drop); ``left`` records to visit in the
+    current pass, the soonest expiry met in it so far (and written since it began)."""
+
+    __slots__ = ("calm_until", "left", "soonest")
+
+    def __init__(self, calm_until: float = math.inf) -> None:
+        self.calm_until = calm_until
+        self.left = 0
+        self.soonest = math.inf
+
+    def wrote(self, expires_at: float) -> None:
+        self.soonest = min(self.soonest, expires_at)
+        self.calm_until = min(self.calm_until, expires_at)
 
 
 class MemoryStore(Store):
@@ -82,6 +102,7 @@ class MemoryStore(Store):
         self._shard_keys = self.max_keys // shards
         """Records one shard holds at most: shards x this <= ``max_keys``."""
         self._shards: list[OrderedDict[str, bytes]] = [OrderedDict() for _ in range(shards)]
+        self._hands = [_Hand() for _ in range(shards)]
         self._lock = threading.Lock()
         self.evicted = 0
         """Live records dropped to make room for a new key (0 when ``max_keys`` is enough)."""
@@ -91,63 +112,120 @@ class MemoryStore(Store):
         return shards[hash(full) % len(shards)]
 
     def apply(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
+        suffixes = op.suffixes
+        if len(suffixes) != 1:
+            return self._apply_many(op, key, args)
+        if key.__class__ is not str or not key:
+            self._check_key(key)
+        full = f"{self.prefix}{{{key}}}{suffixes[0]}"
+        i = hash(full) % len(self._shards)
+        with self._lock:
+            data, hand = self._shards[i], self._hands[i]
+            now = self.clock.monotonic()
+            held = data.get(full)
+            record = None
+            if held is not None:
+                expires_at = _expiry(held)[0]
+                if expires_at > now:
+                    record = Record(held[8:], None if expires_at == math.inf else expires_at)
+            writes, result = op.step([record], now, args)
+            self._put(data, hand, full, writes[0], now)
+            if now >= hand.calm_until:
+                self._sweep_steps(data, hand, self.HAND_STEPS, now)
+        return result
+
+    def _apply_many(self, op: Op[R], key: str, args: Sequence[Arg]) -> R:
+        """:meth:`apply` for an op on several records (the hand steps in the first one's
+        shard)."""
         keys = self.keys(op, key)
+        count = len(self._shards)
+        at = [hash(full) % count for full in keys]
         with self._lock:
             now = self.clock.monotonic()
-            tables = [self._shard(full) for full in keys]
             records: list[Record | None] = []
-            for full, data in zip(keys, tables, strict=True):
-                held = data.get(full)
-                if held is None or _expiry(held)[0] <= now:
-                    records.append(None)
-                else:
-                    records.append(_record(held))
+            for full, i in zip(keys, at, strict=True):
+                held = self._shards[i].get(full)
+                records.append(None if held is None else _live(held, now))
             writes, result = op.step(records, now, args)
-            for full, data, write in zip(keys, tables, writes, strict=True):
-                if write is None:
-                    data.pop(full, None)
-                elif isinstance(write, Record):
-                    if len(data) >= self._shard_keys and full not in data:
-                        self._make_room(data, now)
-                    data[full] = _hold(write)
-                elif write is KEEP:
-                    held = data.get(full)
-                    if held is not None and _expiry(held)[0] <= now:
-                        del data[full]
-            self._sweep_steps(tables[0], self.HAND_STEPS, now)
+            for full, i, write in zip(keys, at, writes, strict=True):
+                self._put(self._shards[i], self._hands[i], full, write, now)
+            data, hand = self._shards[at[0]], self._hands[at[0]]
+            if now >= hand.calm_until:
+                self._sweep_steps(data, hand, self.HAND_STEPS, now)
         return result
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         return self.apply(op, key, args)
 
+    @staticmethod
+    def _check_key(key: object) -> None:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"key must be a non-empty string, got {key!r}")
+
     def keys(self, op: Op[Any], key: str) -> list[str]:
         """The full keys, built each time: the base class's cache of them would leave two
         tracked objects per new key for the garbage collector (see
         :mod:`floodwall.stores.memory`)."""
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"key must be a non-empty string, got {key!r}")
+        self._check_key(key)
         base = f"{self.prefix}{{{key}}}"
         return [base + suffix for suffix in op.suffixes]
 
-    @staticmethod
-    def _sweep_steps(data: OrderedDict[str, bytes], steps: int, now: float) -> None:
-        """Move a shard's hand ``steps`` records on (lock held), dropping the expired ones."""
-        for _ in range(min(steps, len(data))):
-            full = next(iter(data))
-            if _expiry(data[full])[0] <= now:
+    def _put(
+        self, data: OrderedDict[str, bytes], hand: _Hand, full: str, write: Write, now: float
+    ) -> None:
+        """Carry out one write of an op (lock held)."""
+        if write is None:
+            data.pop(full, None)
+        elif isinstance(write, Record):
+            if len(data) >= self._shard_keys and full not in data:
+                self._make_room(data, hand, now)
+            expires_at = math.inf if write.expires_at is None else write.expires_at
+            data[full] = _EXPIRY.pack(expires_at) + write.value
+            hand.wrote(expires_at)
+        elif write is KEEP:
+            held = data.get(full)
+            if held is not None and _expiry(held)[0] <= now:
                 del data[full]
-            else:
-                data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
 
-    def _make_room(self, data: OrderedDict[str, bytes], now: float) -> None:
+    @staticmethod
+    def _step(data: OrderedDict[str, bytes], hand: _Hand, now: float) -> bool:
+        """One step of a shard's hand (lock held, shard not empty): drop the record at the
+        front if expired (True), else send it to the back of the line. A pass that has met
+        every record learns the soonest expiry among them: the hand rests until then."""
+        if hand.left <= 0:  # a new pass over the records held now
+            hand.left = len(data)
+            hand.soonest = math.inf
+        hand.left -= 1
+        full = next(iter(data))
+        expires_at: float = _expiry(data[full])[0]
+        dropped = expires_at <= now
+        if dropped:
+            del data[full]
+        else:
+            data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
+            hand.soonest = min(hand.soonest, expires_at)
+        if hand.left <= 0:
+            hand.calm_until = hand.soonest
+        return dropped
+
+    @classmethod
+    def _sweep_steps(
+        cls, data: OrderedDict[str, bytes], hand: _Hand, steps: int, now: float
+    ) -> None:
+        """Move a shard's hand ``steps`` records on (lock held), dropping the expired ones."""
+        step = cls._step
+        for _ in range(min(steps, len(data))):
+            step(data, hand, now)
+
+    def _make_room(self, data: OrderedDict[str, bytes], hand: _Hand, now: float) -> None:
         """Free one slot of a full shard: an expired record if the hand meets one within
-        :attr:`ROOM_STEPS`, else the record at the front of the line."""
-        for _ in range(self.ROOM_STEPS):
-            full = next(iter(data))
-            if _expiry(data[full])[0] <= now:
-                del data[full]
-                return
-            data.move_to_end(full)
+        :attr:`ROOM_STEPS` (it does not look while no record can have expired), else the
+        record at the front of the line."""
+        if now >= hand.calm_until:
+            step = self._step
+            for _ in range(self.ROOM_STEPS):
+                if step(data, hand, now):
+                    return
         data.popitem(last=False)
         self.evicted += 1
 
@@ -163,6 +241,8 @@ class MemoryStore(Store):
                 live = OrderedDict((k, h) for k, h in data.items() if _expiry(h)[0] > now)
                 gone += len(data) - len(live)
                 self._shards[i] = live
+                soonest = min((_expiry(h)[0] for h in live.values()), default=math.inf)
+                self._hands[i] = _Hand(soonest)
             return gone
 
     def __len__(self) -> int:
@@ -181,6 +261,7 @@ class MemoryStore(Store):
         """Drop every record."""
         with self._lock:
             self._shards = [OrderedDict() for _ in self._shards]
+            self._hands = [_Hand() for _ in self._shards]
 
     def describe(self) -> dict[str, Any]:
         return {
