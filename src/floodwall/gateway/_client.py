@@ -745,7 +745,8 @@ def _head(
             framing = "Transfer-Encoding: chunked\r\n"
     elif method not in _NO_BODY_METHODS:
         framing = "Content-Length: 0\r\n"
-    lines = "".join(map("%s: %s\r\n".__mod__, fields))  # (C loops: no Python frame per field)
+    # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
+    lines = "\r\n".join(map(": ".join, fields)) + "\r\n" if fields else ""
     text = f"{method} {target} HTTP/1.1\r\n{lines}{framing}\r\n"
     breaks = len(fields) + (3 if framing else 2)
     if text.count("\n") != breaks or text.count("\r") != breaks:

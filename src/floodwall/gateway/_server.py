@@ -696,7 +696,8 @@ class Connection(asyncio.Protocol):
         """The answer's head: status line, fields, ``Server``, ``Date``, framing."""
         status = response.status
         reason = response.reason or _REASONS.get(status, "Unknown")
-        fields = "".join(map("%s: %s\r\n".__mod__, response.headers))  # (C loops)
+        headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
+        fields = "\r\n".join(map(": ".join, headers)) + "\r\n" if headers else ""
         server = self.rules.server_header
         if server is not None:
             fields += f"Server: {server}\r\n"
