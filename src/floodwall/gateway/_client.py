@@ -264,11 +264,12 @@ class UpstreamResponse:
             return
         self._connection = None
         writer = self._writer
-        sent = writer is None or (
-            writer.done() and not writer.cancelled() and not writer.exception()
-        )
-        if writer is not None and not writer.done():
-            writer.cancel()
+        if writer is None:  # (no streamed body: the common case)
+            sent = True
+        else:
+            sent = writer.done() and not writer.cancelled() and not writer.exception()
+            if not writer.done():
+                writer.cancel()
         pool = self._pool
         if pool is not None:
             pool.release(connection, reusable=sent and self.complete and not self._paused)
@@ -612,7 +613,8 @@ class ConnectionPool:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.is_connected() and not connection.should_close:
+            transport = connection.transport  # (is_connected(), inline: once per request)
+            if transport is not None and not transport.is_closing() and not connection.should_close:
                 return connection
             self._forget(connection)
         return None
@@ -680,17 +682,23 @@ class ConnectionPool:
 
     def release(self, connection: _Connection, *, reusable: bool) -> None:
         """Back to the idle list (``reusable`` and healthy), or closed; a waiter is woken."""
+        transport = connection.transport  # (is_connected(), inline: once per request)
         if (
             reusable
             and not self._closed
-            and connection.is_connected()
+            and transport is not None
+            and not transport.is_closing()
             and not connection.should_close
         ):
             connection.idle_since = self._loop.time()
-            self._idle.setdefault(connection.origin, deque()).append(connection)
+            idle = self._idle.get(connection.origin)
+            if idle is None:
+                idle = self._idle[connection.origin] = deque()
+            idle.append(connection)
             if self._sweeper is None:
                 self._sweeper = self._loop.call_later(self.keepalive, self._sweep)
-            self._wake()
+            if self._waiters:
+                self._wake()
             return
         self._forget(connection)
 

@@ -290,6 +290,9 @@ class Route:
         self.fallback_on = frozenset(fallback.on) if fallback is not None else frozenset()
         self.fallback_order = fallback.order if fallback is not None else ()
         self.strip = config.match.path_prefix if config.strip_prefix else None
+        # (read per request: plain attributes, not the pydantic model's slow lookups)
+        self.timeout = config.timeout
+        self.retry_body_limit = config.retry_body_limit
         self.resource: Resource | None = None
         self.backup_resource: Resource | None = None
 

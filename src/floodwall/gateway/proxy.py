@@ -131,9 +131,20 @@ class Table:
     request_id: str
     """The request id header's name."""
     request_id_lower: str = field(init=False)
+    # The settings read per request, as plain attributes: the configuration's models are
+    # pydantic's, whose ``__getattr__`` makes every attribute read a slow lookup.
+    max_body: int = field(init=False)
+    body_timeout: float = field(init=False)
+    via: bool = field(init=False)
+    error_body_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "request_id_lower", self.request_id.lower())
+        setattr_ = object.__setattr__
+        setattr_(self, "request_id_lower", self.request_id.lower())
+        setattr_(self, "max_body", self.limits.max_body)
+        setattr_(self, "body_timeout", self.limits.body_timeout)
+        setattr_(self, "via", self.proxy.via)
+        setattr_(self, "error_body_limit", self.proxy.error_body_limit)
 
 
 class _Live:
@@ -238,7 +249,7 @@ class _Attempt:
         self.failed: bool | None = None
         """After a try that ended in a gateway failure (timeout, connect, reset): whether it
         may be sent again (``None``: the last try did not fail that way)."""
-        client = pool.config.host_header == "client"
+        client = pool.client_host
         self.client_host = client_host_of(out.headers) if client else None
 
     async def __call__(self) -> _Live:
@@ -289,7 +300,7 @@ class _Attempt:
         not be sent again: the Timeout's error is one its retry takes as transient whatever the
         method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on a timer of its own,
         with an error the retry leaves alone."""
-        limit: float = self.pool.config.read_timeout
+        limit: float = self.pool.read_timeout
         call = self.call
         left = call.attempt_timeout()
         if left is None or left > limit:
@@ -405,9 +416,9 @@ class Proxy:
             return _problem(404, "no_route", "no route for this host and path")
         route, params = found
         length = request.content_length
-        if length is not None and length > table.limits.max_body:
+        if length is not None and length > table.max_body:
             return _problem(
-                413, "body_too_large", f"body larger than {table.limits.max_body} bytes", close=True
+                413, "body_too_large", f"body larger than {table.max_body} bytes", close=True
             )
         stats = route.stats
         stats.requests += 1
@@ -443,7 +454,7 @@ class Proxy:
             return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
-            shortened = _client_deadline(admitted, route.config.timeout)
+            shortened = _client_deadline(admitted, route.timeout)
             extra: list[tuple[str, str]] = []
             limiter = route.limiter
             if limiter is not None:
@@ -521,11 +532,10 @@ class Proxy:
         )
         if request.body_exists:  # buffered (a retry can resend it) or streamed once
             length = request.content_length
-            limits = table.limits
-            if length is not None and length <= route.config.retry_body_limit:
-                out.body = await _read_body(request, limits.max_body, limits.body_timeout)
+            if length is not None and length <= route.retry_body_limit:
+                out.body = await _read_body(request, table.max_body, table.body_timeout)
             else:
-                out.body = _Body(request, limits.max_body, limits.body_timeout)
+                out.body = _Body(request, table.max_body, table.body_timeout)
                 if length is not None:
                     out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
@@ -576,7 +586,7 @@ class Proxy:
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
         bounded = getattr(policy, "timeout", None) is not None
-        attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
+        attempt = _Attempt(pool, call, out, bounded, self.table.error_body_limit)
         try:
             return await call.run_async(attempt)
         except Exception as error:
@@ -685,7 +695,7 @@ class Proxy:
         upstream = live.response
         status = upstream.status
         headers = _copy_response_headers(upstream, route.answer_dropped)
-        if table.proxy.via:
+        if table.via:
             headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
         method = request.method
@@ -703,7 +713,7 @@ class Proxy:
                 elif upstream.complete:  # all here already: no timer to arm
                     data = upstream.take()
                 else:
-                    async with asyncio.timeout(route.pool.config.read_timeout):
+                    async with asyncio.timeout(route.pool.read_timeout):
                         data = await upstream.read()
             except (UpstreamError, TimeoutError) as exc:
                 route.stats.count("upstream_unavailable")
@@ -732,7 +742,7 @@ class Proxy:
             headers=headers,
             length=length,
             limits=table.limits,
-            read_timeout=route.pool.config.read_timeout,
+            read_timeout=route.pool.read_timeout,
         )
 
 
@@ -892,7 +902,7 @@ def _upstream_headers(
             )
         out.extend(mine)
     out.append((table.request_id, rid))
-    if table.proxy.via:
+    if table.via:
         out.append(("Via", "1.1 floodwall"))
     return out
 
@@ -910,7 +920,10 @@ def _copy_response_headers(
 ) -> list[tuple[str, str]]:
     """The answer's fields a client may see: hop-by-hop ones (and those its ``Connection``
     names), framing, and ``dropped`` (the route's own fields) left out."""
-    out = [field for field in answer.raw_headers if field[0].lower() not in dropped]
+    out = []
+    for item in answer.raw_headers:  # (a loop: CPython 3.11 runs a comprehension as a call)
+        if item[0].lower() not in dropped:
+            out.append(item)  # noqa: PERF401 - see the line above
     connection = answer.connection
     if connection is None:
         return out

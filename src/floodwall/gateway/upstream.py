@@ -263,6 +263,10 @@ class UpstreamPool:
             else None
         )
         self.least_request = config.balance == "least_request"
+        # (read per request: plain attributes, not the pydantic model's slow lookups)
+        self.read_timeout = config.read_timeout
+        self.client_host = config.host_header == "client"
+        """Whether requests carry the client's ``Host`` (else the endpoint's)."""
         self._rr = itertools.count()
         self._all = tuple(self.endpoints)
         self._available: tuple[Endpoint, ...] = self._all
