@@ -37,7 +37,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import httptools
 
@@ -118,6 +118,7 @@ class UpstreamResponse:
         "complete",
         "connection",
         "content_length",
+        "endpoint",
         "raw_headers",
         "reason",
         "status",
@@ -144,6 +145,8 @@ class UpstreamResponse:
         """The answer's ``Connection`` field, if it has one."""
         self.complete = False
         """Whether the whole body has arrived (read or not)."""
+        self.endpoint: Any = None
+        """Whatever the caller notes beside the answer (the proxy: the endpoint it came from)."""
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -554,7 +557,9 @@ class ConnectionPool:
         head = _head(method, target, fields, body, streamed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = self._reuse(origin) or await self._acquire(origin)
+            connection = self._reuse(origin)
+            if connection is None:
+                connection = await self._acquire(origin)
             reused = connection.used
             connection.head_mode = method == "HEAD"
             transport = connection.transport

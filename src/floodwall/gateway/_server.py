@@ -464,7 +464,7 @@ class Connection(asyncio.Protocol):
         ready = self._ready
         if self.task is None:
             request, refusal = ready.popleft()
-            self._start(request, refusal)
+            self.task = self.loop.create_task(self._serve(request, refusal))  # (_start, inline)
         if ready:
             self._queue.extend(ready)
             ready.clear()
@@ -610,7 +610,10 @@ class Connection(asyncio.Protocol):
             if self._timer is None:
                 self._arm(self._deadline)
             return
-        self._next()
+        if self._queue:
+            self._next()
+        else:
+            self._idle()  # (_next, without a queue)
 
     def _next(self) -> None:
         """The next queued request, or wait for one."""
@@ -714,7 +717,10 @@ class Connection(asyncio.Protocol):
         # (No field can break its line: the upstream's were parsed by llhttp, which refuses
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
-        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {_DATE.now()}\r\n{framing}\r\n"
+        date = _DATE
+        if int(time.time()) != date.second:
+            date.now()
+        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n{framing}\r\n"
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:

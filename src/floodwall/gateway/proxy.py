@@ -147,16 +147,6 @@ class Table:
         setattr_(self, "error_body_limit", self.proxy.error_body_limit)
 
 
-class _Live:
-    """An upstream answer whose body has not been read yet, and where it came from."""
-
-    __slots__ = ("endpoint", "response")
-
-    def __init__(self, response: UpstreamResponse, endpoint: Endpoint) -> None:
-        self.response = response
-        self.endpoint = endpoint
-
-
 class _Body:
     """A request body streamed upstream once, under the size and idle-time limits."""
 
@@ -252,7 +242,7 @@ class _Attempt:
         client = pool.client_host
         self.client_host = client_host_of(out.headers) if client else None
 
-    async def __call__(self) -> _Live:
+    async def __call__(self) -> UpstreamResponse:
         pool, call, out = self.pool, self.call, self.out
         self.failed = None
         endpoint = pool.pick(self.tried)
@@ -287,7 +277,8 @@ class _Attempt:
         pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
         if failure is None:
-            return _Live(answer, endpoint)
+            answer.endpoint = endpoint
+            return answer
         try:
             failure.answer = await _buffered(answer, self.error_limit)
         finally:
@@ -473,7 +464,7 @@ class Proxy:
                 if expect.lower() != "100-continue":
                     why = f"Expect: {expect} is not supported"
                     return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
-                if request.body_exists and request.connection is not None:
+                if request.body is not None and request.connection is not None:
                     request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
                 with admitted:
@@ -498,24 +489,6 @@ class Proxy:
 
     # -- the protected exchange ----------------------------------------------------------------
 
-    def _outgoing(
-        self,
-        request: Request,
-        *,
-        table: Table,
-        route: Route,
-        rid: str,
-        client: str | None,
-        trusted: bool,
-    ) -> _Outgoing:
-        """What goes upstream: method, path, headers; the body (if any) is the caller's."""
-        headers = _upstream_headers(request, rid, trusted, client, table)
-        path_qs = request.path_qs
-        if route.strip is not None:
-            path_qs = _strip(path_qs, route.strip)
-        key = request.headers.get("idempotency-key")
-        return _Outgoing(request.method, path_qs, headers, None, key)
-
     async def _exchange(
         self,
         request: Request,
@@ -527,10 +500,17 @@ class Proxy:
         trusted: bool,
         shortened: Deadline | None,
     ) -> Response:
-        out = self._outgoing(
-            request, table=table, route=route, rid=rid, client=client, trusted=trusted
+        path_qs = request.path_qs
+        if route.strip is not None:
+            path_qs = _strip(path_qs, route.strip)
+        out = _Outgoing(
+            request.method,
+            path_qs,
+            _upstream_headers(request, rid, trusted, client, table),
+            None,
+            request.headers.get("idempotency-key"),
         )
-        if request.body_exists:  # buffered (a retry can resend it) or streamed once
+        if request.body is not None:  # buffered (a retry can resend it) or streamed once
             length = request.content_length
             if length is not None and length <= route.retry_body_limit:
                 out.body = await _read_body(request, table.max_body, table.body_timeout)
@@ -556,7 +536,7 @@ class Proxy:
             kind = "timeout" if timeout else "upstream_unavailable"
             outcome = "timeout" if timeout else "error"
             return await self._failed(request, route, out, kind, outcome, error=error)
-        if isinstance(result, _Live):
+        if isinstance(result, UpstreamResponse):
             return await self._live(request, route, result, table)
         if isinstance(result, Answer):
             if result.status >= 500:
@@ -575,7 +555,8 @@ class Proxy:
         return _answer(answer)
 
     async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
-        """``out`` sent to ``pool`` under ``policy``: a :class:`_Live` answer, a failed
+        """``out`` sent to ``pool`` under ``policy``: an upstream answer (its ``endpoint``
+        noted), a failed
         :class:`Answer` once retries gave up, or a resource fallback's value.
 
         A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
@@ -671,9 +652,9 @@ class Proxy:
         except (RejectedError, *_FAILURES) as exc:
             log.debug("route %s: backup upstream failed too: %r", route.name, exc)
             return None
-        if not isinstance(result, _Live):
+        if not isinstance(result, UpstreamResponse):
             return None
-        response = result.response
+        response = result
         try:
             async with asyncio.timeout(backup.config.read_timeout):
                 data = await response.read()
@@ -691,8 +672,10 @@ class Proxy:
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _live(self, request: Request, route: Route, live: _Live, table: Table) -> Response:
-        upstream = live.response
+    async def _live(
+        self, request: Request, route: Route, upstream: UpstreamResponse, table: Table
+    ) -> Response:
+        endpoint: Endpoint = upstream.endpoint
         status = upstream.status
         headers = _copy_response_headers(upstream, route.answer_dropped)
         if table.via:
@@ -721,7 +704,7 @@ class Proxy:
                 return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
             finally:
                 upstream.release()
-                live.endpoint.in_flight -= 1
+                endpoint.in_flight -= 1
             route.stats.answered += 1
             if keep and cache is not None:
                 cache.put(
@@ -737,7 +720,7 @@ class Proxy:
         route.stats.answered += 1
         return _Streaming(
             upstream,
-            live.endpoint,
+            endpoint,
             status=status,
             headers=headers,
             length=length,
