@@ -76,7 +76,7 @@ from floodwall.gateway.policies import Route, rejection_outcome
 from floodwall.gateway.routing import Router, normalise_host, unsafe_path
 from floodwall.gateway.upstream import Endpoint, UpstreamPool
 from floodwall.integrations._inbound import Admission, Inbound, Refusal, refusal
-from floodwall.integrations._outbound import Call, Outbound
+from floodwall.integrations._outbound import MIN_ATTEMPT_TIMEOUT, Call, Outbound
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 from floodwall.ratelimit._base import INF, Decision
 from floodwall.ratelimit.headers import rate_limit_headers
@@ -221,19 +221,30 @@ class _Attempt:
         "client_host",
         "error_limit",
         "failed",
+        "head_in_try",
         "out",
         "pool",
         "tried",
     )
 
     def __init__(
-        self, pool: UpstreamPool, call: Call, out: _Outgoing, bounded: bool, error_limit: int
+        self,
+        pool: UpstreamPool,
+        call: Call,
+        out: _Outgoing,
+        try_timeout: float | None,
+        error_limit: int,
     ) -> None:
         self.pool = pool
         self.call = call
         self.out = out
-        self.bounded = bounded
+        self.bounded = try_timeout is not None
         """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
+        self.head_in_try = (
+            try_timeout is not None and max(try_timeout, MIN_ATTEMPT_TIMEOUT) <= pool.read_timeout
+        )
+        """Whether the Timeout's ``try_timeout`` ends every try before ``read_timeout`` could:
+        then a try that may be repeated needs no clock read for its head's limit."""
         self.error_limit = error_limit
         self.tried: list[Endpoint] = []
         self.failed: bool | None = None
@@ -291,8 +302,10 @@ class _Attempt:
         not be sent again: the Timeout's error is one its retry takes as transient whatever the
         method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on a timer of its own,
         with an error the retry leaves alone."""
-        limit: float = self.pool.read_timeout
         call = self.call
+        if self.head_in_try and call.retryable:
+            return None  # (what the lines below find, without reading the deadline)
+        limit: float = self.pool.read_timeout
         left = call.attempt_timeout()
         if left is None or left > limit:
             return limit
@@ -445,7 +458,11 @@ class Proxy:
             return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
-            shortened = _client_deadline(admitted, route.timeout)
+            shortened = (  # (a deadline only a client's header can have made shorter)
+                _client_deadline(admitted, route.timeout)
+                if "x-request-deadline" in headers or "grpc-timeout" in headers
+                else None
+            )
             extra: list[tuple[str, str]] = []
             limiter = route.limiter
             if limiter is not None:
@@ -566,8 +583,9 @@ class Proxy:
         call = Call(self.outbound, out.method, pool.name, policy, out.key)
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
-        bounded = getattr(policy, "timeout", None) is not None
-        attempt = _Attempt(pool, call, out, bounded, self.table.error_body_limit)
+        timeout = getattr(policy, "timeout", None)
+        try_timeout = timeout.seconds if timeout is not None else None
+        attempt = _Attempt(pool, call, out, try_timeout, self.table.error_body_limit)
         try:
             return await call.run_async(attempt)
         except Exception as error:
