@@ -272,6 +272,13 @@ class Response:
         return None
 
 
+_new_request = object.__new__
+_init_request = Request.__init__
+"""A request in two calls from Python: on CPython 3.11 a class call with a Python
+``__init__`` re-enters the interpreter from C (the inbound guard builds its ``Admission`` the
+same way)."""
+
+
 def problem_response(refusal: EdgeRefusal) -> Response:
     """The problem document for ``refusal``; the connection closes after it."""
     body = problem(refusal.status, refusal.kind, refusal.detail)
@@ -544,7 +551,8 @@ class Connection(asyncio.Protocol):
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         url = self._url
-        request = Request(method, url.decode("latin-1"), version, raw, headers)
+        request = _new_request(Request)  # (Request(...) without a class call: see _new_request)
+        _init_request(request, method, url.decode("latin-1"), version, raw, headers)
         rules = self.rules = server.rules  # a reload reaches open connections' next request
         request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
         request.remote = self.peer
