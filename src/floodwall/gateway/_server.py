@@ -234,7 +234,7 @@ class Request:
 class Response:
     """An answer: status, fields (in order), and a body sent in one write."""
 
-    __slots__ = ("body", "clean", "close", "headers", "reason", "sent", "status")
+    __slots__ = ("body", "clean", "close", "headers", "reason", "sent", "status", "tail")
 
     def __init__(
         self,
@@ -255,6 +255,10 @@ class Response:
         self.clean = False
         """Whether :attr:`headers` hold none of the fields the gateway adds (request id, rate
         limit): they are appended without a look for an earlier field of the same name."""
+        self.tail = ""
+        """Fields written after :attr:`headers` as they are (``name: value`` and CRLF each,
+        made once per distinct value: the route's ``RateLimit-*`` and request id); :meth:`get`
+        and :meth:`set` do not see them."""
 
     def set(self, name: str, value: str) -> None:
         """Set field ``name`` (any case) to ``value``, replacing what it had."""
@@ -709,6 +713,8 @@ class Connection(asyncio.Protocol):
         reason = response.reason or _REASONS.get(status, "Unknown")
         headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
         fields = "\r\n".join(map(": ".join, headers)) + "\r\n" if headers else ""
+        if response.tail:
+            fields += response.tail
         server = self.rules.server_header
         if server is not None:
             fields += f"Server: {server}\r\n"

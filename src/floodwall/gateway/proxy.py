@@ -473,7 +473,8 @@ class Proxy:
                 if "x-request-deadline" in headers or "grpc-timeout" in headers
                 else None
             )
-            extra: list[tuple[str, str]] = []
+            extra: Sequence[tuple[str, str]] = ()
+            block = ""
             limiter = route.limiter
             if limiter is not None:
                 key = route.rate_key(client, headers, params)
@@ -481,11 +482,12 @@ class Proxy:
                     decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
                 else:
                     decision = limiter.acquire(key)
-                refused = _rate_decision(route, decision, extra)
-                if refused is not None:
+                verdict = _rate_decision(route, decision)
+                if isinstance(verdict, Refusal):
                     route.stats.count("rate_limited")
                     route.stats.settle("rate_limited", "error")
-                    return _with(_refused(refused), table.request_id, rid, ())
+                    return _with(_refused(verdict), table.request_id, rid, ())
+                extra, block = verdict
             expect = headers.get("expect")
             if expect is not None:
                 if expect.lower() != "100-continue":
@@ -507,7 +509,7 @@ class Proxy:
             except _BodyError as error:
                 response = _problem(error.status, "request_body", str(error), close=True)
             status = response.status
-            _tag(response, table.request_id, rid, extra, admitted.response_headers(status))
+            _tag(response, table.request_id, rid, extra, block, admitted.response_headers(status))
             if isinstance(response, _Streaming):
                 await response.stream(request)
             return response
@@ -813,14 +815,15 @@ class _Streaming(Response):
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]]) -> Refusal | None:
-    """The refusal for a rate-limit ``decision`` that refused, else ``None`` with the
-    ``RateLimit-*`` fields of the answer added to ``out``."""
+def _rate_decision(
+    route: Route, decision: Decision
+) -> Refusal | tuple[tuple[tuple[str, str], ...], str]:
+    """The refusal for a rate-limit ``decision`` that refused, else the ``RateLimit-*``
+    fields of the answer, as fields and as head lines (:meth:`Route.rate_fields`)."""
     limiter = route.limiter
     assert limiter is not None
     if decision[0]:
-        out.extend(route.rate_fields(decision))
-        return None
+        return route.rate_fields(decision)
     fields = rate_limit_headers(decision)
     window = limiter.window
     if window is not None:
@@ -992,17 +995,18 @@ def _with(
     return response
 
 
-def _tag(
+def _tag(  # noqa: PLR0917 - one per request, from Proxy._routed only
     response: Response,
     rid_name: str,
     rid: str,
-    fields: list[tuple[str, str]],
+    fields: Sequence[tuple[str, str]],
+    block: str,
     guard_fields: Sequence[tuple[str, str]],
 ) -> None:
-    """Add the route's ``fields``, the guard's and the request id to an admitted answer."""
-    if response.clean and not guard_fields:  # (the usual answer: one extend)
-        response.headers.extend(fields)
-        response.headers.append((rid_name, rid))
+    """Add the route's ``fields`` (``block``: the same as head lines), the guard's and the
+    request id to an admitted answer."""
+    if response.clean and not guard_fields:  # (the usual answer: lines made once per value)
+        response.tail = f"{block}{rid_name}: {rid}\r\n"
     else:
         _with(response, rid_name, rid, [*fields, *guard_fields])
 
