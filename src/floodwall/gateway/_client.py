@@ -549,12 +549,16 @@ class ConnectionPool:
         target: str,
         fields: list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
+        *,
+        fixed: str = "",
     ) -> UpstreamResponse:
         """Send ``method target`` with ``fields`` (no hop-by-hop or framing fields: the pool
         writes ``Content-Length`` or chunked framing itself, unless ``fields`` declares a
-        ``Content-Length`` for a streamed body) and wait for the answer's head."""
+        ``Content-Length`` for a streamed body) and wait for the answer's head. ``fixed``:
+        more fields as head lines (``name: value`` and CRLF each) the caller made once and
+        checked for CR and LF itself, written after ``fields``."""
         streamed = body is not None and not isinstance(body, bytes)
-        head = _head(method, target, fields, body, streamed)
+        head = _head(method, target, fields, body, streamed, fixed=fixed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
             connection = self._reuse(origin)
@@ -763,8 +767,11 @@ def _head(
     fields: list[tuple[str, str]],
     body: bytes | AsyncIterator[bytes] | None,
     streamed: bool,
+    *,
+    fixed: str = "",
 ) -> bytes:
-    """The request head; ``ValueError`` if a field would break a line (header injection)."""
+    """The request head; ``ValueError`` if a field would break a line (header injection).
+    ``fixed``: lines the caller checked (see :meth:`ConnectionPool.request`)."""
     framing = ""
     if isinstance(body, bytes):
         framing = f"Content-Length: {len(body)}\r\n"
@@ -775,10 +782,11 @@ def _head(
         framing = "Content-Length: 0\r\n"
     # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
     lines = "\r\n".join(map(": ".join, fields)) + "\r\n" if fields else ""
-    text = f"{method} {target} HTTP/1.1\r\n{lines}{framing}\r\n"
-    breaks = len(fields) + (3 if framing else 2)
+    text = f"{method} {target} HTTP/1.1\r\n{lines}"
+    breaks = len(fields) + 1
     if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a request field contains CR or LF")
+    text = f"{text}{fixed}{framing}\r\n"  # (the framing last: see _chunked)
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:

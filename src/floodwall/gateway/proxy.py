@@ -188,21 +188,38 @@ async def _read_body(request: Request, limit: int, idle: float) -> bytes:
 class _Outgoing:
     """The request as it goes upstream (the same for every try and for a backup)."""
 
-    __slots__ = ("body", "client_deadline", "headers", "key", "method", "path_qs")
+    __slots__ = (
+        "body",
+        "client_deadline",
+        "fixed",
+        "forwarded_host",
+        "headers",
+        "key",
+        "method",
+        "path_qs",
+    )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built per request: positional arguments cost less
         self,
         method: str,
         path_qs: str,
         headers: list[tuple[str, str]],
         body: bytes | _Body | None,
         key: str | None,
+        fixed: str = "",
+        forwarded_host: str = "",
     ) -> None:
         self.method = method
         self.path_qs = path_qs
         self.headers = headers
+        """The fields sent upstream but ``fixed``'s."""
         self.body = body
         self.key = key
+        self.fixed = fixed
+        """This hop's forwarding fields as head lines (made once per peer and host, checked
+        for CR and LF when they were made), written after :attr:`headers`."""
+        self.forwarded_host = forwarded_host
+        """The ``X-Forwarded-Host`` sent (the client's host, for ``host_header: client``)."""
         self.client_deadline: Deadline | None = None
         """The request's deadline when the client chose it shorter than the route's own: a
         try it ends is not held against the endpoint (else any client could eject endpoints
@@ -251,7 +268,7 @@ class _Attempt:
         """After a try that ended in a gateway failure (timeout, connect, reset): whether it
         may be sent again (``None``: the last try did not fail that way)."""
         client = pool.client_host
-        self.client_host = client_host_of(out.headers) if client else None
+        self.client_host = out.forwarded_host if client else None
 
     async def __call__(self) -> UpstreamResponse:
         pool, call, out = self.pool, self.call, self.out
@@ -275,12 +292,12 @@ class _Attempt:
         try:
             if limit is None:
                 answer = await client.request(
-                    endpoint.origin, out.method, out.path_qs, headers, data
+                    endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
                 )
             else:
                 async with asyncio.timeout(limit):
                     answer = await client.request(
-                        endpoint.origin, out.method, out.path_qs, headers, data
+                        endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
                     )
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
@@ -532,14 +549,17 @@ class Proxy:
         path_qs = request.path_qs
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
+        fields, fixed, forwarded_host = _upstream_headers(request, rid, trusted, client, table)
         out = _new(_Outgoing)
         _init_outgoing(
             out,
             request.method,
             path_qs,
-            _upstream_headers(request, rid, trusted, client, table),
+            fields,
             None,
             request.headers.get("idempotency-key"),
+            fixed,
+            forwarded_host,
         )
         if request.body is not None:  # buffered (a retry can resend it) or streamed once
             length = request.content_length
@@ -874,12 +894,15 @@ HOSTS_KEPT: Final = 4096
 """Normalised ``Host`` values remembered (past it, the table starts over)."""
 OWN_FORWARDING: Final = 4096
 """(peer, host) pairs whose forwarding fields are kept ready (past it, the set starts over)."""
-_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[str, str], ...]] = {}
+_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[tuple[str, str], ...], str, str]] = {}
 
 
 def _upstream_headers(
     request: Request, rid: str, trusted: bool, client: str | None, table: Table
-) -> list[tuple[str, str]]:
+) -> tuple[list[tuple[str, str]], str, str]:
+    """The fields to send upstream, this hop's forwarding fields as head lines when they are
+    the same for every request of this peer and host (else ``""``: they are in the fields),
+    and the ``X-Forwarded-Host`` sent."""
     headers = request.headers
     dropped = REQUEST_DROPPED
     named = connection_tokens(headers) if "connection" in headers else None
@@ -891,42 +914,58 @@ def _upstream_headers(
             continue
         out.append((name, value))
     host = request.host
+    fixed = ""
     if trusted:
-        out.extend(
-            forwarding_headers(
-                headers,
-                peer=request.remote,
-                client=client,
-                trusted=True,
-                proto=request.scheme,
-                host=host,
-                forwarded_all=headers.get("forwarded") or None,
-            )
+        forwarding = forwarding_headers(
+            headers,
+            peer=request.remote,
+            client=client,
+            trusted=True,
+            proto=request.scheme,
+            host=host,
+            forwarded_all=headers.get("forwarded") or None,
         )
+        out.extend(forwarding)
+        forwarded_host = client_host_of(forwarding)
     else:  # what a client claimed is replaced by what this hop saw: the same for a peer+host
         key = (request.remote, host)
         mine = _OWN_FORWARDING.get(key)
         if mine is None:
             if len(_OWN_FORWARDING) >= OWN_FORWARDING:
                 _OWN_FORWARDING.clear()
-            mine = _OWN_FORWARDING[key] = tuple(
-                forwarding_headers(
-                    headers,
-                    peer=request.remote,
-                    client=client,
-                    trusted=False,
-                    proto="http",
-                    host=host,
-                )
-            )
-        out.extend(mine)
+            mine = _OWN_FORWARDING[key] = _own_forwarding(request, client)
+        fields, fixed, forwarded_host = mine
+        if not fixed:
+            out.extend(fields)
     out.append((table.request_id, rid))
     if table.via:
         out.append(("Via", "1.1 floodwall"))
-    return out
+    return out, fixed, forwarded_host
 
 
-def client_host_of(headers: list[tuple[str, str]]) -> str:
+def _own_forwarding(
+    request: Request, client: str | None
+) -> tuple[tuple[tuple[str, str], ...], str, str]:
+    """This hop's forwarding fields for a peer and host (no trusted proxy before it), the
+    same as head lines (``""`` if a value would break its line: the fields then go through
+    the client's own check), and the ``X-Forwarded-Host`` sent."""
+    fields = tuple(
+        forwarding_headers(
+            request.headers,
+            peer=request.remote,
+            client=client,
+            trusted=False,
+            proto="http",
+            host=request.host,
+        )
+    )
+    text = "".join(f"{name}: {value}\r\n" for name, value in fields)
+    if text.count("\n") != len(fields) or text.count("\r") != len(fields):
+        text = ""
+    return fields, text, client_host_of(fields)
+
+
+def client_host_of(headers: Sequence[tuple[str, str]]) -> str:
     """The client's host, as the proxy recorded it in ``X-Forwarded-Host``."""
     for name, value in headers:
         if name == "X-Forwarded-Host":
