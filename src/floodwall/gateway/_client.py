@@ -284,6 +284,10 @@ class _Connection(asyncio.Protocol):
     def __init__(self, origin: Origin, limits: _Limits) -> None:
         self.origin = origin
         self.limits = limits
+        # (read per answer: plain attributes, a NamedTuple's field reads are not specialised)
+        self.max_line, self.max_field, self.max_headers = limits
+        self._head_cap = limits.max_line + limits.max_headers * (limits.max_field + 4)
+        """Bytes an answer head may take before it is refused, whatever its shape."""
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -367,11 +371,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             said = str(exc).strip()
             self._error = self._error or (said.splitlines()[0] if said else "unparsable")
-        limits = self.limits
-        if self._error is None and self._response is None:
-            cap = limits.max_line + limits.max_headers * (limits.max_field + 4)
-            if self._head_bytes > cap:
-                self._error = "the answer head is too large"
+        if self._error is None and self._response is None and self._head_bytes > self._head_cap:
+            self._error = "the answer head is too large"
         if self._error is not None:
             self._invalid(self._error)
             return
@@ -467,14 +468,12 @@ class _Connection(asyncio.Protocol):
         self, reason: str, status_line: int, fields: list[tuple[bytes, bytes]]
     ) -> str | None:
         """Why the answer head may not be used (sizes, then syntax), or ``None``."""
-        limits = self.limits
-        if status_line > limits.max_line:
+        if status_line > self.max_line:
             return "the status line is too long"
-        if len(fields) > limits.max_headers:
+        if len(fields) > self.max_headers:
             return "too many answer fields"
-        if self._head_bytes > limits.max_field and any(
-            len(n) + len(v) > limits.max_field for n, v in fields
-        ):
+        max_field = self.max_field
+        if self._head_bytes > max_field and any(len(n) + len(v) > max_field for n, v in fields):
             return "an answer field is too long"
         # (llhttp's strict mode already refused names that are not tokens and control
         # characters in values; :func:`answer_head_error` states the whole rule)
