@@ -494,17 +494,15 @@ class Proxy:
             block = ""
             limiter = route.limiter
             if limiter is not None:
-                key = route.rate_key(client, headers, params)
+                key_of = route.key  # (Route.rate_key, inline)
+                key = None if key_of is None else key_of(client, headers, params)
                 if route.global_limit:
                     decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
                 else:
                     decision = limiter.acquire(key)
-                verdict = _rate_decision(route, decision)
-                if isinstance(verdict, Refusal):
-                    route.stats.count("rate_limited")
-                    route.stats.settle("rate_limited", "error")
-                    return _with(_refused(verdict), table.request_id, rid, ())
-                extra, block = verdict
+                if not decision[0]:
+                    return _rate_refused(route, decision, table.request_id, rid)
+                extra, block = route.rate_fields(decision)  # (no helper call when admitted)
             expect = headers.get("expect")
             if expect is not None:
                 if expect.lower() != "100-continue":
@@ -855,6 +853,15 @@ def _rate_decision(
         None if retry == INF else retry,
     )
     return refusal(error, list(fields.items()))
+
+
+def _rate_refused(route: Route, decision: Decision, rid_name: str, rid: str) -> Response:
+    """The answer to a request the route's rate limit refused (counted in its figures)."""
+    route.stats.count("rate_limited")
+    route.stats.settle("rate_limited", "error")
+    refused = _rate_decision(route, decision)
+    assert isinstance(refused, Refusal)
+    return _with(_refused(refused), rid_name, rid, ())
 
 
 def _try_elsewhere(
