@@ -568,6 +568,7 @@ class Proxy:
                 if length is not None:
                     out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
+        degraded_before = DEGRADED.get()
         try:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
@@ -597,8 +598,9 @@ class Proxy:
         # The resource's own fallback answered with a value: it goes out as JSON. What the
         # dependency did is in the degradation it noted (read as the resource's meter reads it).
         route.stats.count("fallback")
-        marker = DEGRADED.get()
-        route.stats.settle(marker.outcome if marker is not None else "error", "fallback")
+        marker = DEGRADED.get()  # (a marker older than this request is not its own)
+        fresh = marker is not None and marker is not degraded_before
+        route.stats.settle(marker.outcome if marker is not None and fresh else "error", "fallback")
         answer = Answer(200, [("Content-Type", "application/json")], _json(result))
         answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
         return _answer(answer)
