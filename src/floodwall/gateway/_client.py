@@ -37,7 +37,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import httptools
 
@@ -118,6 +118,7 @@ class UpstreamResponse:
         "complete",
         "connection",
         "content_length",
+        "endpoint",
         "raw_headers",
         "reason",
         "status",
@@ -144,6 +145,8 @@ class UpstreamResponse:
         """The answer's ``Connection`` field, if it has one."""
         self.complete = False
         """Whether the whole body has arrived (read or not)."""
+        self.endpoint: Any = None
+        """Whatever the caller notes beside the answer (the proxy: the endpoint it came from)."""
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -179,7 +182,9 @@ class UpstreamResponse:
             if connection is not None and connection.transport is not None:
                 self._paused = True
                 connection.transport.pause_reading()
-        self._wake()
+        waiter = self._waiter  # (_wake, inline: called for every piece of every body)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self) -> None:
         self.complete = True
@@ -262,11 +267,12 @@ class UpstreamResponse:
             return
         self._connection = None
         writer = self._writer
-        sent = writer is None or (
-            writer.done() and not writer.cancelled() and not writer.exception()
-        )
-        if writer is not None and not writer.done():
-            writer.cancel()
+        if writer is None:  # (no streamed body: the common case)
+            sent = True
+        else:
+            sent = writer.done() and not writer.cancelled() and not writer.exception()
+            if not writer.done():
+                writer.cancel()
         pool = self._pool
         if pool is not None:
             pool.release(connection, reusable=sent and self.complete and not self._paused)
@@ -278,6 +284,10 @@ class _Connection(asyncio.Protocol):
     def __init__(self, origin: Origin, limits: _Limits) -> None:
         self.origin = origin
         self.limits = limits
+        # (read per answer: plain attributes, a NamedTuple's field reads are not specialised)
+        self.max_line, self.max_field, self.max_headers = limits
+        self._head_cap = limits.max_line + limits.max_headers * (limits.max_field + 4)
+        """Bytes an answer head may take before it is refused, whatever its shape."""
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -361,11 +371,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             said = str(exc).strip()
             self._error = self._error or (said.splitlines()[0] if said else "unparsable")
-        limits = self.limits
-        if self._error is None and self._response is None:
-            cap = limits.max_line + limits.max_headers * (limits.max_field + 4)
-            if self._head_bytes > cap:
-                self._error = "the answer head is too large"
+        if self._error is None and self._response is None and self._head_bytes > self._head_cap:
+            self._error = "the answer head is too large"
         if self._error is not None:
             self._invalid(self._error)
             return
@@ -403,9 +410,8 @@ class _Connection(asyncio.Protocol):
 
     # -- the parser's callbacks -------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._reason = b""
-        self._fields = []
+    # (No on_message_begin: each head's status and fields are taken, and reset, when the head
+    # is complete; one Python call fewer from C per answer.)
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -414,15 +420,16 @@ class _Connection(asyncio.Protocol):
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
+        fields, reason_bytes = self._fields, self._reason
+        self._fields, self._reason = [], b""
         status = self.parser.get_status_code()
         if status < 200:
             if status == 101:
                 self._error = "the upstream switched protocols (not proxied)"
             return  # 1xx: the answer is still to come
         self.answered = True
-        fields = self._fields
-        reason = self._reason.decode("latin-1")
-        self._error = self._head_error(reason, fields)
+        reason = "OK" if reason_bytes == b"OK" else reason_bytes.decode("latin-1")
+        self._error = self._head_error(reason, len(reason_bytes), fields)
         if self._error is not None:
             return
         raw: list[tuple[str, str]] = []
@@ -443,32 +450,34 @@ class _Connection(asyncio.Protocol):
                     connection = value if connection is None else f"{connection}, {value}"
         if not self.parser.should_keep_alive():
             self.should_close = True
-        self._until_eof = length is None and not chunked and status not in (204, 304)
-        if self._until_eof and not self.head_mode:
+        head_mode = self.head_mode
+        self._until_eof = until_eof = length is None and not chunked and status not in (204, 304)
+        if until_eof and not head_mode:
             self.should_close = True
-        response = UpstreamResponse(self, status, reason, raw, length)
+        response = _new_response(UpstreamResponse)
+        _init_response(response, self, status, reason, raw, length)
         response.connection = connection
         self._response = response
-        if self.head_mode or status in (204, 304):
+        if head_mode or status in (204, 304):
             response.complete = True
 
     head_mode = False
     """Whether the current exchange answers a ``HEAD`` (no body follows its head)."""
 
-    def _head_error(self, reason: str, fields: list[tuple[bytes, bytes]]) -> str | None:
+    def _head_error(
+        self, reason: str, status_line: int, fields: list[tuple[bytes, bytes]]
+    ) -> str | None:
         """Why the answer head may not be used (sizes, then syntax), or ``None``."""
-        limits = self.limits
-        if len(self._reason) > limits.max_line:
+        if status_line > self.max_line:
             return "the status line is too long"
-        if len(fields) > limits.max_headers:
+        if len(fields) > self.max_headers:
             return "too many answer fields"
-        if self._head_bytes > limits.max_field and any(
-            len(n) + len(v) > limits.max_field for n, v in fields
-        ):
+        max_field = self.max_field
+        if self._head_bytes > max_field and any(len(n) + len(v) > max_field for n, v in fields):
             return "an answer field is too long"
         # (llhttp's strict mode already refused names that are not tokens and control
         # characters in values; :func:`answer_head_error` states the whole rule)
-        return reason_error(reason)
+        return None if reason == "OK" else reason_error(reason)
 
     def on_body(self, body: bytes) -> None:
         response = self._response
@@ -480,7 +489,16 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         response = self._response
         if response is not None and self._error is None:
-            response._finish()
+            response.complete = True  # (UpstreamResponse._finish, inline)
+            waiter = response._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+
+_new_response = object.__new__
+_init_response = UpstreamResponse.__init__
+"""``UpstreamResponse(...)`` in two calls from Python: on CPython 3.11 a class call with a
+Python ``__init__`` re-enters the interpreter from C (``Admission`` is built the same way)."""
 
 
 class ConnectionPool:
@@ -530,15 +548,21 @@ class ConnectionPool:
         target: str,
         fields: list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
+        *,
+        fixed: str = "",
     ) -> UpstreamResponse:
         """Send ``method target`` with ``fields`` (no hop-by-hop or framing fields: the pool
         writes ``Content-Length`` or chunked framing itself, unless ``fields`` declares a
-        ``Content-Length`` for a streamed body) and wait for the answer's head."""
+        ``Content-Length`` for a streamed body) and wait for the answer's head. ``fixed``:
+        more fields as head lines (``name: value`` and CRLF each) the caller made once and
+        checked for CR and LF itself, written after ``fields``."""
         streamed = body is not None and not isinstance(body, bytes)
-        head = _head(method, target, fields, body, streamed)
+        head = _head(method, target, fields, body, streamed, fixed=fixed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = self._reuse(origin) or await self._acquire(origin)
+            connection = self._reuse(origin)
+            if connection is None:
+                connection = await self._acquire(origin)
             reused = connection.used
             connection.head_mode = method == "HEAD"
             transport = connection.transport
@@ -597,7 +621,8 @@ class ConnectionPool:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.is_connected() and not connection.should_close:
+            transport = connection.transport  # (is_connected(), inline: once per request)
+            if transport is not None and not transport.is_closing() and not connection.should_close:
                 return connection
             self._forget(connection)
         return None
@@ -665,17 +690,23 @@ class ConnectionPool:
 
     def release(self, connection: _Connection, *, reusable: bool) -> None:
         """Back to the idle list (``reusable`` and healthy), or closed; a waiter is woken."""
+        transport = connection.transport  # (is_connected(), inline: once per request)
         if (
             reusable
             and not self._closed
-            and connection.is_connected()
+            and transport is not None
+            and not transport.is_closing()
             and not connection.should_close
         ):
             connection.idle_since = self._loop.time()
-            self._idle.setdefault(connection.origin, deque()).append(connection)
+            idle = self._idle.get(connection.origin)
+            if idle is None:
+                idle = self._idle[connection.origin] = deque()
+            idle.append(connection)
             if self._sweeper is None:
                 self._sweeper = self._loop.call_later(self.keepalive, self._sweep)
-            self._wake()
+            if self._waiters:
+                self._wake()
             return
         self._forget(connection)
 
@@ -729,14 +760,23 @@ class ConnectionPool:
 # -- the wire ------------------------------------------------------------------------------------
 
 
+_field = ": ".join
+_lines = "\r\n".join
+"""A field's line and a head's lines, joined in C (bound once: each ``": ".join`` written
+in a function makes a bound method per call)."""
+
+
 def _head(
     method: str,
     target: str,
     fields: list[tuple[str, str]],
     body: bytes | AsyncIterator[bytes] | None,
     streamed: bool,
+    *,
+    fixed: str = "",
 ) -> bytes:
-    """The request head; ``ValueError`` if a field would break a line (header injection)."""
+    """The request head; ``ValueError`` if a field would break a line (header injection).
+    ``fixed``: lines the caller checked (see :meth:`ConnectionPool.request`)."""
     framing = ""
     if isinstance(body, bytes):
         framing = f"Content-Length: {len(body)}\r\n"
@@ -745,11 +785,13 @@ def _head(
             framing = "Transfer-Encoding: chunked\r\n"
     elif method not in _NO_BODY_METHODS:
         framing = "Content-Length: 0\r\n"
-    lines = "".join(map("%s: %s\r\n".__mod__, fields))  # (C loops: no Python frame per field)
-    text = f"{method} {target} HTTP/1.1\r\n{lines}{framing}\r\n"
-    breaks = len(fields) + (3 if framing else 2)
+    # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
+    lines = _lines(map(_field, fields)) + "\r\n" if fields else ""
+    text = f"{method} {target} HTTP/1.1\r\n{lines}"
+    breaks = len(fields) + 1
     if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a request field contains CR or LF")
+    text = f"{text}{fixed}{framing}\r\n"  # (the framing last: see _chunked)
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:

@@ -310,7 +310,9 @@ class Route:
         self.answer_dropped = RESPONSE_DROPPED | own
         """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
         those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
-        self._rate_fields: dict[tuple[float, float, int], tuple[tuple[str, str], ...]] = {}
+        self._rate_fields: dict[
+            tuple[float, float, int], tuple[tuple[tuple[str, str], ...], str]
+        ] = {}
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -318,6 +320,9 @@ class Route:
         self.fallback_on = frozenset(fallback.on) if fallback is not None else frozenset()
         self.fallback_order = fallback.order if fallback is not None else ()
         self.strip = config.match.path_prefix if config.strip_prefix else None
+        # (read per request: plain attributes, not the pydantic model's slow lookups)
+        self.timeout = config.timeout
+        self.retry_body_limit = config.retry_body_limit
         self.resource: Resource | None = None
         self.backup_resource: Resource | None = None
 
@@ -336,15 +341,16 @@ class Route:
         key = self.key
         return None if key is None else key(ip, headers, params)
 
-    def rate_fields(self, decision: Decision) -> tuple[tuple[str, str], ...]:
+    def rate_fields(self, decision: Decision) -> tuple[tuple[tuple[str, str], ...], str]:
         """The ``RateLimit-*`` fields of an admitted answer (what
         :func:`~floodwall.ratelimit.headers.rate_limit_headers` writes, with
-        ``RateLimit-Policy``), kept per (limit, remaining, reset) seen (a bounded table:
-        a busy route repeats a few)."""
+        ``RateLimit-Policy``), and the same as the lines of a head (``name: value`` and CRLF
+        each), kept per (limit, remaining, reset) seen (a bounded table: a busy route repeats
+        a few)."""
         _, left, reset, _, limit = decision
         key = (limit, left, math.ceil(reset - 1e-9))
-        fields = self._rate_fields.get(key)
-        if fields is None:
+        kept = self._rate_fields.get(key)
+        if kept is None:
             if len(self._rate_fields) >= RATE_FIELDS_KEPT:
                 self._rate_fields.clear()
             window = self.limiter.window if self.limiter is not None else None
@@ -355,8 +361,9 @@ class Route:
             )
             if window is not None:
                 made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
-            fields = self._rate_fields[key] = made
-        return fields
+            text = "".join(f"{name}: {value}\r\n" for name, value in made)
+            kept = self._rate_fields[key] = (made, text)
+        return kept
 
     def snapshot(self) -> dict[str, Any]:
         resource = self.resource

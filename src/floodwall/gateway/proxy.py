@@ -76,7 +76,7 @@ from floodwall.gateway.policies import Route, rejection_outcome
 from floodwall.gateway.routing import Router, normalise_host, unsafe_path
 from floodwall.gateway.upstream import Endpoint, UpstreamPool
 from floodwall.integrations._inbound import Admission, Inbound, Refusal, refusal
-from floodwall.integrations._outbound import Call, Outbound
+from floodwall.integrations._outbound import MIN_ATTEMPT_TIMEOUT, Call, Outbound
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 from floodwall.ratelimit._base import INF, Decision, StoreDownDecision
 from floodwall.ratelimit.headers import rate_limit_headers
@@ -131,19 +131,20 @@ class Table:
     request_id: str
     """The request id header's name."""
     request_id_lower: str = field(init=False)
+    # The settings read per request, as plain attributes: the configuration's models are
+    # pydantic's, whose ``__getattr__`` makes every attribute read a slow lookup.
+    max_body: int = field(init=False)
+    body_timeout: float = field(init=False)
+    via: bool = field(init=False)
+    error_body_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "request_id_lower", self.request_id.lower())
-
-
-class _Live:
-    """An upstream answer whose body has not been read yet, and where it came from."""
-
-    __slots__ = ("endpoint", "response")
-
-    def __init__(self, response: UpstreamResponse, endpoint: Endpoint) -> None:
-        self.response = response
-        self.endpoint = endpoint
+        setattr_ = object.__setattr__
+        setattr_(self, "request_id_lower", self.request_id.lower())
+        setattr_(self, "max_body", self.limits.max_body)
+        setattr_(self, "body_timeout", self.limits.body_timeout)
+        setattr_(self, "via", self.proxy.via)
+        setattr_(self, "error_body_limit", self.proxy.error_body_limit)
 
 
 class _Body:
@@ -187,21 +188,38 @@ async def _read_body(request: Request, limit: int, idle: float) -> bytes:
 class _Outgoing:
     """The request as it goes upstream (the same for every try and for a backup)."""
 
-    __slots__ = ("body", "client_deadline", "headers", "key", "method", "path_qs")
+    __slots__ = (
+        "body",
+        "client_deadline",
+        "fixed",
+        "forwarded_host",
+        "headers",
+        "key",
+        "method",
+        "path_qs",
+    )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built per request: positional arguments cost less
         self,
         method: str,
         path_qs: str,
         headers: list[tuple[str, str]],
         body: bytes | _Body | None,
         key: str | None,
+        fixed: str = "",
+        forwarded_host: str = "",
     ) -> None:
         self.method = method
         self.path_qs = path_qs
         self.headers = headers
+        """The fields sent upstream but ``fixed``'s."""
         self.body = body
         self.key = key
+        self.fixed = fixed
+        """This hop's forwarding fields as head lines (made once per peer and host, checked
+        for CR and LF when they were made), written after :attr:`headers`."""
+        self.forwarded_host = forwarded_host
+        """The ``X-Forwarded-Host`` sent (the client's host, for ``host_header: client``)."""
         self.client_deadline: Deadline | None = None
         """The request's deadline when the client chose it shorter than the route's own: a
         try it ends is not held against the endpoint (else any client could eject endpoints
@@ -220,28 +238,39 @@ class _Attempt:
         "client_host",
         "error_limit",
         "failed",
+        "head_in_try",
         "out",
         "pool",
         "tried",
     )
 
     def __init__(
-        self, pool: UpstreamPool, call: Call, out: _Outgoing, bounded: bool, error_limit: int
+        self,
+        pool: UpstreamPool,
+        call: Call,
+        out: _Outgoing,
+        try_timeout: float | None,
+        error_limit: int,
     ) -> None:
         self.pool = pool
         self.call = call
         self.out = out
-        self.bounded = bounded
+        self.bounded = try_timeout is not None
         """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
+        self.head_in_try = (
+            try_timeout is not None and max(try_timeout, MIN_ATTEMPT_TIMEOUT) <= pool.read_timeout
+        )
+        """Whether the Timeout's ``try_timeout`` ends every try before ``read_timeout`` could:
+        then a try that may be repeated needs no clock read for its head's limit."""
         self.error_limit = error_limit
         self.tried: list[Endpoint] = []
         self.failed: bool | None = None
         """After a try that ended in a gateway failure (timeout, connect, reset): whether it
         may be sent again (``None``: the last try did not fail that way)."""
-        client = pool.config.host_header == "client"
-        self.client_host = client_host_of(out.headers) if client else None
+        client = pool.client_host
+        self.client_host = out.forwarded_host if client else None
 
-    async def __call__(self) -> _Live:
+    async def __call__(self) -> UpstreamResponse:
         pool, call, out = self.pool, self.call, self.out
         self.failed = None
         endpoint = pool.pick(self.tried)
@@ -263,12 +292,12 @@ class _Attempt:
         try:
             if limit is None:
                 answer = await client.request(
-                    endpoint.origin, out.method, out.path_qs, headers, data
+                    endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
                 )
             else:
                 async with asyncio.timeout(limit):
                     answer = await client.request(
-                        endpoint.origin, out.method, out.path_qs, headers, data
+                        endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
                     )
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
@@ -276,7 +305,8 @@ class _Attempt:
         pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
         if failure is None:
-            return _Live(answer, endpoint)
+            answer.endpoint = endpoint
+            return answer
         try:
             failure.answer = await _buffered(answer, self.error_limit)
         finally:
@@ -289,8 +319,10 @@ class _Attempt:
         not be sent again: the Timeout's error is one its retry takes as transient whatever the
         method, so such a try ends :data:`UNRETRYABLE_LEAD` earlier, on a timer of its own,
         with an error the retry leaves alone."""
-        limit: float = self.pool.config.read_timeout
         call = self.call
+        if self.head_in_try and call.retryable:
+            return None  # (what the lines below find, without reading the deadline)
+        limit: float = self.pool.read_timeout
         left = call.attempt_timeout()
         if left is None or left > limit:
             return limit
@@ -341,6 +373,16 @@ class _Attempt:
         self.pool.report(endpoint, None, reason)
         if self.failed is None:
             self.failed = self.call.retryable and not _sent_once(self.out)
+
+
+_new = object.__new__
+_init_outgoing = _Outgoing.__init__
+_init_attempt = _Attempt.__init__
+_init_call = Call.__init__
+_init_response = Response.__init__
+"""The objects every request makes, built in two calls from Python: on CPython 3.11 a class
+call with a Python ``__init__`` re-enters the interpreter from C (as the inbound guard builds
+its ``Admission``)."""
 
 
 def _past_deadline() -> bool:
@@ -405,9 +447,9 @@ class Proxy:
             return _problem(404, "no_route", "no route for this host and path")
         route, params = found
         length = request.content_length
-        if length is not None and length > table.limits.max_body:
+        if length is not None and length > table.max_body:
             return _problem(
-                413, "body_too_large", f"body larger than {table.limits.max_body} bytes", close=True
+                413, "body_too_large", f"body larger than {table.max_body} bytes", close=True
             )
         stats = route.stats
         stats.requests += 1
@@ -443,27 +485,30 @@ class Proxy:
             return _with(_refused(admitted), table.request_id, rid, ())
         status: int | None = None
         try:
-            shortened = _client_deadline(admitted, route.config.timeout)
-            extra: list[tuple[str, str]] = []
+            shortened = (  # (a deadline only a client's header can have made shorter)
+                _client_deadline(admitted, route.timeout)
+                if "x-request-deadline" in headers or "grpc-timeout" in headers
+                else None
+            )
+            extra: Sequence[tuple[str, str]] = ()
+            block = ""
             limiter = route.limiter
             if limiter is not None:
-                key = route.rate_key(client, headers, params)
+                key_of = route.key  # (Route.rate_key, inline)
+                key = None if key_of is None else key_of(client, headers, params)
                 if route.global_limit:
                     decision: Decision = await limiter.acquire_async(key)  # type: ignore[union-attr]
                 else:
                     decision = limiter.acquire(key)
-                refused = _rate_decision(route, decision, extra)
-                if refused is not None:
-                    kind = refused.error.kind
-                    route.stats.count(kind)
-                    route.stats.settle(kind, "error")
-                    return _with(_refused(refused), table.request_id, rid, ())
+                if not decision[0]:
+                    return _rate_refused(route, decision, table.request_id, rid)
+                extra, block = route.rate_fields(decision)  # (no helper call when admitted)
             expect = headers.get("expect")
             if expect is not None:
                 if expect.lower() != "100-continue":
                     why = f"Expect: {expect} is not supported"
                     return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
-                if request.body_exists and request.connection is not None:
+                if request.body is not None and request.connection is not None:
                     request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
                 with admitted:
@@ -479,7 +524,7 @@ class Proxy:
             except _BodyError as error:
                 response = _problem(error.status, "request_body", str(error), close=True)
             status = response.status
-            _tag(response, table.request_id, rid, extra, admitted.response_headers(status))
+            _tag(response, table.request_id, rid, extra, block, admitted.response_headers(status))
             if isinstance(response, _Streaming):
                 await response.stream(request)
             return response
@@ -487,24 +532,6 @@ class Proxy:
             admitted.close(status)
 
     # -- the protected exchange ----------------------------------------------------------------
-
-    def _outgoing(
-        self,
-        request: Request,
-        *,
-        table: Table,
-        route: Route,
-        rid: str,
-        client: str | None,
-        trusted: bool,
-    ) -> _Outgoing:
-        """What goes upstream: method, path, headers; the body (if any) is the caller's."""
-        headers = _upstream_headers(request, rid, trusted, client, table)
-        path_qs = request.path_qs
-        if route.strip is not None:
-            path_qs = _strip(path_qs, route.strip)
-        key = request.headers.get("idempotency-key")
-        return _Outgoing(request.method, path_qs, headers, None, key)
 
     async def _exchange(
         self,
@@ -517,19 +544,31 @@ class Proxy:
         trusted: bool,
         shortened: Deadline | None,
     ) -> Response:
-        out = self._outgoing(
-            request, table=table, route=route, rid=rid, client=client, trusted=trusted
+        path_qs = request.path_qs
+        if route.strip is not None:
+            path_qs = _strip(path_qs, route.strip)
+        fields, fixed, forwarded_host = _upstream_headers(request, rid, trusted, client, table)
+        out = _new(_Outgoing)
+        _init_outgoing(
+            out,
+            request.method,
+            path_qs,
+            fields,
+            None,
+            request.headers.get("idempotency-key"),
+            fixed,
+            forwarded_host,
         )
-        if request.body_exists:  # buffered (a retry can resend it) or streamed once
+        if request.body is not None:  # buffered (a retry can resend it) or streamed once
             length = request.content_length
-            limits = table.limits
-            if length is not None and length <= route.config.retry_body_limit:
-                out.body = await _read_body(request, limits.max_body, limits.body_timeout)
+            if length is not None and length <= route.retry_body_limit:
+                out.body = await _read_body(request, table.max_body, table.body_timeout)
             else:
-                out.body = _Body(request, limits.max_body, limits.body_timeout)
+                out.body = _Body(request, table.max_body, table.body_timeout)
                 if length is not None:
                     out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
+        degraded_before = DEGRADED.get()
         try:
             result = await self._forward(route.pool, route.resource, out)
         except RejectedError as error:
@@ -547,7 +586,7 @@ class Proxy:
             kind = "timeout" if timeout else "upstream_unavailable"
             outcome = "timeout" if timeout else "error"
             return await self._failed(request, route, out, kind, outcome, error=error)
-        if isinstance(result, _Live):
+        if isinstance(result, UpstreamResponse):
             return await self._live(request, route, result, table)
         if isinstance(result, Answer):
             if result.status >= 500:
@@ -559,25 +598,30 @@ class Proxy:
         # The resource's own fallback answered with a value: it goes out as JSON. What the
         # dependency did is in the degradation it noted (read as the resource's meter reads it).
         route.stats.count("fallback")
-        marker = DEGRADED.get()
-        route.stats.settle(marker.outcome if marker is not None else "error", "fallback")
+        marker = DEGRADED.get()  # (a marker older than this request is not its own)
+        fresh = marker is not None and marker is not degraded_before
+        route.stats.settle(marker.outcome if marker is not None and fresh else "error", "fallback")
         answer = Answer(200, [("Content-Type", "application/json")], _json(result))
         answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
         return _answer(answer)
 
     async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
-        """``out`` sent to ``pool`` under ``policy``: a :class:`_Live` answer, a failed
+        """``out`` sent to ``pool`` under ``policy``: an upstream answer (its ``endpoint``
+        noted), a failed
         :class:`Answer` once retries gave up, or a resource fallback's value.
 
         A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
         yet when the resource's retry refused it only because a retry "as long as the last try"
         would not fit in the deadline (:func:`_try_elsewhere`): the next endpoint gets what is
         left of the deadline, not a whole try's length."""
-        call = Call(self.outbound, out.method, pool.name, policy, out.key)
+        call = _new(Call)
+        _init_call(call, self.outbound, out.method, pool.name, policy, out.key)
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
-        bounded = getattr(policy, "timeout", None) is not None
-        attempt = _Attempt(pool, call, out, bounded, self.table.proxy.error_body_limit)
+        timeout = getattr(policy, "timeout", None)
+        try_timeout = timeout.seconds if timeout is not None else None
+        attempt = _new(_Attempt)
+        _init_attempt(attempt, pool, call, out, try_timeout, self.table.error_body_limit)
         try:
             return await call.run_async(attempt)
         except Exception as error:
@@ -662,9 +706,9 @@ class Proxy:
         except (RejectedError, *_FAILURES) as exc:
             log.debug("route %s: backup upstream failed too: %r", route.name, exc)
             return None
-        if not isinstance(result, _Live):
+        if not isinstance(result, UpstreamResponse):
             return None
-        response = result.response
+        response = result
         try:
             async with asyncio.timeout(backup.config.read_timeout):
                 data = await response.read()
@@ -682,11 +726,13 @@ class Proxy:
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _live(self, request: Request, route: Route, live: _Live, table: Table) -> Response:
-        upstream = live.response
+    async def _live(
+        self, request: Request, route: Route, upstream: UpstreamResponse, table: Table
+    ) -> Response:
+        endpoint: Endpoint = upstream.endpoint
         status = upstream.status
         headers = _copy_response_headers(upstream, route.answer_dropped)
-        if table.proxy.via:
+        if table.via:
             headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
         method = request.method
@@ -704,7 +750,7 @@ class Proxy:
                 elif upstream.complete:  # all here already: no timer to arm
                     data = upstream.take()
                 else:
-                    async with asyncio.timeout(route.pool.config.read_timeout):
+                    async with asyncio.timeout(route.pool.read_timeout):
                         data = await upstream.read()
             except (UpstreamError, TimeoutError) as exc:
                 route.stats.count("upstream_unavailable")
@@ -712,7 +758,7 @@ class Proxy:
                 return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
             finally:
                 upstream.release()
-                live.endpoint.in_flight -= 1
+                endpoint.in_flight -= 1
             route.stats.answered += 1
             if keep and cache is not None:
                 cache.put(
@@ -722,18 +768,19 @@ class Proxy:
                 )
             if method == "HEAD" and length is not None:
                 headers.append(("Content-Length", str(length)))
-            response = Response(status, headers, data, reason=upstream.reason)
+            response = _new(Response)
+            _init_response(response, status, headers, data, reason=upstream.reason)
             response.clean = True  # (no field the route adds came through from the upstream)
             return response
         route.stats.answered += 1
         return _Streaming(
             upstream,
-            live.endpoint,
+            endpoint,
             status=status,
             headers=headers,
             length=length,
             limits=table.limits,
-            read_timeout=route.pool.config.read_timeout,
+            read_timeout=route.pool.read_timeout,
         )
 
 
@@ -788,14 +835,15 @@ class _Streaming(Response):
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]]) -> Refusal | None:
-    """The refusal for a rate-limit ``decision`` that refused, else ``None`` with the
-    ``RateLimit-*`` fields of the answer added to ``out``."""
+def _rate_decision(
+    route: Route, decision: Decision
+) -> Refusal | tuple[tuple[tuple[str, str], ...], str]:
+    """The refusal for a rate-limit ``decision`` that refused, else the ``RateLimit-*``
+    fields of the answer, as fields and as head lines (:meth:`Route.rate_fields`)."""
     limiter = route.limiter
     assert limiter is not None
     if decision[0]:
-        out.extend(route.rate_fields(decision))
-        return None
+        return route.rate_fields(decision)
     retry = decision[3]
     if isinstance(decision, StoreDownDecision):  # floodwall's outage: 503, no RateLimit-*
         why = f"rate limit of route {route.name!r}: the store is unavailable (fail_closed)"
@@ -810,6 +858,16 @@ def _rate_decision(route: Route, decision: Decision, out: list[tuple[str, str]])
         None if retry == INF else retry,
     )
     return refusal(error, list(fields.items()))
+
+
+def _rate_refused(route: Route, decision: Decision, rid_name: str, rid: str) -> Response:
+    """The answer to a request the route's rate limit refused (counted in its figures)."""
+    refused = _rate_decision(route, decision)
+    assert isinstance(refused, Refusal)
+    kind = refused.error.kind  # rate_limited, or store_unavailable (the store is down)
+    route.stats.count(kind)
+    route.stats.settle(kind, "error")
+    return _with(_refused(refused), rid_name, rid, ())
 
 
 def _try_elsewhere(
@@ -849,12 +907,15 @@ HOSTS_KEPT: Final = 4096
 """Normalised ``Host`` values remembered (past it, the table starts over)."""
 OWN_FORWARDING: Final = 4096
 """(peer, host) pairs whose forwarding fields are kept ready (past it, the set starts over)."""
-_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[str, str], ...]] = {}
+_OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[tuple[str, str], ...], str, str]] = {}
 
 
 def _upstream_headers(
     request: Request, rid: str, trusted: bool, client: str | None, table: Table
-) -> list[tuple[str, str]]:
+) -> tuple[list[tuple[str, str]], str, str]:
+    """The fields to send upstream, this hop's forwarding fields as head lines when they are
+    the same for every request of this peer and host (else ``""``: they are in the fields),
+    and the ``X-Forwarded-Host`` sent."""
     headers = request.headers
     dropped = REQUEST_DROPPED
     named = connection_tokens(headers) if "connection" in headers else None
@@ -866,42 +927,58 @@ def _upstream_headers(
             continue
         out.append((name, value))
     host = request.host
+    fixed = ""
     if trusted:
-        out.extend(
-            forwarding_headers(
-                headers,
-                peer=request.remote,
-                client=client,
-                trusted=True,
-                proto=request.scheme,
-                host=host,
-                forwarded_all=headers.get("forwarded") or None,
-            )
+        forwarding = forwarding_headers(
+            headers,
+            peer=request.remote,
+            client=client,
+            trusted=True,
+            proto=request.scheme,
+            host=host,
+            forwarded_all=headers.get("forwarded") or None,
         )
+        out.extend(forwarding)
+        forwarded_host = client_host_of(forwarding)
     else:  # what a client claimed is replaced by what this hop saw: the same for a peer+host
         key = (request.remote, host)
         mine = _OWN_FORWARDING.get(key)
         if mine is None:
             if len(_OWN_FORWARDING) >= OWN_FORWARDING:
                 _OWN_FORWARDING.clear()
-            mine = _OWN_FORWARDING[key] = tuple(
-                forwarding_headers(
-                    headers,
-                    peer=request.remote,
-                    client=client,
-                    trusted=False,
-                    proto="http",
-                    host=host,
-                )
-            )
-        out.extend(mine)
+            mine = _OWN_FORWARDING[key] = _own_forwarding(request, client)
+        fields, fixed, forwarded_host = mine
+        if not fixed:
+            out.extend(fields)
     out.append((table.request_id, rid))
-    if table.proxy.via:
+    if table.via:
         out.append(("Via", "1.1 floodwall"))
-    return out
+    return out, fixed, forwarded_host
 
 
-def client_host_of(headers: list[tuple[str, str]]) -> str:
+def _own_forwarding(
+    request: Request, client: str | None
+) -> tuple[tuple[tuple[str, str], ...], str, str]:
+    """This hop's forwarding fields for a peer and host (no trusted proxy before it), the
+    same as head lines (``""`` if a value would break its line: the fields then go through
+    the client's own check), and the ``X-Forwarded-Host`` sent."""
+    fields = tuple(
+        forwarding_headers(
+            request.headers,
+            peer=request.remote,
+            client=client,
+            trusted=False,
+            proto="http",
+            host=request.host,
+        )
+    )
+    text = "".join(f"{name}: {value}\r\n" for name, value in fields)
+    if text.count("\n") != len(fields) or text.count("\r") != len(fields):
+        text = ""
+    return fields, text, client_host_of(fields)
+
+
+def client_host_of(headers: Sequence[tuple[str, str]]) -> str:
     """The client's host, as the proxy recorded it in ``X-Forwarded-Host``."""
     for name, value in headers:
         if name == "X-Forwarded-Host":
@@ -914,7 +991,10 @@ def _copy_response_headers(
 ) -> list[tuple[str, str]]:
     """The answer's fields a client may see: hop-by-hop ones (and those its ``Connection``
     names), framing, and ``dropped`` (the route's own fields) left out."""
-    out = [field for field in answer.raw_headers if field[0].lower() not in dropped]
+    out = []
+    for item in answer.raw_headers:  # (a loop: CPython 3.11 runs a comprehension as a call)
+        if item[0].lower() not in dropped:
+            out.append(item)  # noqa: PERF401 - see the line above
     connection = answer.connection
     if connection is None:
         return out
@@ -967,17 +1047,18 @@ def _with(
     return response
 
 
-def _tag(
+def _tag(  # noqa: PLR0917 - one per request, from Proxy._routed only
     response: Response,
     rid_name: str,
     rid: str,
-    fields: list[tuple[str, str]],
+    fields: Sequence[tuple[str, str]],
+    block: str,
     guard_fields: Sequence[tuple[str, str]],
 ) -> None:
-    """Add the route's ``fields``, the guard's and the request id to an admitted answer."""
-    if response.clean and not guard_fields:  # (the usual answer: one extend)
-        response.headers.extend(fields)
-        response.headers.append((rid_name, rid))
+    """Add the route's ``fields`` (``block``: the same as head lines), the guard's and the
+    request id to an admitted answer."""
+    if response.clean and not guard_fields:  # (the usual answer: lines made once per value)
+        response.tail = f"{block}{rid_name}: {rid}\r\n"
     else:
         _with(response, rid_name, rid, [*fields, *guard_fields])
 

@@ -153,6 +153,12 @@ class OutlierDetector:
         """When ``index``'s current (or last) ejection ends."""
         return self._state[index].until
 
+    def answered(self, index: int) -> None:
+        """:meth:`record` of an answer below 500: both runs of failures end (no clock read)."""
+        state = self._state[index]
+        state.consecutive_5xx = 0
+        state.consecutive_gateway = 0
+
     def record(self, index: int, now: float, status: int | None) -> str | None:
         """Count one answer (``status``) or gateway failure (``None``) of ``index``; the reason
         if this ejects it."""
@@ -263,6 +269,10 @@ class UpstreamPool:
             else None
         )
         self.least_request = config.balance == "least_request"
+        # (read per request: plain attributes, not the pydantic model's slow lookups)
+        self.read_timeout = config.read_timeout
+        self.client_host = config.host_header == "client"
+        """Whether requests carry the client's ``Host`` (else the endpoint's)."""
         self._rr = itertools.count()
         self._all = tuple(self.endpoints)
         self._available: tuple[Endpoint, ...] = self._all
@@ -298,7 +308,8 @@ class UpstreamPool:
     def pick(self, avoid: Endpoint | Collection[Endpoint] | None = None) -> Endpoint | None:
         """An endpoint for the next request: not one of ``avoid`` (the endpoints a request
         already tried) while another one is available."""
-        candidates = self.available(self.clock.monotonic())
+        now = self.clock.monotonic()
+        candidates = self._available if now < self._recheck_at else self.available(now)
         count = len(candidates)
         if count == 0:
             return None
@@ -326,6 +337,7 @@ class UpstreamPool:
         """How a try on ``endpoint`` went: its answer's ``status``, or ``None`` for a gateway
         failure with its ``reason`` (one of :data:`FAILURE_REASONS`)."""
         endpoint.requests += 1
+        outliers = self.outliers
         if status is None or status >= 500:
             kind = "5xx" if status is not None else reason
             endpoint.failures += 1
@@ -334,7 +346,9 @@ class UpstreamPool:
             endpoint.last_failure = kind
         else:
             endpoint.streak = 0
-        outliers = self.outliers
+            if outliers is not None:  # (OutlierDetector.record of an answer below 500, inline)
+                outliers.answered(endpoint.index)
+            return
         if outliers is None:
             return
         now = self.clock.monotonic()

@@ -693,14 +693,18 @@ class InboundGuard:
     ) -> tuple[float | None, int | None, tuple[int, int] | None, str | None]:
         """``(deadline seconds, retry attempt, priority, X-Request-Start)`` from the headers;
         the deadline is the received one capped at ``max_deadline``, else ``deadline``."""
-        seconds = parse_deadline(headers.get("x-request-deadline"))
+        # (each parser is called only for a header that came: most requests bring none)
+        raw = headers.get("x-request-deadline")
+        seconds = None if raw is None else parse_deadline(raw)
         if seconds is None:
-            seconds = parse_grpc_timeout(headers.get("grpc-timeout"))
+            raw = headers.get("grpc-timeout")
+            seconds = None if raw is None else parse_grpc_timeout(raw)
         if seconds is None:
             seconds = self.deadline
         elif self.max_deadline is not None:
             seconds = min(seconds, self.max_deadline)
-        attempt = parse_attempt(headers.get("x-retry-attempt"))
+        raw = headers.get("x-retry-attempt")
+        attempt = None if raw is None else parse_attempt(raw)
         level = (
             None if self.priority is not None else parse_level(headers.get("x-request-priority"))
         )

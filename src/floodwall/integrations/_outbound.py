@@ -314,6 +314,11 @@ class Outbound:
         return Call(self, method, service, self.resolve(host, port, path), key)
 
 
+_NOTHING: Final = contextlib.nullcontext()
+"""The context of a call that sets nothing (one shared object: a ``nullcontext`` holds no
+state, and building one per request cost a class call)."""
+
+
 class Call(CallContext):
     """One outbound request through its policy (see [Integrations][guide-integrations]).
 
@@ -478,7 +483,7 @@ class Call(CallContext):
         key = self.key
         if key is not None and current_idempotency_key() != key:
             return idempotency_key(key)  # lets Retry(idempotent=False) retry this write
-        return contextlib.nullcontext()
+        return _NOTHING
 
     def run(self, attempt: Callable[[], R]) -> R | Any:
         """Send with ``attempt`` under the policy; the answer, a fallback value, or raise.

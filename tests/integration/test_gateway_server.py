@@ -1,0 +1,66 @@
+"""The gateway's HTTP/1.1 server protocol on a loopback socket: the requests of a keep-alive
+connection are served in turn by one task, and nothing of an answered request stays referenced
+while the connection waits for the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+from floodwall.gateway._edge import EdgeRules
+from floodwall.gateway._server import HttpServer, Request, Response
+from floodwall.gateway.config import EdgeConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+class _Answer(Response):
+    __slots__ = ("__weakref__",)  # (to see when the last reference is gone)
+
+
+async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between() -> None:
+    tasks: list[asyncio.Task[object] | None] = []
+    answers: list[weakref.ref[Response]] = []
+
+    async def handler(request: Request) -> Response:
+        tasks.append(asyncio.current_task())
+        answer = _Answer(200, [("Content-Type", "text/plain")], b"ok")
+        answers.append(weakref.ref(answer))
+        return answer
+
+    server = HttpServer(
+        handler,
+        rules=EdgeRules(EdgeConfig()),
+        head_timeout=5.0,
+        keepalive_timeout=5.0,
+        max_line=8190,
+        max_field=8190,
+        max_headers=100,
+    )
+    listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(3):
+            writer.write(b"GET /x HTTP/1.1\r\nHost: api\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(2) == b"ok"
+        await asyncio.sleep(0.05)  # the task reaches its wait for the next request
+        gc.collect()
+        assert len(tasks) == 3
+        assert tasks[0] is not None
+        assert all(task is tasks[0] for task in tasks)
+        assert not tasks[0].done()  # waiting for the next request
+        assert [ref() for ref in answers] == [None, None, None]
+    finally:
+        writer.close()
+        await server.shutdown(1.0)
+        listener.close()
+        await listener.wait_closed()
+    await asyncio.sleep(0.05)  # the closed connection's cancellation reaches its task
+    assert tasks[0] is not None
+    assert tasks[0].done()  # the client went away: the connection's task ended
