@@ -191,3 +191,11 @@ def test_every_shedding_algorithm_builds() -> None:
     }
     shedder = build_shedder("r", parse_gateway(_with(routes=[queue_only])).routes[0], FakeClock())
     assert shedder is not None and shedder.limiter is None
+
+
+@pytest.mark.parametrize("name", ["X-Id\r\nX-Injected: 1", "X Id", "", "X-Id:"])
+def test_the_request_id_header_must_be_a_field_name(name: str) -> None:
+    """It is written as it is into every answer's head: CR/LF there would split the head."""
+    with pytest.raises(ConfigError, match=r"proxy\.request_id_header.*not a field name"):
+        parse_gateway(_with(proxy={"request_id_header": name}), "gw.yaml")
+    assert parse_gateway(_with(proxy={"request_id_header": "X-Trace-Id"})).proxy is not None

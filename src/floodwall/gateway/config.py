@@ -485,6 +485,13 @@ class ProxyConfig(_Model):
                 raise ValueError(f"{item!r} is not an address or network: {exc}") from None
         return value
 
+    @field_validator("request_id_header")
+    @classmethod
+    def _field_name(cls, value: str) -> str:
+        if _TOKEN.fullmatch(value) is None:  # written as it is into every answer's head
+            raise ValueError(f"{value!r} is not a field name (an RFC 9110 token)")
+        return value
+
 
 # -- the edge rules (issue 20): kept together, apart from the other sections ---------------------
 
