@@ -398,7 +398,10 @@ def test_keyed_over_several_tables_decides_like_unbounded_per_key_limiters(
         assert len(keyed) == sum(len(table) for table in keyed._tables) <= max_keys
 
 
-def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle() -> None:
+def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Keyed, "SHARD_KEYS", 5000)  # four tables of 20 000 keys
     clock = fw.FakeClock()
     limiter = Keyed(FixedWindow("1/s", clock=clock), max_keys=20_000)
     assert len(limiter._tables) == 4
