@@ -10,9 +10,10 @@ slows down between two of those steps, each one costs up to a whole timeout (a f
 call was seen at 1 292 ms on Redis and 1 012 ms on a Cluster, timeout 0.5 s).
 
 :func:`bounded_class` returns a connection class (built on redis-py's own) whose connects and
-reads take only what is left of the running call's deadline; :func:`within` sets that deadline
-for the calls made inside it. The deadline is a :class:`~contextvars.ContextVar`, so each thread
-(and task) has its own. Outside :func:`within` the connection behaves exactly as redis-py's.
+reads take only what is left of the running call's deadline; :func:`begin` and :func:`end` (or
+:func:`within` around a block) set that deadline for the calls made meanwhile. The deadline is
+a :class:`~contextvars.ContextVar`, so each thread (and task) has its own. Without a deadline
+the connection behaves exactly as redis-py's.
 
 * A connect waits at most what is left (never more than its ``socket_connect_timeout``).
 * A read waits at most what is left. While more than ``READ_SLACK`` of its ``socket_timeout`` is
@@ -35,12 +36,12 @@ import inspect
 import math
 import time
 from collections.abc import Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["MIN_WAIT", "READ_SLACK", "bounded_class", "left", "within"]
+__all__ = ["MIN_WAIT", "READ_SLACK", "begin", "bounded_class", "end", "left", "within"]
 
 MIN_WAIT = 0.001
 """Seconds a step still gets once the deadline is spent (reads what has already arrived)."""
@@ -50,21 +51,31 @@ READ_SLACK = 0.05
 _UNTIL: ContextVar[float] = ContextVar("floodwall_redis_until", default=math.inf)
 
 
+def begin(timeout: float) -> Token[float]:
+    """Give this thread's (or task's) redis-py steps on :func:`bounded_class` connections a
+    deadline ``timeout`` seconds from now (``math.inf``: none), until :func:`end` is called with
+    the token returned. A deadline already running and sooner is kept. (Two calls rather than a
+    context manager: this runs on every store call.)"""
+    return _UNTIL.set(min(time.monotonic() + timeout, _UNTIL.get()))
+
+
+def end(token: Token[float]) -> None:
+    """End the deadline :func:`begin` started (the one before it holds again)."""
+    _UNTIL.reset(token)
+
+
 @contextlib.contextmanager
-def within(timeout: float) -> Iterator[float]:
-    """Run the block's redis-py steps (on :func:`bounded_class` connections) with a deadline
-    ``timeout`` seconds from now; yields the deadline (``time.monotonic()`` seconds). A deadline
-    already running and sooner is kept."""
-    until = min(time.monotonic() + timeout, _UNTIL.get())
-    token = _UNTIL.set(until)
+def within(timeout: float) -> Iterator[None]:
+    """:func:`begin` and :func:`end` around a block."""
+    token = begin(timeout)
     try:
-        yield until
+        yield
     finally:
-        _UNTIL.reset(token)
+        end(token)
 
 
 def left(configured: float | None) -> float | None:
-    """What a step may wait now: ``configured`` (``None``: no bound) outside :func:`within`,
+    """What a step may wait now: ``configured`` (``None``: no bound) without a deadline,
     else the smaller of it and what is left of the deadline, at least ``MIN_WAIT``."""
     until = _UNTIL.get()
     if until == math.inf:
@@ -78,7 +89,7 @@ _MADE: dict[type[Any], type[Any]] = {}
 
 def bounded_class(base: type[Any]) -> type[Any]:
     """A subclass of the redis-py connection class ``base`` whose connects and reads keep to
-    the deadline :func:`within` sets (one class per ``base``, made once)."""
+    the deadline :func:`begin` sets (one class per ``base``, made once)."""
     made = _MADE.get(base)
     if made is None:
         made = _MADE[base] = _bounded(base)

@@ -89,7 +89,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
-from floodwall.stores._redis_deadline import bounded_class, within
+from floodwall.stores._redis_deadline import begin, bounded_class, end, within
 from floodwall.stores._turns import Progress, deadline, take_turn_async
 from floodwall.stores.base import (
     Arg,
@@ -502,12 +502,15 @@ class RedisStore(Store):
             # the command, the retry on a fresh connection, a cluster's topology refresh (see
             # _redis_deadline); until the store first answered, redis-py's step by step bounds
             # (a slow start is no outage); redis-py encodes every Arg as str() would
-            with within(self.timeout if self._answered else math.inf):
+            token = begin(self.timeout if self._answered else math.inf)
+            try:
                 run = self._run or self._runner()
                 try:
                     raw = run("EVALSHA", script.sha, len(keys), *keys, *args)
                 except NoScriptError:
                     raw = run("EVAL", script.source, len(keys), *keys, *args)
+            finally:
+                end(token)
             self._answered = True
         except StoreUnavailableError:
             raise
