@@ -257,9 +257,8 @@ def test_keys_share_one_hash_tag() -> None:
 def test_scripts_are_reloaded_after_script_flush(
     request: pytest.FixtureRequest, fixture: str, shell: str
 ) -> None:
-    """NOSCRIPT after SCRIPT FLUSH: the op still runs once, and the script is cached again
-    (sync: one EVAL; async on one server: register_script's SCRIPT LOAD and EVALSHA; async on
-    a cluster: one EVAL on the key's node)."""
+    """NOSCRIPT after SCRIPT FLUSH: the op still runs once (one EVAL on the key's node), and
+    the script is cached again."""
     url = str(request.getfixturevalue(fixture))
     store = RedisStore(url, prefix=f"flush-{shell}:")
     ops = [("a", True), ("a", False), ("b", True)]  # the SCRIPT FLUSH comes after the first

@@ -324,7 +324,7 @@ async def _apply_async_then_close(store: Store) -> None:
 
 
 def test_a_cluster_node_that_lost_its_scripts_answers_while_another_master_is_frozen() -> None:
-    """Why the async cluster path answers NOSCRIPT with one EVAL on the key's node rather than
+    """Why the store answers NOSCRIPT on a cluster with one EVAL on the key's node rather than
     redis-py's ``register_script`` (issue 22, item 7): ``register_script`` sends ``SCRIPT LOAD``
     to every primary, so with one master frozen, a node that lost its scripts (a restart, a
     failover, ``SCRIPT FLUSH``) cannot run them at all; the store's call still answers."""

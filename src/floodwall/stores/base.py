@@ -7,9 +7,9 @@ injected :class:`~floodwall.Clock` for memory). Everything a policy does with sh
 store in **one round trip** where the backend allows it:
 
 * Redis / Redis Cluster: the op's Lua script ``floodwall/stores/lua/<op.script>.lua``, called by
-  SHA (``EVALSHA``; on ``NOSCRIPT`` the source is sent once more, which caches it on that node:
-  see :mod:`floodwall.stores.redis`). Keys are ``<prefix>{<key>}<suffix>``: every record of
-  one op shares the ``{hash tag}``, so multi-key ops work on a cluster.
+  SHA (``EVALSHA``; on ``NOSCRIPT`` the source is sent once with ``EVAL``, which caches it on that
+  node). Keys are ``<prefix>{<key>}<suffix>``: every record of one op shares the ``{hash tag}``,
+  so multi-key ops work on a cluster.
 * PostgreSQL / SQLite: :meth:`Op.step` in Python inside one transaction that holds the rows'
   locks (``INSERT … ON CONFLICT DO UPDATE … RETURNING`` takes the row lock on PostgreSQL,
   ``BEGIN IMMEDIATE`` the write lock on SQLite), on the table ``floodwall_<op.table>``.

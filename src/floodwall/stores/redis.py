@@ -1,21 +1,18 @@
 """``redis://``, ``rediss://``, ``redis+cluster://``: records in Redis, Valkey or Redis Cluster.
 
 Each :class:`~floodwall.stores.Op` is its Lua script ``lua/<op.script>.lua``, read from the
-package once per process (``importlib.resources``) and called by SHA. One round trip per
-decision; on ``NOSCRIPT`` (a restarted server, a new cluster node, ``SCRIPT FLUSH``) the script
-is sent once more, by source. Which code sends it was decided by measurement
-(``benchmarks/distributed.py --scripts``; docs/distributed.md):
+package once per process (``importlib.resources``) and called by SHA: ``EVALSHA``, and on
+``NOSCRIPT`` (a restarted server, a new cluster node, ``SCRIPT FLUSH``) one ``EVAL`` with the
+source, which runs the op and caches the script on that node. One round trip per decision.
 
-* sync, one server and cluster: the store's own ``EVALSHA``, then one ``EVAL`` on ``NOSCRIPT``.
-  On one server the command is written straight on a pooled connection (:func:`_execute`),
-  which takes 0.80 x the time of redis-py's ``register_script`` for the same op;
-* async, one server: redis-py's ``register_script`` (``SCRIPT LOAD`` and ``EVALSHA`` again on
-  ``NOSCRIPT``), inside the store's retry-once rule: the hand-written path measured no faster
-  (1.00 x);
-* async, cluster: ``EVALSHA`` and one ``EVAL`` on ``NOSCRIPT``, both on the key's node
-  (:func:`_on_the_keys_node`), because ``register_script``'s ``SCRIPT LOAD`` goes to every
-  primary: with one master down, a node that lost its scripts could not run them at all
-  (``tests/integration/test_store_freeze.py``).
+Why not redis-py's ``register_script``, which does the same: measured
+(``benchmarks/distributed.py --scripts``, docs/distributed.md), the store's sync op takes 0.81 x
+the time of a bare ``register_script`` call (its one command is written straight on a pooled
+connection, :func:`_execute`), and its async op 0.87-0.92 x the time of the same store op
+sending the script by ``register_script`` (:func:`_execute_async`). On a cluster,
+``register_script`` answers ``NOSCRIPT`` with ``SCRIPT LOAD`` on *every* primary, so with one
+master down a node that lost its scripts could not run them at all; the store's ``EVAL`` goes to
+the key's node only (``tests/integration/test_store_freeze.py``).
 
 Keys: ``<prefix>{<key>}<suffix>``; the ``{key}`` hash tag puts every record of one op in one
 cluster slot. Time inside scripts comes only from the server (``TIME``, ``PX``/``PTTL``).
@@ -173,6 +170,29 @@ def _retried(client: Any, *command: Any) -> Any:
         return client.execute_command(*command)
 
 
+async def _execute_async(pool: Any, *command: Any) -> Any:
+    """:func:`_execute` for an async single-node client (whose ``execute_command`` also awaits
+    an observability hook per command)."""
+    conn = await pool.get_connection()
+    try:
+        try:
+            await conn.send_command(*command)
+            return await conn.read_response()
+        except _TIMEOUTS:
+            raise
+        except _RETRIED:
+            await conn.disconnect()
+            await conn.send_command(*command)
+            return await conn.read_response()
+    except ResponseError:
+        raise
+    except BaseException:
+        await conn.disconnect(nowait=True)  # cancelled mid-reply: never reuse the connection
+        raise
+    finally:
+        await pool.release(conn)
+
+
 async def _retried_async(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     """``await call(*args)`` on an async client, once more after a dead connection or a
     failover, never after a timeout (:func:`_retried`)."""
@@ -184,17 +204,16 @@ async def _retried_async(call: Callable[..., Awaitable[Any]], *args: Any) -> Any
         return await call(*args)
 
 
-async def _on_the_keys_node(
-    client: Any, script: Script, keys: list[str], args: Sequence[Arg]
+async def _by_sha_async(
+    send: Callable[..., Awaitable[Any]], script: Script, keys: list[str], args: Sequence[Arg]
 ) -> Any:
-    """A script on an async cluster client: ``EVALSHA``, and on ``NOSCRIPT`` one ``EVAL`` on the
-    same node (``register_script`` would send ``SCRIPT LOAD`` to every primary, so a node that
-    lost its scripts could not be used while any other primary is down)."""
-    run = client.execute_command
+    """``EVALSHA`` through ``send`` (one command), and on ``NOSCRIPT`` one ``EVAL``: on a
+    cluster both go to the key's node, where ``register_script`` would send ``SCRIPT LOAD`` to
+    every primary (so a node that lost its scripts could not run them while any is down)."""
     try:
-        return await _retried_async(run, "EVALSHA", script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return await _retried_async(run, "EVAL", script.source, len(keys), *keys, *args)
+        return await send("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:  # a restarted server, a new node, SCRIPT FLUSH: run it by its source
+        return await send("EVAL", script.source, len(keys), *keys, *args)
 
 
 def volatile(config: dict[str, Any]) -> bool:
@@ -408,9 +427,9 @@ class RedisStore(Store):
     async def _async_runner(
         self, name: str
     ) -> Callable[[list[str], Sequence[Arg]], Awaitable[Any]]:
-        """How :meth:`apply_async` runs the script ``name`` on this loop's client, made once per
-        loop and script: redis-py's ``register_script`` on one server (as fast as a hand-written
-        ``EVALSHA``, measured), :func:`_on_the_keys_node` on a cluster. Once the store has
+        """How :meth:`apply_async` runs the script ``name`` on this loop's client (made once
+        per loop and script): :func:`_by_sha_async` over :func:`_execute_async` on one server,
+        over the client's ``execute_command`` (retried once) on a cluster. Once the store has
         answered, making a loop's client (a cluster learns its topology first) is bounded by
         the store's timeout too."""
         loop = asyncio.get_running_loop()
@@ -420,11 +439,12 @@ class RedisStore(Store):
             warm = self._progress.at != -math.inf
             async with asyncio.timeout(self.timeout if warm else None):
                 client = await self.async_client()
-            script = load_script(name)
-            if self.cluster:
-                run = partial(_on_the_keys_node, client, script)
-            else:
-                run = partial(_retried_async, client.register_script(script.source))
+            send = (
+                partial(_retried_async, client.execute_command)
+                if self.cluster
+                else partial(_execute_async, client.connection_pool)
+            )
+            run = partial(_by_sha_async, send, load_script(name))
             self._arunners.setdefault(loop, {})[name] = run
         return run
 
