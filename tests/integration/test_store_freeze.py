@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -133,6 +136,33 @@ def frozen(pids: Callable[[], list[int]]) -> Iterator[list[float]]:
         marks.append(time.monotonic())
 
 
+_HEARTBEAT = """
+import json, sys, time
+end, lags = time.monotonic() + float(sys.argv[1]), []
+while (now := time.monotonic()) < end:
+    time.sleep(0.001)
+    lag = time.monotonic() - now - 0.001
+    if lag > 0.005:
+        lags.append((now, lag))
+print(json.dumps(lags))
+"""
+
+
+class Heartbeat:
+    """A process of its own that sleeps 1 ms at a time for ``seconds`` and notes how late it
+    woke up (``(monotonic time, seconds late)``, late by more than 5 ms): what the machine
+    itself, other work on it, does to any process, apart from this one's threads and store."""
+
+    def __init__(self, seconds: float) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _HEARTBEAT, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+
+    def lags(self) -> list[tuple[float, float]]:
+        out, _ = self._proc.communicate(timeout=60)
+        return [(at, lag) for at, lag in json.loads(out)]
+
+
 def _run_freeze(
     url: str,
     keys: list[str],
@@ -157,6 +187,7 @@ def _run_freeze(
     workers.append(
         threading.Thread(target=_async_load, args=(limiter, keys, load, store), daemon=True)
     )
+    heartbeat = Heartbeat(HEALTHY + FREEZE + AFTER + 0.5)
     began = time.monotonic()
     for worker in workers:
         worker.start()
@@ -171,7 +202,10 @@ def _run_freeze(
             worker.join(timeout=10)
         store.close()
     assert not any(worker.is_alive() for worker in workers), "a caller is still stuck"
-    _check(load, limiter, label, began, stopped=marks[0], resumed=marks[1])
+    late = [lag for at, lag in heartbeat.lags() if marks[0] <= at < marks[1] + AFTER]
+    _check(
+        load, limiter, label, began, stopped=marks[0], resumed=marks[1], stall=max(late, default=0)
+    )
 
 
 def _check(
@@ -182,11 +216,15 @@ def _check(
     *,
     stopped: float,
     resumed: float,
+    stall: float,
 ) -> None:
+    """``stall``: how late the heartbeat process woke up at worst while frozen and after (the
+    machine's own stalls, printed to explain a worst call)."""
     assert load.escaped == [], load.escaped[:3]
     warm = began + 0.2  # threads and the loop started, first connections made
     baseline = max(load.healthy(warm, stopped))
     worst = max(end - start for start, end, _, _ in load.calls)
+    worst_at = next(start for start, end, _, _ in load.calls if end - start == worst) - stopped
     by_shell = {
         shell: round(1000 * max(end - start for start, end, kind, _ in load.calls if kind == shell))
         for shell in ("sync", "async")
@@ -210,8 +248,10 @@ def _check(
     ]
     print(
         f"\n{label}: timeout {TIMEOUT}s, freeze {resumed - stopped:.2f}s; worst call "
-        f"{1000 * worst:.0f} ms {by_shell} (bound 1.2 x timeout + healthy worst "
-        f"{1000 * baseline:.0f} ms = {1000 * allowed_wait:.0f} ms); "
+        f"{1000 * worst:.0f} ms {by_shell}, started {1000 * worst_at:.0f} ms after SIGSTOP "
+        f"(bound 1.2 x timeout + healthy worst {1000 * baseline:.0f} ms = "
+        f"{1000 * allowed_wait:.0f} ms); machine stalls while frozen and after: worst "
+        f"{1000 * stall:.0f} ms; "
         f"first fail_closed answer "
         f"{1000 * (first_closed - stopped):.0f} ms after SIGSTOP; store answering again "
         f"{ {k: round(1000 * v) for k, v in restored.items()} } ms after SIGCONT; decisions/s "
