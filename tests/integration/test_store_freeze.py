@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -163,6 +164,28 @@ class Heartbeat:
         return [(at, lag) for at, lag in json.loads(out)]
 
 
+class CollectorPauses:
+    """The garbage collector's pauses in this process while in use (``gc.callbacks``): the
+    process's own stalls, which a heartbeat beside it cannot see."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.monotonic()
+        else:
+            self.pauses.append((self._start, time.monotonic() - self._start))
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def _run_freeze(
     url: str,
     keys: list[str],
@@ -192,10 +215,11 @@ def _run_freeze(
     for worker in workers:
         worker.start()
     try:
-        time.sleep(HEALTHY)
-        with frozen(pids) as marks:
-            time.sleep(FREEZE)
-        time.sleep(AFTER)
+        with CollectorPauses() as collector:
+            time.sleep(HEALTHY)
+            with frozen(pids) as marks:
+                time.sleep(FREEZE)
+            time.sleep(AFTER)
     finally:
         load.stop.set()
         for worker in workers:
@@ -203,8 +227,16 @@ def _run_freeze(
         store.close()
     assert not any(worker.is_alive() for worker in workers), "a caller is still stuck"
     late = [lag for at, lag in heartbeat.lags() if marks[0] <= at < marks[1] + AFTER]
+    paused = [took for at, took in collector.pauses if marks[0] <= at < marks[1] + AFTER]
     _check(
-        load, limiter, label, began, stopped=marks[0], resumed=marks[1], stall=max(late, default=0)
+        load,
+        limiter,
+        label,
+        began,
+        stopped=marks[0],
+        resumed=marks[1],
+        stall=max(late, default=0),
+        collected=max(paused, default=0),
     )
 
 
@@ -217,9 +249,11 @@ def _check(
     stopped: float,
     resumed: float,
     stall: float,
+    collected: float,
 ) -> None:
     """``stall``: how late the heartbeat process woke up at worst while frozen and after (the
-    machine's own stalls, printed to explain a worst call)."""
+    machine's own stalls); ``collected``: the longest garbage-collector pause meanwhile (this
+    process's own); both printed to explain a worst call."""
     assert load.escaped == [], load.escaped[:3]
     warm = began + 0.2  # threads and the loop started, first connections made
     baseline = max(load.healthy(warm, stopped))
@@ -250,8 +284,8 @@ def _check(
         f"\n{label}: timeout {TIMEOUT}s, freeze {resumed - stopped:.2f}s; worst call "
         f"{1000 * worst:.0f} ms {by_shell}, started {1000 * worst_at:.0f} ms after SIGSTOP "
         f"(bound 1.2 x timeout + healthy worst {1000 * baseline:.0f} ms = "
-        f"{1000 * allowed_wait:.0f} ms); machine stalls while frozen and after: worst "
-        f"{1000 * stall:.0f} ms; "
+        f"{1000 * allowed_wait:.0f} ms); while frozen and after, machine stalls: worst "
+        f"{1000 * stall:.0f} ms, garbage-collector pauses: worst {1000 * collected:.0f} ms; "
         f"first fail_closed answer "
         f"{1000 * (first_closed - stopped):.0f} ms after SIGSTOP; store answering again "
         f"{ {k: round(1000 * v) for k, v in restored.items()} } ms after SIGCONT; decisions/s "
