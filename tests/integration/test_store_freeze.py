@@ -13,7 +13,10 @@ Redis Cluster, and checks what the callers saw:
 * the first ``fail_closed`` answer comes within one timeout of the freeze;
 * calls are answered by the store again within 1 s of SIGCONT.
 
-Each freeze test starts servers of its own (a frozen shared server would stall other tests).
+The interpreter switches threads every ``SWITCH_INTERVAL`` (0.5 ms) meanwhile, not every 5 ms:
+with 8 busy caller threads the default left a thread whose read had timed out waiting 100-400
+ms for the interpreter lock (see ``SWITCH_INTERVAL``). Each freeze test starts servers of its
+own (a frozen shared server would stall other tests).
 Every SIGSTOP is undone by a SIGCONT in a ``finally``. A live PostgreSQL whose row the op needs
 is locked by another session shows the other half: the caller is answered within the timeout
 and the server cancels the waiting statement. Figures go to stdout (``-s``).
@@ -66,6 +69,13 @@ TASKS = 64
 KEYS = 4
 """Keys the callers share: async tasks on one key are coalesced into batches."""
 RESTORED_WITHIN = 1.0
+SWITCH_INTERVAL = 0.0005
+"""Seconds between the interpreter's thread switches while a freeze test runs (CPython's default
+is 0.005). With 8 caller threads, 7 of them answered by the open breaker every millisecond, a
+thread whose read has just timed out waits for the interpreter lock: with the default, 6 of 9
+runs of this file after the other store tests had a sync call answered 100-400 ms past its
+bound (idle machine); with 0.5 ms, 4 of 4 had none (worst 502-552 ms). What is measured is the
+store's bound, not the interpreter's scheduling of busy threads (docs/distributed.md)."""
 
 
 @dataclass
@@ -118,6 +128,17 @@ def _async_load(limiter: GlobalLimiter, keys: list[str], load: Load, store: Stor
             await store.aclose()
 
     asyncio.run(main())
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float) -> Iterator[None]:
+    """``sys.setswitchinterval(seconds)`` for the block."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 @contextlib.contextmanager
@@ -215,7 +236,7 @@ def _run_freeze(
     for worker in workers:
         worker.start()
     try:
-        with CollectorPauses() as collector:
+        with CollectorPauses() as collector, switch_interval(SWITCH_INTERVAL):
             time.sleep(HEALTHY)
             with frozen(pids) as marks:
                 time.sleep(FREEZE)
