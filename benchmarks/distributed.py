@@ -23,8 +23,9 @@ during samples. ``--write`` writes the Markdown report (default ``docs/benchmark
 ``--scripts`` measures only whether the Redis store's own ``EVALSHA`` path (one command written
 straight on a pooled connection, ``EVAL`` on ``NOSCRIPT``) earns its keep against redis-py's
 ``register_script`` (which does the same retry through ``execute_command``): the same op, keys,
-arguments and parsing on the same server, by paired interleaved bursts, sync and async; with
-``--write`` it replaces the report's "Script path" section.
+arguments and parsing on the same server, by paired interleaved bursts, sync and async, and for
+async also inside the same store (only the way the script is sent differs); with ``--write`` it
+replaces the report's "Script path" section.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,7 @@ import redis.asyncio  # noqa: E402
 from floodwall.shared.global_limit import GlobalLimiter  # noqa: E402
 from floodwall.shared.leasing import LeasedLimiter  # noqa: E402
 from floodwall.stores import connect  # noqa: E402
-from floodwall.stores.redis import load_script  # noqa: E402
+from floodwall.stores.redis import _retried_async, load_script  # noqa: E402
 from servers import RedisServer  # noqa: E402
 
 HUGE = 1_000_000_000
@@ -376,8 +378,11 @@ async def targets(cases: list[Case], pairs: int) -> list[Target]:
 
 
 async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Target]]:
-    """The store's op path over redis-py's ``register_script`` of the same Lua script."""
+    """The store's op path over redis-py's ``register_script`` of the same Lua script: alone
+    (sync, async), and for async inside the same store (the store's turn-taking, deadline and
+    parsing around both, so only the way the script is sent differs)."""
     store: Any = connect(url, prefix="bench:")
+    other: Any = connect(url, prefix="bench:")  # the same store, sending by register_script
     gcra = GlobalLimiter("gcra", f"{HUGE}/s", store=store, name="gcra")
     op, argv = gcra.plan.op, [*gcra.plan.params, 1, 1]
     source = load_script(op.script).source
@@ -385,6 +390,10 @@ async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Targe
     client = store.client()
     aclient = await store.async_client()
     registered, aregistered = client.register_script(source), aclient.register_script(source)
+    oclient = await other.async_client()
+    other._arunners[asyncio.get_running_loop()] = {
+        op.script: partial(_retried_async, oclient.register_script(source))
+    }
 
     def ours() -> object:
         return store.apply(op, "script", argv)
@@ -398,9 +407,12 @@ async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Targe
     async def atheirs() -> object:
         return op.parse(await aregistered(akeys, argv))
 
+    async def astore_theirs() -> object:
+        return await other.apply_async(op, "ascript", argv)
+
     for fn in (ours, theirs):
         _admit(fn())
-    for afn in (aours, atheirs):
+    for afn in (aours, atheirs, astore_theirs):
         _admit(await afn())
     sides = [
         ("sync", Case("store", "sync", _sync(ours)), Case("script", "sync", _sync(theirs))),
@@ -408,6 +420,11 @@ async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Targe
             "async",
             Case("store", "async", arun=_async(aours)),
             Case("script", "async", arun=_async(atheirs)),
+        ),
+        (
+            "async, inside the store",
+            Case("store", "async", arun=_async(aours)),
+            Case("store by register_script", "async", arun=_async(astore_theirs)),
         ),
     ]
     out = []
@@ -417,8 +434,9 @@ async def script_path(url: str, pairs: int, burst: int) -> list[tuple[str, Targe
             text = f"{group}: the store's time per op over register_script's"
             out.append((group, Target(text, value, low, high, 1.0, at_least=False)))
     finally:
-        await store.aclose()
-        store.close()
+        for each in (store, other):
+            await each.aclose()
+            each.close()
     return out
 
 
@@ -434,8 +452,10 @@ def script_report(found: list[tuple[str, Target]], args: argparse.Namespace) -> 
         f"redis-py {redis.__version__}",
         f"- Method: {args.pairs} pairs of back-to-back bursts of {SCRIPT_BURST} decisions "
         "(alternating which goes first) of `GlobalLimiter`'s GCRA op through the store and "
-        "through `register_script` of the same script (same keys, arguments, parsing); the "
-        "figure is the median of the pairs' time ratios, below 1 when the store is faster.",
+        "through `register_script` of the same script (same keys, arguments, parsing); "
+        "*inside the store*: the same store op both ways, its script sent by the store's own "
+        "path or by `register_script` (what choosing one of them changes); the figure is the "
+        "median of the pairs' time ratios, below 1 when the store's own path is faster.",
         "",
         "| path | store ÷ register_script | pairs' range (p25–p75) |",
         "| --- | ---: | ---: |",

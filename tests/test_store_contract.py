@@ -29,7 +29,7 @@ from floodwall.shared.idempotency import (
     TOKEN_ISSUE,
 )
 from floodwall.stores import KEEP, Arg, Op, Record, Store, StoreUnavailableError, Write, connect
-from floodwall.stores.redis import RedisStore
+from floodwall.stores.redis import RedisStore, load_script
 
 TTL = 0.3
 """Seconds: short, because the servers' clocks are real."""
@@ -252,17 +252,40 @@ def test_keys_share_one_hash_tag() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("shell", ["sync", "async"])
 @pytest.mark.parametrize("fixture", ["redis_url", "redis_cluster_url"])
 def test_scripts_are_reloaded_after_script_flush(
-    request: pytest.FixtureRequest, fixture: str
+    request: pytest.FixtureRequest, fixture: str, shell: str
 ) -> None:
+    """NOSCRIPT after SCRIPT FLUSH: the op still runs once (one EVAL on the key's node), and
+    the script is cached again."""
     url = str(request.getfixturevalue(fixture))
-    store = RedisStore(url, prefix="flush:")
+    store = RedisStore(url, prefix=f"flush-{shell}:")
+    ops = [("a", True), ("a", False), ("b", True)]  # the SCRIPT FLUSH comes after the first
+
+    async def run_async() -> list[bool]:
+        answers = []
+        try:
+            for n, (key, _) in enumerate(ops):
+                if n == 1:
+                    store.client().script_flush()  # on a cluster: every primary
+                answers.append((await store.apply_async(ONCE, key, once(60_000)))[0])
+            return answers
+        finally:
+            await store.aclose()
+
     try:
-        assert store.apply(ONCE, "a", once(60_000))[0]
-        store.client().script_flush()  # on a cluster: every primary
-        assert not store.apply(ONCE, "a", once(60_000))[0], "NOSCRIPT: sent once with EVAL"
-        assert store.apply(ONCE, "b", once(60_000))[0]
+        if shell == "async":
+            answers = asyncio.run(run_async())
+        else:
+            answers = []
+            for n, (key, _) in enumerate(ops):
+                if n == 1:
+                    store.client().script_flush()
+                answers.append(store.apply(ONCE, key, once(60_000))[0])
+        assert answers == [expected for _, expected in ops]
+        if not store.cluster:  # a cluster answers SCRIPT EXISTS for every primary at once
+            assert store.client().script_exists(load_script(ONCE.script).sha) == [True]
     finally:
         store.close()
 

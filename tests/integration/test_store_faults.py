@@ -185,6 +185,25 @@ def test_an_error_reply_keeps_the_pooled_connection(restartable_redis: Restartab
         store.close()
 
 
+async def test_a_restart_between_async_calls_costs_no_failed_call(
+    restartable_redis: RestartableRedis,
+) -> None:
+    """Async: the dead pooled socket is retried once on a fresh one, and the restarted server's
+    NOSCRIPT is answered by one EVAL inside that same call."""
+    store = RedisStore(restartable_redis.url, prefix="arestart:")
+    limiter = GlobalLimiter("fixed_window", "1000/s", store=store, name="arestart")
+    try:
+        assert await limiter.try_acquire_async()
+        restartable_redis.stop()
+        restartable_redis.start()
+        assert await limiter.try_acquire_async()
+        assert limiter.guard.failures == 0
+        assert limiter.guard.state == "up"
+    finally:
+        await store.aclose()
+        store.close()
+
+
 async def test_a_cancelled_async_command_never_leaves_its_reply_behind(
     restartable_redis: RestartableRedis,
 ) -> None:

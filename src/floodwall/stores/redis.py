@@ -5,6 +5,15 @@ package once per process (``importlib.resources``) and called by SHA: ``EVALSHA`
 ``NOSCRIPT`` (a restarted server, a new cluster node, ``SCRIPT FLUSH``) one ``EVAL`` with the
 source, which runs the op and caches the script on that node. One round trip per decision.
 
+Why not redis-py's ``register_script``, which does the same: measured
+(``benchmarks/distributed.py --scripts``, docs/distributed.md), the store's sync op takes 0.81 x
+the time of a bare ``register_script`` call (its one command is written straight on a pooled
+connection, :func:`_execute`), and its async op 0.87-0.92 x the time of the same store op
+sending the script by ``register_script`` (:func:`_execute_async`). On a cluster,
+``register_script`` answers ``NOSCRIPT`` with ``SCRIPT LOAD`` on *every* primary, so with one
+master down a node that lost its scripts could not run them at all; the store's ``EVAL`` goes to
+the key's node only (``tests/integration/test_store_freeze.py``).
+
 Keys: ``<prefix>{<key>}<suffix>``; the ``{key}`` hash tag puts every record of one op in one
 cluster slot. Time inside scripts comes only from the server (``TIME``, ``PX``/``PTTL``).
 
@@ -21,13 +30,19 @@ Clients: one sync client (thread-safe, pooled), and one async client per running
 at most that many connections (per node on a cluster); further ops wait their turn. Streams
 (:mod:`floodwall.stores.streams`) use the same client beside them.
 
-Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds connecting and each command. An async
-op that finds all ``max_connections`` busy waits for its turn as long as ops keep succeeding (load),
-and at most ``timeout`` once none has for that long (a frozen server; see
-:mod:`floodwall.stores._turns`). A command that times out is never retried (a frozen server would
-double the wait) and raises :class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead
-connection (a restarted server leaves dead pooled sockets, a cluster failover moves a slot) is
-retried once on a fresh connection; then the store raises
+Bounds: ``timeout`` (default ``STORE_TIMEOUT`` = 0.5 s) bounds each call as a whole, once the
+store has answered: taking a connection (a reconnect and its handshake), the command, the retry
+below, and on a cluster the topology refresh redis-py runs inside a command, all within one
+deadline (sync: :mod:`floodwall.stores._redis_deadline` gives the clients connections whose
+connects and reads take what is left of it; async: ``asyncio.timeout`` around the awaited call).
+Until the store first answers, redis-py bounds each connect and read by ``timeout`` on its own
+(a slow start on a busy machine is no outage). An async op that finds all ``max_connections``
+busy waits for its turn as long as ops keep succeeding (load), and at most ``timeout`` once none
+has for that long (a frozen server; see :mod:`floodwall.stores._turns`). A command that times
+out is never retried (a frozen server would double the wait) and raises
+:class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead connection (a restarted
+server leaves dead pooled sockets, a cluster failover moves a slot) is retried once on a fresh
+connection, within the same deadline; then the store raises
 :class:`~floodwall.stores.StoreUnavailableError`. redis-py's own retries are off, so these are the
 only ones. After :meth:`RedisStore.close`, every call raises
 :class:`~floodwall.stores.StoreClosedError`, including those whose connection was closed under them;
@@ -72,6 +87,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
+from floodwall.stores._redis_deadline import begin, bounded_class, end, within
 from floodwall.stores._turns import Progress, deadline, take_turn_async
 from floodwall.stores.base import (
     Arg,
@@ -92,6 +108,11 @@ _TIMEOUTS = (RedisTimeoutError, TimeoutError)
 _RETRIED = (RedisConnectionError, ClusterDownError, ConnectionError)
 """A command that failed on a dead connection: retried once, on a fresh one."""
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
+_CONNECTIONS: dict[str, type[Any]] = {
+    "rediss": redis.connection.SSLConnection,
+    "unix": redis.connection.UnixDomainSocketConnection,
+}
+"""The sync connection class a single-node URL's scheme takes (else ``Connection``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +160,17 @@ def _execute(pool: Any, *command: Any) -> Any:
         pool.release(conn)
 
 
+def _retried(client: Any, *command: Any) -> Any:
+    """One command on a cluster client, once more after a dead connection or a failover (the
+    client has re-learnt the topology meanwhile), never after a timeout."""
+    try:
+        return client.execute_command(*command)
+    except _TIMEOUTS:
+        raise
+    except _RETRIED:
+        return client.execute_command(*command)
+
+
 async def _execute_async(pool: Any, *command: Any) -> Any:
     """:func:`_execute` for an async single-node client (whose ``execute_command`` also awaits
     an observability hook per command)."""
@@ -162,34 +194,27 @@ async def _execute_async(pool: Any, *command: Any) -> Any:
         await pool.release(conn)
 
 
-def _retried(client: Any, *command: Any) -> Any:
-    """One command on a cluster client, once more after a dead connection or a failover (the
-    client has re-learnt the topology meanwhile), never after a timeout."""
+async def _retried_async(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``await call(*args)`` on an async client, once more after a dead connection or a
+    failover, never after a timeout (:func:`_retried`)."""
     try:
-        return client.execute_command(*command)
+        return await call(*args)
     except _TIMEOUTS:
         raise
     except _RETRIED:
-        return client.execute_command(*command)
+        return await call(*args)
 
 
-async def _retried_async(client: Any, *command: Any) -> Any:
-    """:func:`_retried` for the async cluster client."""
-    try:
-        return await client.execute_command(*command)
-    except _TIMEOUTS:
-        raise
-    except _RETRIED:
-        return await client.execute_command(*command)
-
-
-async def _evalsha(
-    run: Callable[..., Awaitable[Any]], script: Script, keys: list[str], args: Sequence[Arg]
+async def _by_sha_async(
+    send: Callable[..., Awaitable[Any]], script: Script, keys: list[str], args: Sequence[Arg]
 ) -> Any:
+    """``EVALSHA`` through ``send`` (one command), and on ``NOSCRIPT`` one ``EVAL``: on a
+    cluster both go to the key's node, where ``register_script`` would send ``SCRIPT LOAD`` to
+    every primary (so a node that lost its scripts could not run them while any is down)."""
     try:
-        return await run("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await send("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:  # a restarted server, a new node, SCRIPT FLUSH: run it by its source
-        return await run("EVAL", script.source, len(keys), *keys, *args)
+        return await send("EVAL", script.source, len(keys), *keys, *args)
 
 
 def volatile(config: dict[str, Any]) -> bool:
@@ -296,6 +321,8 @@ class RedisStore(Store):
         self._closed = False
         self._progress = Progress()
         """When an async op last succeeded: a turn is waited for as long as ops succeed."""
+        self._answered = False
+        """Whether a sync op succeeded: from then on each is bounded as a whole."""
         self._client: Any = None
         self._run: Any = None
         """How :meth:`apply` sends one command with the sync client (see :func:`_execute`)."""
@@ -310,6 +337,9 @@ class RedisStore(Store):
         self._aslots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
+        self._arunners: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, Callable[..., Awaitable[Any]]]
+        ] = weakref.WeakKeyDictionary()
 
     # -- clients ------------------------------------------------------------------------
 
@@ -323,8 +353,13 @@ class RedisStore(Store):
     def _make_client(self) -> Any:
         retry = redis.retry.Retry(NoBackoff(), 0)  # the store retries, once, what may be retried
         if self._target is None:
-            return redis.Redis.from_url(self._url, retry=retry, **self._common())
+            # connects and reads keep to each call's deadline (see _redis_deadline)
+            base = _CONNECTIONS.get(urlsplit(self._url).scheme, redis.connection.Connection)
+            return redis.Redis.from_url(
+                self._url, retry=retry, connection_class=bounded_class(base), **self._common()
+            )
         target = self._target
+        base = redis.connection.SSLConnection if target.ssl else redis.connection.Connection
         return redis.cluster.RedisCluster(
             startup_nodes=[
                 redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
@@ -334,6 +369,7 @@ class RedisStore(Store):
             password=target.password,
             ssl=target.ssl,
             retry=retry,
+            connection_class=bounded_class(base),
             **self._common(),
         )
 
@@ -410,11 +446,39 @@ class RedisStore(Store):
             raise StoreClosedError(self.url, "connect")
         loop = asyncio.get_running_loop()
         ready = self._aready.get(loop)
+        if ready is not None and ready.done() and (ready.cancelled() or ready.exception()):
+            ready, failed = None, self._aclients.pop(loop, None)  # never learnt the topology
+            if failed is not None:
+                await failed.aclose()
         if ready is None:
             client = self._aclients[loop] = self._make_async_client()
             ready = self._aready[loop] = loop.create_task(self._initialize(client))
         await asyncio.shield(ready)
         return self._aclients[loop]
+
+    async def _async_runner(
+        self, name: str
+    ) -> Callable[[list[str], Sequence[Arg]], Awaitable[Any]]:
+        """How :meth:`apply_async` runs the script ``name`` on this loop's client (made once
+        per loop and script): :func:`_by_sha_async` over :func:`_execute_async` on one server,
+        over the client's ``execute_command`` (retried once) on a cluster. Once the store has
+        answered, making a loop's client (a cluster learns its topology first) is bounded by
+        the store's timeout too."""
+        loop = asyncio.get_running_loop()
+        runners = self._arunners.get(loop)
+        run = None if runners is None else runners.get(name)
+        if run is None:
+            warm = self._progress.at != -math.inf
+            async with asyncio.timeout(self.timeout if warm else None):
+                client = await self.async_client()
+            send = (
+                partial(_retried_async, client.execute_command)
+                if self.cluster
+                else partial(_execute_async, client.connection_pool)
+            )
+            run = partial(_by_sha_async, send, load_script(name))
+            self._arunners.setdefault(loop, {})[name] = run
+        return run
 
     async def _initialize(self, client: Any) -> None:
         if self.cluster:
@@ -486,12 +550,20 @@ class RedisStore(Store):
         script = load_script(op.script)
         keys = self.keys(op, key)
         try:
-            run = self._run or self._runner()
-            # redis-py encodes every Arg (str, int, float, bytes) as str() would
+            # one deadline for the whole call: making the client, a reconnect and its handshake,
+            # the command, the retry on a fresh connection, a cluster's topology refresh (see
+            # _redis_deadline); until the store first answered, redis-py's step by step bounds
+            # (a slow start is no outage); redis-py encodes every Arg as str() would
+            token = begin(self.timeout if self._answered else math.inf)
             try:
-                raw = run("EVALSHA", script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                raw = run("EVAL", script.source, len(keys), *keys, *args)
+                run = self._run or self._runner()
+                try:
+                    raw = run("EVALSHA", script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    raw = run("EVAL", script.source, len(keys), *keys, *args)
+            finally:
+                end(token)
+            self._answered = True
         except StoreUnavailableError:
             raise
         except Exception as exc:  # a closed socket can raise ValueError or AttributeError
@@ -499,30 +571,27 @@ class RedisStore(Store):
         return op.parse(raw)
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
-        script = load_script(op.script)
         keys = self.keys(op, key)
+        began = time.monotonic()
         try:
-            client = await self.async_client()
-            run = (
-                partial(_retried_async, client)
-                if self.cluster
-                else partial(_execute_async, client.connection_pool)
-            )
+            if self._closed:
+                raise StoreClosedError(self.url, op.script)
+            run = await self._async_runner(op.script)
             # at most max_connections ops in flight, the rest wait their turn: a busy store is
             # load, not an outage (redis-py's cluster client would fail them instead), but no
             # turn is waited for behind a server that answers nothing (see _turns)
             slots, progress = self._slots(), self._progress
-            began = time.monotonic()
             if not await take_turn_async(slots, self.timeout, progress):
                 raise StoreTimeoutError(self.url, op.script) from TimeoutError(
                     f"every connection busy, and none answered for {self.timeout:g}s"
                 )
             try:
-                # the command as a whole: redis-py may re-learn a cluster's topology inside it
+                # the command as a whole (a reconnect, a cluster's topology refresh inside it),
+                # once a call succeeded (the first connections are bounded step by step)
                 cold = progress.at == -math.inf
                 until = deadline(began, time.monotonic(), self.timeout, progress)
                 async with asyncio.timeout(None if cold else until - time.monotonic()):
-                    raw = await _evalsha(run, script, keys, args)
+                    raw = await run(keys, args)
             finally:
                 slots.release()
             progress.succeeded()
@@ -544,7 +613,8 @@ class RedisStore(Store):
 
     def ping(self) -> None:
         try:
-            self.client().ping()
+            with within(self.timeout):
+                self.client().ping()
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -573,6 +643,7 @@ class RedisStore(Store):
     async def aclose(self) -> None:
         self._release()
         loop = asyncio.get_running_loop()
+        self._arunners.pop(loop, None)
         client = self._aclients.pop(loop, None)
         ready = self._aready.pop(loop, None)
         if ready is not None and not ready.done():
