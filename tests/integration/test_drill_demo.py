@@ -14,6 +14,7 @@ from floodwall.drill.demo import (
     REVIEWS_OPEN_DURATION,
     REVIEWS_TIMEOUT,
     REVIEWS_WINDOW,
+    product_page,
 )
 
 pytestmark = [
@@ -60,8 +61,22 @@ def test_the_quick_demo_shows_the_avalanche_and_its_containment(
         assert mode["doubled_writes"] is None and mode["lost_writes"] is None
         assert mode["audit"] == {}
     if not void["product_page"]:
-        # unprotected: reviews hang, and product and price die with them
-        assert bare["healthy_success_rate"] < 0.5
+        # unprotected: reviews hang, and product and price die with them: the workers are all
+        # held by review calls once `workers / (rate of calls to reviews)` seconds of the fault
+        # have passed, after which healthy requests only wait out the caller's timeout, so at
+        # most (that + the timeout) / the fault's length of them succeed (57 % here; 51 % seen
+        # under a CPU hog, 18 % in the long demo)
+        story = product_page(quick=True)
+        mix = story["load"]["mix"]
+        to_reviews = sum(n for path, n in mix.items() if path in ("/reviews", "/page")) / sum(
+            mix.values()
+        )
+        dry = story["edge"]["workers"] / (story["load"]["rate"] * to_reviews)
+        (fault,) = story["faults"]
+        survive = (dry + float(story["load"]["timeout"].rstrip("s"))) / (
+            fault["until"] - fault["at"]
+        )
+        assert bare["healthy_success_rate"] <= survive, (bare, survive)
         assert bare["detection_time_s"] is None and bare["first_action_s"] is None
         # protected: healthy routes unharmed, the fault noticed and the breaker open fast,
         # recovery (held for its windows) within the breaker's open duration

@@ -7,9 +7,11 @@ answered") from sync threads and async tasks at once, on PostgreSQL, Redis and o
 Redis Cluster, and checks what the callers saw:
 
 * no exception escapes;
-* the worst wait of any call is at most 1.2 × the store timeout, plus the worst wait measured
-  on the healthy store just before (what a busy machine adds to any call): a store call is
-  bounded as a whole, reconnects, retries and a cluster's topology refresh included;
+* the worst wait of any call (after the first connections) is at most 1.2 × the store timeout,
+  plus the worst wait measured on the healthy store just before (what a busy machine adds to
+  any call) and this process's longest garbage collection meanwhile (which every thread waits
+  out): a store call is bounded as a whole, reconnects, retries and a cluster's topology
+  refresh included;
 * the first ``fail_closed`` answer comes within one timeout of the freeze;
 * calls are answered by the store again within 1 s of SIGCONT.
 
@@ -274,17 +276,19 @@ def _check(
 ) -> None:
     """``stall``: how late the heartbeat process woke up at worst while frozen and after (the
     machine's own stalls); ``collected``: the longest garbage-collector pause meanwhile (this
-    process's own); both printed to explain a worst call."""
+    process's own: every thread waits it out, whatever the store does, so it is added to the
+    bound; 810 ms seen once under a CPU hog on both cores)."""
     assert load.escaped == [], load.escaped[:3]
     warm = began + 0.2  # threads and the loop started, first connections made
     baseline = max(load.healthy(warm, stopped))
-    worst = max(end - start for start, end, _, _ in load.calls)
-    worst_at = next(start for start, end, _, _ in load.calls if end - start == worst) - stopped
+    timed = [call for call in load.calls if call[0] >= warm]  # not the first connections
+    worst = max(end - start for start, end, _, _ in timed)
+    worst_at = next(start for start, end, _, _ in timed if end - start == worst) - stopped
     by_shell = {
-        shell: round(1000 * max(end - start for start, end, kind, _ in load.calls if kind == shell))
+        shell: round(1000 * max(end - start for start, end, kind, _ in timed if kind == shell))
         for shell in ("sync", "async")
     }
-    allowed_wait = 1.2 * TIMEOUT + baseline
+    allowed_wait = 1.2 * TIMEOUT + baseline + collected
     first_closed = min(end for start, end, _, ok in load.calls if not ok and start >= stopped)
     restored = {
         shell: min(
@@ -304,7 +308,8 @@ def _check(
     print(
         f"\n{label}: timeout {TIMEOUT}s, freeze {resumed - stopped:.2f}s; worst call "
         f"{1000 * worst:.0f} ms {by_shell}, started {1000 * worst_at:.0f} ms after SIGSTOP "
-        f"(bound 1.2 x timeout + healthy worst {1000 * baseline:.0f} ms = "
+        f"(bound 1.2 x timeout + healthy worst {1000 * baseline:.0f} ms + this process's "
+        f"longest collection {1000 * collected:.0f} ms = "
         f"{1000 * allowed_wait:.0f} ms); while frozen and after, machine stalls: worst "
         f"{1000 * stall:.0f} ms, garbage-collector pauses: worst {1000 * collected:.0f} ms; "
         f"first fail_closed answer "
