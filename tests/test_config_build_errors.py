@@ -112,3 +112,13 @@ def test_check_config_builds_a_gateways_route_limits(tmp_path: Path) -> None:
     assert result.exit_code == FAILED
     assert f"invalid:{path}:routes[0](quota):rate_limit.store:stores.sharedcannotbe" in output
     assert "portmustbeanintegerin1-65535" in output
+
+
+@pytest.mark.parametrize(
+    "url", ["redis+cluster://127.0.0.1:99999", "rediss+cluster://127.0.0.1:0", "redis://h:x/0"]
+)
+def test_a_server_url_whose_port_no_socket_can_use_is_refused_at_connect(url: str) -> None:
+    from floodwall.stores import connect
+
+    with pytest.raises(ConfigError, match="must be an integer in 1-65535"):
+        connect(url)

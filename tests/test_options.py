@@ -256,9 +256,6 @@ def test_a_fake_sleep_of_negative_seconds_is_refused(clock: fw.FakeClock) -> Non
 def test_connect_refuses_an_unknown_option_naming_it(url: str) -> None:
     """Before any connection: a misspelt option must not wait for the first call (or, passed
     through to a client library, never be noticed)."""
-    pytest.importorskip("redis" if url.startswith("redis") else "sqlite3")
-    if url.startswith("postgresql"):
-        pytest.importorskip("psycopg")
     from floodwall.stores import connect
 
     with pytest.raises(fw.ConfigError, match="bogus"):

@@ -369,7 +369,6 @@ def _async_append(ran: list[int]) -> Any:
 
 
 def test_celery_countdowns_are_capped_at_half_the_visibility_timeout() -> None:
-    pytest.importorskip("celery")
     from celery import Celery
 
     from floodwall.celery import hold_limit

@@ -49,8 +49,11 @@ async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200 OK\r\n")
             assert await reader.readexactly(2) == b"ok"
-        await asyncio.sleep(0.05)  # the task reaches its wait for the next request
-        gc.collect()
+        for _ in range(500):  # until the task waits for the next request (bounded: 5 s)
+            gc.collect()
+            if all(ref() is None for ref in answers):
+                break
+            await asyncio.sleep(0.01)
         assert len(tasks) == 3
         assert tasks[0] is not None
         assert all(task is tasks[0] for task in tasks)
@@ -61,6 +64,9 @@ async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between
         await server.shutdown(1.0)
         listener.close()
         await listener.wait_closed()
-    await asyncio.sleep(0.05)  # the closed connection's cancellation reaches its task
     assert tasks[0] is not None
+    for _ in range(500):  # until the closed connection's cancellation reaches its task (5 s)
+        if tasks[0].done():
+            break
+        await asyncio.sleep(0.01)
     assert tasks[0].done()  # the client went away: the connection's task ended

@@ -99,7 +99,7 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(url, **_known(MemoryStore, scheme, options))
-    if scheme in {"redis", "rediss", "postgresql", "postgres"}:
+    if scheme in {"redis", "rediss", "redis+cluster", "rediss+cluster", "postgresql", "postgres"}:
         _check_port(url)
     if scheme in {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}:
         from floodwall.stores.redis import RedisStore
