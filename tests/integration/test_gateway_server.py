@@ -11,7 +11,7 @@ import weakref
 import pytest
 
 from floodwall.gateway._edge import EdgeRules
-from floodwall.gateway._server import HttpServer, Request, Response
+from floodwall.gateway._server import IDLE_DRAIN, HttpServer, Request, Response
 from floodwall.gateway.config import EdgeConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -70,3 +70,51 @@ async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between
             break
         await asyncio.sleep(0.01)
     assert tasks[0].done()  # the client went away: the connection's task ended
+
+
+async def test_a_shutdown_answers_the_next_request_of_an_idle_keep_alive_connection() -> None:
+    """A keep-alive connection idle when a shutdown begins is not closed under the client's
+    feet: the request it sends next is answered, with ``Connection: close``, then the
+    connection closes; one that stays idle closes after ``IDLE_DRAIN``, within the grace."""
+
+    async def handler(request: Request) -> Response:
+        return Response(200, [("Content-Type", "text/plain")], b"ok")
+
+    server = HttpServer(
+        handler,
+        rules=EdgeRules(EdgeConfig()),
+        head_timeout=5.0,
+        keepalive_timeout=30.0,
+        max_line=8190,
+        max_field=8190,
+        max_headers=100,
+    )
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    active = await asyncio.open_connection("127.0.0.1", port)
+    idle = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for reader, writer in (active, idle):
+            writer.write(b"GET /x HTTP/1.1\r\nHost: api\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(2) == b"ok"
+        listener.close()
+        started = loop.time()
+        shutdown = loop.create_task(server.shutdown(10.0))
+        await asyncio.sleep(0)  # the shutdown began: both connections are idle
+        assert server.closing
+        reader, writer = active
+        writer.write(b"GET /y HTTP/1.1\r\nHost: api\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"\r\nConnection: close\r\n" in head
+        assert await reader.read() == b"ok"  # then the server closed it
+        assert await idle[0].read() == b""  # the idle one: closed by the server
+        await shutdown
+        assert IDLE_DRAIN <= loop.time() - started < 10.0
+        assert not server.connections
+    finally:
+        for _, writer in (active, idle):
+            writer.close()
+        await listener.wait_closed()

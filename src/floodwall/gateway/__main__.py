@@ -1,6 +1,6 @@
 """``python -m floodwall.gateway -c gateway.yaml [--workers N]``: run the gateway.
 
-The same entry starts worker processes (``--worker N --rundir DIR --port P``, used by the
+The same entry starts worker processes (``--worker N --rundir DIR --fds 5,6``, used by the
 supervisor only).
 """
 
@@ -23,12 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-w", "--workers", type=int, default=None, help="worker processes")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rundir", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fds", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         from floodwall.gateway.supervisor import worker_main
 
-        worker_main(args.worker, args.rundir, args.port)
+        worker_main(args.worker, args.rundir, args.fds)
         return 0
     if not args.config:
         parser.error("-c/--config is required")

@@ -347,18 +347,23 @@ class HttpServer:
         return Connection(self)
 
     async def shutdown(self, grace: float) -> None:
-        """Close connections idle between requests now; let the others finish the request
-        they are serving or sending (each closes after its answer, and one just accepted gets
-        :data:`FRESH_GRACE` for its first head) for up to ``grace`` seconds, then close all."""
+        """Let every connection finish the request it is serving or sending, for up to
+        ``grace`` seconds, then close all. Each closes after its next answer (sent with
+        ``Connection: close``); one just accepted gets :data:`FRESH_GRACE` for its first head;
+        one idle between requests is kept for :data:`IDLE_DRAIN` (closing it at once would
+        race a request the client may be sending on it: that request would fail unanswered),
+        then closed if it stayed idle."""
         self.closing = True
-        for connection in list(self.connections):
-            connection.close_when_idle()
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
-        pending = any(c.pending() for c in self.connections)
-        while pending and loop.time() < until:  # (a bounded poll, at shutdown only)
+        idle_until = loop.time() + min(grace, IDLE_DRAIN)
+        while loop.time() < until:  # (a bounded poll, at shutdown only)
+            if loop.time() >= idle_until:
+                for connection in list(self.connections):
+                    connection.close_when_idle()
+            if not any(c.pending() or c.idle() for c in self.connections):
+                break
             await asyncio.sleep(0.05)
-            pending = any(c.pending() for c in self.connections)
         for connection in list(self.connections):
             connection.abort()
         await asyncio.sleep(0)
@@ -366,6 +371,9 @@ class HttpServer:
 
 FRESH_GRACE: Final = 1.0
 """Seconds a connection accepted just before a shutdown has to send its first head."""
+IDLE_DRAIN: Final = 1.0
+"""Seconds a keep-alive connection idle at a shutdown stays open for the client's next request
+(answered, then closed); a client that sends none in that time is not using it."""
 
 
 class Connection(asyncio.Protocol):
@@ -712,10 +720,19 @@ class Connection(asyncio.Protocol):
             return
         self._arm(self._deadline)
 
+    def idle(self) -> bool:
+        """Whether the connection is open between two requests (it answered one)."""
+        return (
+            self.transport is not None
+            and self.task is None
+            and self._state == _IDLE
+            and self.served > 0
+        )
+
     def close_when_idle(self) -> None:
-        """Close now if idle between requests, else after the answer to the request it is
-        serving or sending (a connection that has not sent its first head yet may)."""
-        if self.task is None and self._state == _IDLE and self.served and self.transport:
+        """Close now if idle between requests (a connection that has not sent its first head
+        yet is not: it may still send one)."""
+        if self.idle() and self.transport is not None:
             self.transport.close()
 
     def pending(self) -> bool:

@@ -25,7 +25,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -84,7 +84,7 @@ class Gateway:
         self._pools: dict[str, UpstreamPool] = {}
         self._routes: dict[str, Route] = {}
         self.proxy: Proxy | None = None
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._web: HttpServer | None = None
         self.port = 0
         self.reloads_applied = 0
@@ -147,8 +147,10 @@ class Gateway:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self, sock: socket.socket | None = None) -> None:
-        """Build everything and start serving on ``sock`` (default: bind ``listen``)."""
+    async def start(self, sock: socket.socket | Sequence[socket.socket] | None = None) -> None:
+        """Build everything and start serving on ``sock`` (one listening socket or several;
+        default: bind ``listen``). The sockets are the gateway's: :meth:`stop` closes them
+        (hand it duplicates of sockets that must outlive it)."""
         doc = self.document
         pools, _ = await self._build_pools(doc)
         try:
@@ -170,17 +172,18 @@ class Gateway:
             max_field=limits.max_line,
             max_headers=limits.max_headers,
         )
-        if sock is None:  # (SO_REUSEPORT: a new generation binds beside this one, see supervisor)
+        if sock is None:
             host, port = doc.listen
             sock = listen_socket(host, port, reuse_port=True)
+        socks = [sock] if isinstance(sock, socket.socket) else list(sock)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._web, sock=sock)
+        for each in socks:
+            self._servers.append(await loop.create_server(self._web, sock=each))
         if self.events:
             self._watcher = loop.create_task(self._watch_breakers(), name="floodwall-breakers")
-        self.port = sock.getsockname()[1]
-        log.info(
-            "gateway listening on %s:%d (%d routes)", sock.getsockname()[0], self.port, len(routes)
-        )
+        address = socks[0].getsockname()
+        self.port = address[1]
+        log.info("gateway listening on %s:%d (%d routes)", address[0], self.port, len(routes))
         exposed = exposed_admin(doc)
         if exposed is not None:
             log.warning("%s", exposed)
@@ -192,13 +195,13 @@ class Gateway:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._web is not None:
             await self._web.shutdown(grace)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers = []
         await asyncio.gather(*(pool.close() for pool in self._pools.values()))
         await asyncio.gather(*(_close_limiter(r) for r in self._routes.values()))
 

@@ -13,11 +13,15 @@ Signals: ``SIGTERM``/``SIGINT`` stop gracefully (stop accepting, finish what is 
 **Handover**: a reload that changes ``listen`` or ``workers`` starts a new generation of
 workers (in this process for one, else worker processes) on the new address with the new
 document, and only once every one of them answers does the old generation stop accepting and
-drain (its requests in flight finish, for up to ``proxy.shutdown_timeout``). Every listening
-socket has ``SO_REUSEPORT``, so a new generation on the same port binds beside the old one:
-no connection is refused during the change. The new generation's breakers, local rate limits
-and figures start afresh (as after a restart); idle keep-alive connections of the old one are
-closed, and clients open new ones.
+drain (its requests in flight finish, for up to ``proxy.shutdown_timeout``). The supervisor
+owns the listening sockets (``SO_REUSEPORT``, one per worker, handed to the workers when they
+start): on an unchanged address the new generation takes over the same sockets, so a connection
+waiting in a socket's accept queue when the old generation stops is answered by the new one
+(closing a listening socket would reset every connection in its queue); a new address gets new
+sockets, and the old ones close once the old generation is gone. No connection is refused
+during the change. The new generation's breakers, local rate limits and figures start afresh
+(as after a restart); keep-alive connections of the old one close after their next answer,
+or once idle for a second.
 
 **Several gateways** (processes or hosts) with ``sync: {store: NAME}`` share, through that
 Redis store: their configuration (a reload on any admin API is published; every gateway applies
@@ -38,6 +42,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -97,7 +102,10 @@ class Supervisor:
         """The current generation's directory: its config.json and control sockets."""
         self._generation = 0
         self._retiring: set[asyncio.Task[None]] = set()
-        self._reserved: Any = None
+        self._listeners: list[socket.socket] = []
+        """The listening sockets of :attr:`_address`: worker ``i`` of ``n`` serves
+        ``_listeners[i::n]``; they outlive the generations that serve them."""
+        self._address: tuple[str, int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._lock = asyncio.Lock()
@@ -128,24 +136,23 @@ class Supervisor:
         """Serve ``doc`` with ``workers`` workers (in this process for one) on its ``listen``;
         return once all of them answer. Sets :attr:`handles`, :attr:`port` and
         :attr:`workers`; the caller retires what served before."""
-        host, port = doc.listen
         self._generation += 1
+        self._listeners = self._sockets_for(doc.listen, workers)
+        self._address = doc.listen
+        self.port = self._listeners[0].getsockname()[1]
         if workers == 1:
             gateway = Gateway(doc, text=self.text, source=self.source)
             gateway.version = version
-            await gateway.start()
+            await gateway.start([sock.dup() for sock in self._listeners])
             self.gateway, self._procs = gateway, []
             self.handles = [LocalWorker(gateway)]
-            self.port, self.workers = gateway.port, 1
+            self.workers = 1
             return
-        if port == 0:  # learn a free port; bound (not listening) so it stays ours
-            self._reserved = listen_socket(host, 0, reuse_port=True, listen=False)
-            port = self._reserved.getsockname()[1]
         if self._rundir is None:
             self._rundir = Path(tempfile.mkdtemp(prefix="floodwall-gateway-"))
         gendir = self._rundir / f"gen-{self._generation}"
         gendir.mkdir()
-        self.gateway, self._gendir, self.port, self.workers = None, gendir, port, workers
+        self.gateway, self._gendir, self.workers = None, gendir, workers
         self._write_config(version)
         self.handles = [RemoteWorker(str(gendir / f"worker-{i}.sock"), i) for i in range(workers)]
         self._procs = [self._spawn(i) for i in range(workers)]
@@ -153,6 +160,37 @@ class Supervisor:
         if not any(t.get_name() == "floodwall-watch" for t in self._tasks):
             watch = asyncio.get_running_loop().create_task(self._watch(), name="floodwall-watch")
             self._tasks.append(watch)
+
+    def _sockets_for(self, listen: tuple[str, int], count: int) -> list[socket.socket]:
+        """At least ``count`` listening sockets on ``listen``: the running ones when the
+        address is unchanged (a handover keeps them, and so the connections in their queues),
+        and new ones bound beside them up to ``count``."""
+        host, port = listen
+        socks = list(self._listeners) if listen == self._address else []
+        try:
+            while len(socks) < count:
+                bound = socks[0].getsockname()[1] if socks else port
+                socks.append(listen_socket(host, bound, reuse_port=True))
+        except BaseException:
+            self._close_sockets(socks)
+            raise
+        return socks
+
+    def _close_sockets(self, socks: list[socket.socket]) -> None:
+        """Close those of ``socks`` the running generation does not listen on."""
+        for sock in socks:
+            if sock not in self._listeners:
+                sock.close()
+
+    def _renew_sockets(self, index: int) -> None:
+        """Worker ``index`` died: its sockets close (connections still in their queues are
+        reset, as they would be anyway) and new ones take their place, so that new
+        connections go to the live workers while it restarts."""
+        host, _ = self._address or self.document.listen
+        for position in range(index, len(self._listeners), self.workers):
+            old = self._listeners[position]
+            self._listeners[position] = listen_socket(host, self.port, reuse_port=True)
+            old.close()
 
     def _write_config(self, version: int = 1) -> None:
         if self._gendir is None:
@@ -164,6 +202,7 @@ class Supervisor:
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         assert self._gendir is not None
+        fds = [sock.fileno() for sock in self._listeners[index :: self.workers]]
         command = [
             sys.executable,
             "-m",
@@ -172,34 +211,39 @@ class Supervisor:
             str(index),
             "--rundir",
             str(self._gendir),
-            "--port",
-            str(self.port),
+            "--fds",
+            ",".join(map(str, fds)),
         ]
-        return subprocess.Popen(command, env=self.environ)  # noqa: S603 - our own interpreter
+        return subprocess.Popen(  # noqa: S603 - our own interpreter
+            command, env=self.environ, pass_fds=fds
+        )
 
     async def _handover(self, document: GatewayDocument, text: str, source: str) -> dict[str, Any]:
         """Serve ``document`` by a new generation (``listen`` or ``workers`` changed), then
         retire the old one: it stops accepting and drains (see the module)."""
-        names = ("gateway", "_procs", "handles", "_reserved", "document", "text", "source")
-        saved = {name: getattr(self, name) for name in (*names, "workers", "port", "_gendir")}
+        names = ("gateway", "_procs", "handles", "_listeners", "_address", "document", "text")
+        saved = {name: getattr(self, name) for name in (*names, "source", "workers", "port")}
+        saved["_gendir"] = self._gendir
         old_doc = self.document
         version = (await self.handles[0].status())["version"] + 1
         self.text, self.document = text, document
         if not source.startswith("<admin") and not source.startswith("redis:"):
             self.source = source
-        self._reserved = None
         try:
             await self._start_generation(document, self._target_workers(document), version)
         except BaseException:
             new_gateway = self.gateway if self.gateway is not saved["gateway"] else None
-            await self._retire(new_gateway, self._procs, self.handles, self._reserved)
+            new_sockets = self._listeners
+            new_procs = self._procs if self._procs is not saved["_procs"] else []
+            new_handles = self.handles if self.handles is not saved["handles"] else []
             for name, value in saved.items():
                 setattr(self, name, value)
+            await self._retire(new_gateway, new_procs, new_handles, new_sockets)
             raise
         old_gateway, old_procs = saved["gateway"], saved["_procs"]
-        old_handles, old_reserved = saved["handles"], saved["_reserved"]
+        old_handles, old_sockets = saved["handles"], saved["_listeners"]
         retiring = asyncio.get_running_loop().create_task(
-            self._retire(old_gateway, old_procs, old_handles, old_reserved, HANDOVER_OVERLAP)
+            self._retire(old_gateway, old_procs, old_handles, old_sockets, HANDOVER_OVERLAP)
         )
         self._retiring.add(retiring)
         retiring.add_done_callback(self._retiring.discard)
@@ -225,13 +269,18 @@ class Supervisor:
         gateway: Gateway | None,
         procs: list[subprocess.Popen[bytes]],
         handles: list[LocalWorker | RemoteWorker],
-        reserved: Any = None,
+        sockets: list[socket.socket] | None = None,
         after: float = 0.0,
     ) -> None:
         """Stop a generation gracefully (``after`` seconds from now): it stops accepting and
-        finishes what is in flight."""
+        finishes what is in flight. Those of its listening ``sockets`` the running generation
+        does not use close first (here; the generation closes its own copies as it stops), so
+        that new connections are refused at once rather than queued on a socket nobody will
+        accept from."""
         if after > 0:
             await asyncio.sleep(after)
+        if sockets:
+            self._close_sockets(sockets)
         if gateway is not None:
             await gateway.stop()
         for proc in procs:
@@ -247,8 +296,6 @@ class Supervisor:
         for handle in handles:
             if isinstance(handle, RemoteWorker):
                 await handle.close()
-        if reserved is not None:
-            reserved.close()
 
     def _kept(
         self, document: GatewayDocument, text: str, source: str
@@ -299,6 +346,7 @@ class Supervisor:
                     await asyncio.sleep(RESTART_DELAY)
                     if self._procs is not procs:  # a handover retired that generation
                         break
+                    self._renew_sockets(index)
                     procs[index] = self._spawn(index)
                     with contextlib.suppress(RuntimeError):
                         await self._wait_ready(index)
@@ -522,7 +570,8 @@ class Supervisor:
             await asyncio.gather(*self._retiring, return_exceptions=True)
         if self.admin is not None:
             await self.admin.stop()
-        await self._retire(self.gateway, self._procs, self.handles, self._reserved)
+        sockets, self._listeners = self._listeners, []
+        await self._retire(self.gateway, self._procs, self.handles, sockets)
         if self._rundir is not None:
             shutil.rmtree(self._rundir, ignore_errors=True)
 
@@ -590,13 +639,12 @@ def run(config: str, workers: int | None = None) -> None:
         runner.run(_serve(supervisor))
 
 
-async def _worker(index: int, rundir: Path, port: int) -> None:
+async def _worker(index: int, rundir: Path, fds: list[int]) -> None:
     saved = json.loads((rundir / "config.json").read_text(encoding="utf-8"))
     document = parse_gateway_text(saved["text"], saved["source"])
     gateway = Gateway(document, text=saved["text"], source=saved["source"])
     gateway.version = saved.get("version", 1)
-    host, _ = document.listen
-    await gateway.start(listen_socket(host, port, reuse_port=True))
+    await gateway.start([socket.socket(fileno=fd) for fd in fds])
     _tune_gc()
     from aiohttp import web
 
@@ -620,12 +668,13 @@ async def _worker(index: int, rundir: Path, port: int) -> None:
     await runner.cleanup()
 
 
-def worker_main(index: int, rundir: str, port: int) -> None:
-    """A worker process's main (``python -m floodwall.gateway --worker N ...``)."""
+def worker_main(index: int, rundir: str, fds: str) -> None:
+    """A worker process's main (``python -m floodwall.gateway --worker N ...``): it serves the
+    listening sockets the supervisor handed it (``fds``: their descriptors, comma-separated)."""
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker-{index} %(name)s %(levelname)s %(message)s"
     )
     saved = json.loads((Path(rundir) / "config.json").read_text(encoding="utf-8"))
     choice = parse_gateway_text(saved["text"], saved["source"]).event_loop
     with asyncio.Runner(loop_factory=_loop_factory(choice)) as runner:
-        runner.run(_worker(index, Path(rundir), port))
+        runner.run(_worker(index, Path(rundir), [int(fd) for fd in fds.split(",")]))
