@@ -944,8 +944,12 @@ async def no_server_field(request: Any, response: Any) -> None:
     response.headers.popall("Server", None)
 
 
+BACKLOG: Final = 2048
+"""Connections the kernel queues per listening socket before the server accepts them."""
+
+
 def listen_socket(
-    host: str, port: int, *, reuse_port: bool, backlog: int = 2048, listen: bool = True
+    host: str, port: int, *, reuse_port: bool, backlog: int = BACKLOG, listen: bool = True
 ) -> socket.socket:
     """A listening TCP socket on ``host:port``; with ``reuse_port`` several processes bind the
     same port and the kernel spreads connections over them (``SO_REUSEPORT``, Linux ≥ 3.9).

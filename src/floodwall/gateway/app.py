@@ -34,7 +34,7 @@ from floodwall._core.events import Event, EventListener, Listeners
 from floodwall.config.registry import Registry
 from floodwall.gateway._edge import EdgeRules
 from floodwall.gateway._headers import trust_check
-from floodwall.gateway._server import HttpServer, listen_socket
+from floodwall.gateway._server import BACKLOG, HttpServer, listen_socket
 from floodwall.gateway.config import GatewayDocument, parse_gateway_text
 from floodwall.gateway.policies import Route, build_route
 from floodwall.gateway.proxy import Proxy, Table
@@ -178,7 +178,8 @@ class Gateway:
         socks = [sock] if isinstance(sock, socket.socket) else list(sock)
         loop = asyncio.get_running_loop()
         for each in socks:
-            self._servers.append(await loop.create_server(self._web, sock=each))
+            server = await loop.create_server(self._web, sock=each, backlog=BACKLOG)
+            self._servers.append(server)  # (the backlog: create_server listens again, at 100)
         if self.events:
             self._watcher = loop.create_task(self._watch_breakers(), name="floodwall-breakers")
         address = socks[0].getsockname()
