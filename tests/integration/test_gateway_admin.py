@@ -277,6 +277,47 @@ def test_a_worker_that_dies_is_restarted(
         assert gateway.stop() == 0
 
 
+def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
+    upstreams: Callable[..., list[Upstream]], tmp_path: Path
+) -> None:
+    """A worker frozen (SIGSTOP) answers no control call: ``/status`` and ``/metrics`` still
+    answer, within the control timeout, with the other worker's figures and the frozen one
+    named (``workers_down``, ``floodwall_gateway_worker_up 0``); once it resumes, both count."""
+    from floodwall.gateway._control import READ_TIMEOUT
+
+    (svc,) = upstreams("svc")
+    config = {
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+    gateway = GatewayProcess(config, tmp_path / "frozen.json", workers=2).start()
+    assert gateway.proc is not None
+    frozen = min(_children(gateway.proc.pid))
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        status = gateway.admin("GET", "/status")
+        assert status.status_code == 200, status.text
+        # (the control timeout, then the supervisor's answer: as long again on a busy machine)
+        assert time.monotonic() - started < 2 * READ_TIMEOUT
+        body = status.json()
+        assert body["workers"] == 2 and body["workers_up"] == 1
+        (down,) = body["workers_down"]
+        assert down["pid"] == frozen and "no answer" in down["reason"]
+        assert "/" in body["routes"]  # the answering worker's figures
+        metrics = gateway.admin("GET", "/metrics")
+        assert metrics.status_code == 200
+        assert f'floodwall_gateway_worker_up{{worker="{down["worker"]}"}} 0' in metrics.text
+        assert f'floodwall_gateway_worker_up{{worker="{1 - down["worker"]}"}} 1' in metrics.text
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    try:
+        body = gateway.admin("GET", "/status").json()
+        assert body["workers_up"] == 2 and body["workers_down"] == []
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_config_and_overrides_are_shared_through_redis(
     upstreams: Callable[..., list[Upstream]], redis_url: str, redis_client: Any, tmp_path: Path
 ) -> None:

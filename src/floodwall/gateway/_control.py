@@ -38,6 +38,13 @@ class LocalWorker:
         self.gateway.override(action, target, ttl, reason)
 
 
+READ_TIMEOUT = 5.0
+"""Seconds a worker has to answer ``/status`` or ``/metrics``: past it the worker is reported
+down (frozen or overloaded) rather than holding the admin API, dashboard and scrape."""
+CHANGE_TIMEOUT = 30.0
+"""Seconds a worker has to apply a reload or an override (it builds a whole configuration)."""
+
+
 class RemoteWorker:
     """A worker process reached through its control socket."""
 
@@ -50,12 +57,14 @@ class RemoteWorker:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self.path),
-                timeout=aiohttp.ClientTimeout(total=30),
+                timeout=aiohttp.ClientTimeout(total=CHANGE_TIMEOUT),
             )
         return self._session
 
     async def _call(self, method: str, path: str, payload: Any = None) -> Any:
-        async with self._client().request(method, f"http://worker{path}", json=payload) as answer:
+        timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT if method == "GET" else CHANGE_TIMEOUT)
+        url = f"http://worker{path}"
+        async with self._client().request(method, url, json=payload, timeout=timeout) as answer:
             if answer.status in {400, 422}:
                 raise ConfigError((await answer.json())["error"])
             answer.raise_for_status()

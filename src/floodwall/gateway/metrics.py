@@ -193,12 +193,13 @@ def render(gateway: Gateway) -> str:
     return generate_latest(registry).decode()
 
 
-def merge(texts: list[str]) -> str:
-    """Several workers' expositions as one, each sample labelled with its ``worker``."""
-    if len(texts) == 1:
+def merge(texts: list[str], workers: list[int] | None = None) -> str:
+    """Several workers' expositions as one, each sample labelled with its ``worker``
+    (``workers[i]`` for ``texts[i]``; default: the position)."""
+    if len(texts) == 1 and workers is None:
         return texts[0]
     families: dict[str, tuple[Any, list[str]]] = {}
-    for worker, text in enumerate(texts):
+    for worker, text in zip(workers or range(len(texts)), texts, strict=True):
         for family in text_string_to_metric_families(text):
             entry = families.setdefault(family.name, (family, []))
             for sample in family.samples:

@@ -354,13 +354,46 @@ class Supervisor:
     # -- the Control interface ----------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
-        statuses = await asyncio.gather(*(h.status() for h in self.handles))
-        merged = merge_status(list(statuses))
-        merged["workers"] = len(self.handles)
+        """The workers' status merged; a worker that does not answer (dead, restarting,
+        frozen: within the control timeout) is listed in ``workers_down`` with the reason,
+        and the figures are those of the workers that answered."""
+        handles, procs = list(self.handles), list(self._procs)
+        answers = await asyncio.gather(*(h.status() for h in handles), return_exceptions=True)
+        statuses = [a for a in answers if isinstance(a, dict)]
+        merged = merge_status(statuses) if statuses else {"routes": {}, "upstreams": {}}
+        merged["workers"] = len(handles)
+        merged["workers_up"] = len(statuses)
+        merged["workers_down"] = [
+            {
+                "worker": i,
+                "pid": procs[i].pid if i < len(procs) else None,
+                "reason": _down_reason(a),
+            }
+            for i, a in enumerate(answers)
+            if isinstance(a, BaseException)
+        ]
         return merged
 
     async def metrics(self) -> str:
-        return merge(list(await asyncio.gather(*(h.metrics() for h in self.handles))))
+        """The workers' metrics, each sample labelled with its worker, and
+        ``floodwall_gateway_worker_up{worker}`` (0 for a worker that did not answer)."""
+        handles = list(self.handles)
+        answers = await asyncio.gather(*(h.metrics() for h in handles), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, ImportError):
+                raise answer
+        texts = {i: a for i, a in enumerate(answers) if isinstance(a, str)}
+        up = "".join(
+            f'floodwall_gateway_worker_up{{worker="{i}"}} {int(i in texts)}\n'
+            for i in range(len(handles))
+        )
+        worker_up = (
+            "# HELP floodwall_gateway_worker_up Whether the worker answered this scrape.\n"
+            f"# TYPE floodwall_gateway_worker_up gauge\n{up}"
+        )
+        if len(handles) == 1 and texts:
+            return texts[0]
+        return merge(list(texts.values()), workers=list(texts)) + worker_up
 
     async def reload(
         self, text: str | None, source: str, *, publish: bool = True
@@ -574,6 +607,12 @@ class Supervisor:
         await self._retire(self.gateway, self._procs, self.handles, sockets)
         if self._rundir is not None:
             shutil.rmtree(self._rundir, ignore_errors=True)
+
+
+def _down_reason(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return "no answer within the control timeout (frozen or overloaded)"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 # -- entry points --------------------------------------------------------------------------------

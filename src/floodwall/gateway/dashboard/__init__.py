@@ -292,6 +292,7 @@ def frame(
         "time": at,
         "version": now.get("version"),
         "workers": now.get("workers", 1),
+        "workers_down": now.get("workers_down", []),
         "shed_levels": now.get("shed_levels", []),
         "overrides": now.get("overrides", []),
         "routes": routes,

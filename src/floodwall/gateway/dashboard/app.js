@@ -116,7 +116,11 @@ function render(frame) {
   const shedEl = document.getElementById("shed");
   shedEl.textContent = shed;
   shedEl.className = frame.shed_levels.length ? "badge warn" : "badge";
-  document.getElementById("meta").textContent = `config v${frame.version} · ${frame.workers} worker(s)`;
+  const down = frame.workers_down || [];
+  const meta = document.getElementById("meta");
+  meta.textContent = `config v${frame.version} · ${frame.workers} worker(s)` +
+    (down.length ? ` · ${down.length} not answering (${down.map((d) => `worker ${d.worker}: ${d.reason}`).join("; ")})` : "");
+  meta.className = down.length ? "badge bad" : "";
   document.getElementById("updated").textContent = new Date(frame.time * 1000).toLocaleTimeString();
   document.body.dataset.frames = String(Number(document.body.dataset.frames || 0) + 1);
 }
