@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -283,7 +284,7 @@ def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
     """A worker frozen (SIGSTOP) answers no control call: ``/status`` and ``/metrics`` still
     answer, within the control timeout, with the other worker's figures and the frozen one
     named (``workers_down``, ``floodwall_gateway_worker_up 0``); once it resumes, both count."""
-    from floodwall.gateway._control import READ_TIMEOUT
+    from floodwall.gateway._control import CHANGE_TIMEOUT, READ_TIMEOUT
 
     (svc,) = upstreams("svc")
     config = {
@@ -309,11 +310,40 @@ def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
         assert metrics.status_code == 200
         assert f'floodwall_gateway_worker_up{{worker="{down["worker"]}"}} 0' in metrics.text
         assert f'floodwall_gateway_worker_up{{worker="{1 - down["worker"]}"}} 1' in metrics.text
+        # a reload reaches the worker that answers; the frozen one is replaced by a worker
+        # started on the new configuration (not left on the old one, nor holding the reload)
+        changed = json.loads(gateway.path.read_text())
+        changed["routes"].append({"match": {"path_prefix": "/new"}, "upstream": "svc"})
+        started = time.monotonic()
+        answer = httpx.post(
+            gateway.admin_url + "/reload?source=frozen.json",
+            content=json.dumps(changed),
+            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+            timeout=WORKER_START,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["restarted"] == [down["worker"]]
+        assert time.monotonic() - started < CHANGE_TIMEOUT + READ_TIMEOUT
     finally:
-        os.kill(frozen, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
     try:
-        body = gateway.admin("GET", "/status").json()
-        assert body["workers_up"] == 2 and body["workers_down"] == []
+        deadline = time.monotonic() + WORKER_START
+        while True:  # the replacement answers, on the new configuration
+            body = gateway.admin("GET", "/status").json()
+            if body["workers_up"] == 2:
+                break
+            assert time.monotonic() < deadline, body["workers_down"]
+            time.sleep(0.2)
+        assert frozen not in _children(gateway.proc.pid)
+        assert body["workers_down"] == [] and "/new" in body["routes"]
+        with httpx.Client(timeout=10) as client:  # both workers serve the new route
+            codes = {
+                client.get(gateway.url + "/new/x", headers={"Connection": "close"}).status_code
+                for _ in range(20)
+            }
+        assert codes == {200}
+        assert svc.state.count >= 20
     finally:
         assert gateway.stop() == 0
 

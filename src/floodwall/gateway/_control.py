@@ -41,8 +41,10 @@ class LocalWorker:
 READ_TIMEOUT = 5.0
 """Seconds a worker has to answer ``/status`` or ``/metrics``: past it the worker is reported
 down (frozen or overloaded) rather than holding the admin API, dashboard and scrape."""
-CHANGE_TIMEOUT = 30.0
-"""Seconds a worker has to apply a reload or an override (it builds a whole configuration)."""
+CHANGE_TIMEOUT = 10.0
+"""Seconds a worker has to apply a reload or an override (it builds a whole configuration, in
+milliseconds on an idle machine); one that takes longer is replaced by a worker started on the
+new configuration (see the supervisor's ``reload``)."""
 
 
 class RemoteWorker:

@@ -417,14 +417,32 @@ class Supervisor:
                 self._target_workers(document) != self.workers
             ):
                 return await self._handover(document, text, source)
-            results = [await h.reload(text, source) for h in self.handles]
+            handles, procs = list(self.handles), list(self._procs)
+            answers = await asyncio.gather(
+                *(h.reload(text, source) for h in handles), return_exceptions=True
+            )
+            for answer in answers:
+                if isinstance(answer, ConfigError):
+                    raise answer
+            results = [a for a in answers if isinstance(a, dict)]
+            stuck = [i for i, a in enumerate(answers) if isinstance(a, BaseException)]
+            if not results or not procs:
+                raise next(a for a in answers if isinstance(a, BaseException))
             self.document, self.text = document, text
             if not source.startswith("<admin") and not source.startswith("redis:"):
                 self.source = source
             self._write_config(results[0].get("version", 1))
+            for index in stuck:  # restarted (see _watch) on the configuration just written
+                log.warning(
+                    "gateway worker %d did not apply the reload (%s); restarting it",
+                    index,
+                    _down_reason(answers[index]),  # type: ignore[arg-type]
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    procs[index].kill()
             if publish and self.document.sync is not None:
                 await self._publish({"type": "config", "text": text, "source": source})
-            return {**results[0], "workers": len(results)}
+            return {**results[0], "workers": len(answers), "restarted": stuck}
 
     async def override(
         self, action: str, target: str, ttl: float | None, reason: str, *, publish: bool = True
