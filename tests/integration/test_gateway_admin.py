@@ -348,6 +348,60 @@ def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
         assert gateway.stop() == 0
 
 
+def test_overrides_in_force_carry_over_to_a_restarted_worker_and_a_handover(
+    upstreams: Callable[..., list[Upstream]], tmp_path: Path
+) -> None:
+    """A shed level set by the operator holds on a worker restarted after a crash and on the
+    next generation of a handover (every worker sheds the level-3 route), and one that ended
+    stays ended (the level-2 route answers)."""
+    (svc,) = upstreams("svc")
+    config = {
+        "resources": {"extra": {"level": 3}, "useful": {"level": 2}},
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [
+            {"match": {"path_prefix": "/extra"}, "upstream": "svc", "resource": "extra"},
+            {"match": {"path_prefix": "/useful"}, "upstream": "svc", "resource": "useful"},
+        ],
+    }
+
+    def answers(path: str) -> set[int]:
+        with httpx.Client(timeout=10) as client:  # (new connections: the kernel spreads them)
+            return {
+                client.get(gateway.url + path, headers={"Connection": "close"}).status_code
+                for _ in range(20)
+            }
+
+    gateway = GatewayProcess(config, tmp_path / "kept.json", workers=2).start()
+    assert gateway.proc is not None
+    try:
+        assert gateway.admin("POST", "/shed/3").status_code == 200
+        assert gateway.admin("POST", "/shed/2").status_code == 200
+        assert gateway.admin("DELETE", "/shed/2").status_code == 200
+        victim = min(_children(gateway.proc.pid))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + WORKER_START
+        while True:  # both workers answer again: the replacement included
+            body = gateway.admin("GET", "/status").json()
+            if body["workers_up"] == 2 and victim not in _children(gateway.proc.pid):
+                break
+            assert time.monotonic() < deadline, body["workers_down"]
+            time.sleep(0.2)
+        assert answers("/extra/x") == {503} and answers("/useful/x") == {200}
+        applied = json.loads(gateway.path.read_text())
+        applied["workers"] = 1
+        answer = httpx.post(
+            gateway.admin_url + "/reload?source=kept.json",
+            content=json.dumps(applied),
+            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+            timeout=WORKER_START,
+        )
+        assert answer.status_code == 200, answer.text
+        assert gateway.admin("GET", "/status").json()["shed_levels"] == [3]
+        assert answers("/extra/x") == {503} and answers("/useful/x") == {200}
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_config_and_overrides_are_shared_through_redis(
     upstreams: Callable[..., list[Upstream]], redis_url: str, redis_client: Any, tmp_path: Path
 ) -> None:

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from floodwall._core.errors import ConfigError
 from floodwall.config.loader import loads
@@ -106,6 +106,9 @@ class Supervisor:
         """The listening sockets of :attr:`_address`: worker ``i`` of ``n`` serves
         ``_listeners[i::n]``; they outlive the generations that serve them."""
         self._address: tuple[str, int] | None = None
+        self._overrides: dict[tuple[str, str], tuple[str, str, float | None, str]] = {}
+        """Operator overrides in force, by kind and target: action, target, until (loop time;
+        ``None``: until ended) and reason, for workers that start later."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._lock = asyncio.Lock()
@@ -240,6 +243,7 @@ class Supervisor:
                 setattr(self, name, value)
             await self._retire(new_gateway, new_procs, new_handles, new_sockets)
             raise
+        await self._reapply_overrides(self.handles)
         old_gateway, old_procs = saved["gateway"], saved["_procs"]
         old_handles, old_sockets = saved["handles"], saved["_listeners"]
         retiring = asyncio.get_running_loop().create_task(
@@ -350,6 +354,7 @@ class Supervisor:
                     procs[index] = self._spawn(index)
                     with contextlib.suppress(RuntimeError):
                         await self._wait_ready(index)
+                        await self._reapply_overrides([self.handles[index]])
 
     # -- the Control interface ----------------------------------------------------------------
 
@@ -447,8 +452,36 @@ class Supervisor:
     async def override(
         self, action: str, target: str, ttl: float | None, reason: str, *, publish: bool = True
     ) -> None:
-        for handle in self.handles:
-            await handle.override(action, target, ttl, reason)
+        """Apply an operator override on every worker, and keep it for the workers that start
+        while it is in force (a restarted worker, a handover's new generation). A worker that
+        does not answer in time is restarted, and gets it then."""
+        handles, procs = list(self.handles), list(self._procs)
+        answers = await asyncio.gather(
+            *(h.override(action, target, ttl, reason) for h in handles), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, (ConfigError, KeyError)):
+                raise answer
+        if all(isinstance(a, BaseException) for a in answers) or not procs:
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+        now = asyncio.get_running_loop().time()
+        kind = _override_kind(action)
+        if action in ENDING_OVERRIDES:
+            self._overrides.pop((kind, target), None)
+        else:
+            until = now + ttl if ttl else None
+            self._overrides[(kind, target)] = (action, target, until, reason)
+        for index, answer in enumerate(answers):
+            if isinstance(answer, BaseException):
+                log.warning(
+                    "gateway worker %d did not apply the override (%s); restarting it",
+                    index,
+                    _down_reason(answer),
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    procs[index].kill()
         if publish and self.document.sync is not None:
             await self._keep_override(action, target, ttl, reason)
             await self._publish(
@@ -496,13 +529,23 @@ class Supervisor:
     def _override_key(self, action: str, target: str) -> str:
         sync = self.document.sync
         assert sync is not None
-        if action in ("shed", "restore"):
-            kind = "level"
-        elif action in ("chaos_on", "chaos_off"):
-            kind = "chaos"
-        else:
-            kind = "breaker"
-        return f"{sync.key}:override:{kind}:{target}"
+        return f"{sync.key}:override:{_override_kind(action)}:{target}"
+
+    async def _reapply_overrides(self, handles: list[LocalWorker | RemoteWorker]) -> None:
+        """Give workers that just started the overrides still in force, each for the time it
+        has left (a worker that refuses one, e.g. a breaker the new document no longer has,
+        logs why)."""
+        now = asyncio.get_running_loop().time()
+        for key, (action, target, until, reason) in list(self._overrides.items()):
+            if until is not None and until <= now:
+                del self._overrides[key]
+                continue
+            ttl = None if until is None else until - now
+            for handle in handles:
+                try:
+                    await handle.override(action, target, ttl, reason)
+                except Exception as exc:  # noqa: BLE001 - one worker's refusal or silence
+                    log.warning("the override %s %s was not kept: %r", action, target, exc)
 
     async def _keep_override(
         self, action: str, target: str, ttl: float | None, reason: str
@@ -511,7 +554,7 @@ class Supervisor:
         key = self._override_key(action, target)
         client = self._redis_client()
         try:
-            if action in ("clear", "restore", "chaos_off"):
+            if action in ENDING_OVERRIDES:
                 await client.delete(key)
             else:
                 value = json.dumps({"action": action, "target": target, "reason": reason})
@@ -625,6 +668,19 @@ class Supervisor:
         await self._retire(self.gateway, self._procs, self.handles, sockets)
         if self._rundir is not None:
             shutil.rmtree(self._rundir, ignore_errors=True)
+
+
+ENDING_OVERRIDES: Final = frozenset({"clear", "restore", "chaos_off"})
+"""Override actions that end an override (the state goes back to what the policies decide)."""
+
+
+def _override_kind(action: str) -> str:
+    """What an override acts on: overrides of one kind and target replace each other."""
+    if action in ("shed", "restore"):
+        return "level"
+    if action in ("chaos_on", "chaos_off"):
+        return "chaos"
+    return "breaker"
 
 
 def _down_reason(error: BaseException) -> str:

@@ -86,7 +86,8 @@ _STATE_RANK = {
 
 def merge_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
     """Several workers' ``/status`` as one: counters added, the most alarming breaker state,
-    an endpoint up only where every worker has it up."""
+    an endpoint up only where every worker has it up, a level shed or an override in force
+    where any worker has it."""
     if len(statuses) == 1:
         return statuses[0]
     merged: dict[str, Any] = {"routes": {}, "upstreams": {}, "workers": len(statuses)}
@@ -94,8 +95,10 @@ def merge_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
         for key in ("requests", "in_flight"):
             merged[key] = merged.get(key, 0) + status.get(key, 0)
         merged.setdefault("version", status.get("version"))
-        merged.setdefault("shed_levels", status.get("shed_levels", []))
-        merged.setdefault("overrides", status.get("overrides", []))
+        levels = set(merged.get("shed_levels", [])) | set(status.get("shed_levels", []))
+        merged["shed_levels"] = sorted(levels)  # (shed on any worker: shown)
+        overrides = merged.setdefault("overrides", [])
+        overrides.extend(o for o in status.get("overrides", []) if o not in overrides)
         merged.setdefault("resources", status.get("resources", {}))
         for name, route in status["routes"].items():
             into = merged["routes"].setdefault(name, {})
