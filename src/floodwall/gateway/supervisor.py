@@ -431,8 +431,8 @@ class Supervisor:
                     raise answer
             results = [a for a in answers if isinstance(a, dict)]
             stuck = [i for i, a in enumerate(answers) if isinstance(a, BaseException)]
-            if not results or not procs:
-                raise next(a for a in answers if isinstance(a, BaseException))
+            if stuck and (not results or not procs):  # (no worker left to restart it from)
+                raise answers[stuck[0]]  # type: ignore[misc]
             self.document, self.text = document, text
             if not source.startswith("<admin") and not source.startswith("redis:"):
                 self.source = source
