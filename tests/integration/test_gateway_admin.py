@@ -201,10 +201,7 @@ def test_workers_share_the_port_and_stop_gracefully(
 ) -> None:
     (svc,) = upstreams("svc")
     svc.state.delay = 0.05
-    config = {
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config = _one_route(svc)
     gateway = GatewayProcess(config, tmp_path / "workers.json", workers=2).start()
     try:
         with httpx.Client(timeout=5) as client:
@@ -230,6 +227,26 @@ def test_workers_share_the_port_and_stop_gracefully(
     assert code == 0
 
 
+def _one_route(svc: Upstream, **top: Any) -> dict[str, Any]:
+    """A gateway document: every path to ``svc`` (plus ``top``-level settings)."""
+    return {
+        **top,
+        "upstreams": {"svc": {"endpoints": [svc.url]}},
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+
+
+def _post_reload(gateway: GatewayProcess, document: dict[str, Any], source: str) -> Any:
+    """Reload ``gateway`` with ``document`` through its admin API (as long as new worker
+    processes take to start on a busy machine)."""
+    return httpx.post(
+        gateway.admin_url + f"/reload?source={source}",
+        content=json.dumps(document),
+        headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
+        timeout=WORKER_START,
+    )
+
+
 def _until_upstream_has(upstream: Upstream, path: str, count: int) -> None:
     """Wait (bounded) until ``upstream`` has received ``count`` requests for ``path``."""
     deadline = time.monotonic() + WORKER_START
@@ -246,10 +263,7 @@ def test_a_worker_that_dies_is_restarted(
     upstreams: Callable[..., list[Upstream]], tmp_path: Path
 ) -> None:
     (svc,) = upstreams("svc")
-    config = {
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config = _one_route(svc)
     gateway = GatewayProcess(config, tmp_path / "restart.json", workers=2).start()
     try:
         assert gateway.proc is not None
@@ -287,10 +301,7 @@ def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
     from floodwall.gateway._control import CHANGE_TIMEOUT, READ_TIMEOUT
 
     (svc,) = upstreams("svc")
-    config = {
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config = _one_route(svc)
     gateway = GatewayProcess(config, tmp_path / "frozen.json", workers=2).start()
     assert gateway.proc is not None
     frozen = min(_children(gateway.proc.pid))
@@ -315,12 +326,7 @@ def test_a_frozen_worker_is_reported_down_and_does_not_hold_the_admin_api(
         changed = json.loads(gateway.path.read_text())
         changed["routes"].append({"match": {"path_prefix": "/new"}, "upstream": "svc"})
         started = time.monotonic()
-        answer = httpx.post(
-            gateway.admin_url + "/reload?source=frozen.json",
-            content=json.dumps(changed),
-            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-            timeout=WORKER_START,
-        )
+        answer = _post_reload(gateway, changed, "frozen.json")
         assert answer.status_code == 200, answer.text
         assert answer.json()["restarted"] == [down["worker"]]
         assert time.monotonic() - started < CHANGE_TIMEOUT + READ_TIMEOUT
@@ -389,12 +395,7 @@ def test_overrides_in_force_carry_over_to_a_restarted_worker_and_a_handover(
         assert answers("/extra/x") == {503} and answers("/useful/x") == {200}
         applied = json.loads(gateway.path.read_text())
         applied["workers"] = 1
-        answer = httpx.post(
-            gateway.admin_url + "/reload?source=kept.json",
-            content=json.dumps(applied),
-            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-            timeout=WORKER_START,
-        )
+        answer = _post_reload(gateway, applied, "kept.json")
         assert answer.status_code == 200, answer.text
         assert gateway.admin("GET", "/status").json()["shed_levels"] == [3]
         assert answers("/extra/x") == {503} and answers("/useful/x") == {200}
@@ -483,11 +484,7 @@ def test_listen_and_workers_change_under_steady_traffic_without_a_failed_request
     from servers import free_port
 
     (svc,) = upstreams("svc")
-    config: dict[str, Any] = {
-        "workers": 1,
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config: dict[str, Any] = _one_route(svc, workers=1)
     gateway = GatewayProcess(config, tmp_path / "handover.json").start()
     current = {"url": gateway.url}
     statuses: list[int] = []
@@ -520,12 +517,7 @@ def test_listen_and_workers_change_under_steady_traffic_without_a_failed_request
         thread = threading.Thread(target=slow_request)
         thread.start()
         _until_upstream_has(svc, "/slow", len(slow) + 1)  # in flight when the handover starts
-        answer = httpx.post(  # (as long as new worker processes take to start on a busy box)
-            gateway.admin_url + "/reload?source=handover.json",
-            content=json.dumps(document),
-            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-            timeout=WORKER_START,
-        )
+        answer = _post_reload(gateway, document, "handover.json")
         assert answer.status_code == 200, answer.text
         if "listen" in change:
             current["url"] = f"http://{change['listen']}"
@@ -576,11 +568,7 @@ def test_worker_handovers_on_one_address_lose_no_queued_or_keep_alive_request(
     is not reset) and a keep-alive connection is answered once more before it closes (no
     request races the close), so no request fails, of either kind."""
     (svc,) = upstreams("svc")
-    config: dict[str, Any] = {
-        "workers": 1,
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config: dict[str, Any] = _one_route(svc, workers=1)
     gateway = GatewayProcess(config, tmp_path / "handover.json").start()
     answered = {True: 0, False: 0}
     errors: list[str] = []
@@ -607,12 +595,7 @@ def test_worker_handovers_on_one_address_lose_no_queued_or_keep_alive_request(
         for workers in (2, 1, 2, 1):
             before = dict(answered)
             applied["workers"] = workers
-            answer = httpx.post(
-                gateway.admin_url + "/reload?source=handover.json",
-                content=json.dumps(applied),
-                headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-                timeout=WORKER_START,
-            )
+            answer = _post_reload(gateway, applied, "handover.json")
             assert answer.status_code == 200, answer.text
             assert answer.json()["handover"]["workers"] == workers
             deadline = time.monotonic() + WORKER_START  # each kind answered by the new one
@@ -655,23 +638,14 @@ def test_a_handover_on_one_address_keeps_its_listening_sockets(
     from servers import free_port
 
     (svc,) = upstreams("svc")
-    config: dict[str, Any] = {
-        "workers": 1,
-        "upstreams": {"svc": {"endpoints": [svc.url]}},
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
-    }
+    config: dict[str, Any] = _one_route(svc, workers=1)
     gateway = GatewayProcess(config, tmp_path / "handover.json").start()
     applied: dict[str, Any] = json.loads(gateway.path.read_text())
     port = gateway.port
 
     def reload(change: dict[str, Any]) -> None:
         applied.update(change)
-        answer = httpx.post(
-            gateway.admin_url + "/reload?source=handover.json",
-            content=json.dumps(applied),
-            headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"},
-            timeout=WORKER_START,
-        )
+        answer = _post_reload(gateway, applied, "handover.json")
         assert answer.status_code == 200, answer.text
 
     try:
