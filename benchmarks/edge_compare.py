@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import proxy_cases
+
 OK = b"HTTP/1.1 200 OK\r\nServer: upstream-secret/1.0\r\nContent-Length: 2\r\n\r\nok"
 HOST = b"Host: api.example.com\r\n"
 TIMEOUT = 3.0
@@ -85,7 +87,9 @@ def exchange(port: int, data: bytes) -> bytes:
         return answer
 
 
-def nginx(directory: Path, port: int, upstream: int) -> list[str] | None:
+def nginx(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 60.0
+) -> list[str] | None:
     if shutil.which("nginx") is None:
         return None
     conf = directory / "nginx.conf"
@@ -93,39 +97,51 @@ def nginx(directory: Path, port: int, upstream: int) -> list[str] | None:
         f"{kind}_temp_path {directory / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
+    servers = " ".join(f"server 127.0.0.1:{upstream};" for upstream in upstreams)
     conf.write_text(
         f"worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
         f"error_log {directory / 'nginx.log'} info;\nevents {{ worker_connections 64; }}\n"
-        f"http {{ access_log off; {temp}\n"
+        f"http {{ access_log off; {temp}\n  upstream backend {{ {servers} }}\n"
         f"  server {{ listen 127.0.0.1:{port};\n"
-        f"    location / {{ proxy_pass http://127.0.0.1:{upstream}; }} }} }}\n",
+        f"    location / {{ proxy_pass http://backend; proxy_read_timeout {timeout:g}s; }} }} }}\n",
         encoding="utf-8",
     )
     return ["nginx", "-p", str(directory), "-e", str(directory / "nginx.log"), "-c", str(conf)]
 
 
-def haproxy(directory: Path, port: int, upstream: int) -> list[str] | None:
+def haproxy(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 5.0
+) -> list[str] | None:
     if shutil.which("haproxy") is None:
         return None
     conf = directory / "haproxy.cfg"
+    servers = "".join(
+        f"  server s{number} 127.0.0.1:{upstream}\n" for number, upstream in enumerate(upstreams)
+    )
+    redispatch = "  option redispatch 1\n" if len(upstreams) > 1 else ""
     conf.write_text(
         "global\n  maxconn 64\ndefaults\n  mode http\n  timeout connect 2s\n"
-        "  timeout client 5s\n  timeout server 5s\n"
+        f"  timeout client 5s\n  timeout server {timeout:g}s\n{redispatch}"
         f"frontend edge\n  bind 127.0.0.1:{port}\n  default_backend upstream\n"
-        f"backend upstream\n  server one 127.0.0.1:{upstream}\n",
+        f"backend upstream\n{servers}",
         encoding="utf-8",
     )
     return ["haproxy", "-db", "-f", str(conf)]
 
 
-def floodwall(directory: Path, port: int, upstream: int) -> list[str]:
+def floodwall(directory: Path, port: int, upstreams: list[int], timeout: float = 30.0) -> list[str]:
     conf = directory / "gateway.json"
     conf.write_text(
         json.dumps(
             {
                 "listen": f"127.0.0.1:{port}",
                 "admin": None,
-                "upstreams": {"svc": {"endpoints": [f"http://127.0.0.1:{upstream}"]}},
+                "upstreams": {
+                    "svc": {
+                        "endpoints": [f"http://127.0.0.1:{upstream}" for upstream in upstreams],
+                        "read_timeout": timeout,
+                    }
+                },
                 "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
             }
         ),
@@ -233,22 +249,85 @@ def table(upstream: Upstream, ports: dict[str, int], live: set[str]) -> list[str
     return rows
 
 
+def proxies(directory: Path, upstreams: list[int], timeout: float) -> dict[str, list[str] | None]:
+    """Each proxy's command line, its configuration written under ``directory`` (one
+    subdirectory each, so that two sets can run at once), in front of ``upstreams``."""
+    where = {name: directory / name for name in ("floodwall", "nginx", "HAProxy")}
+    for path in where.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {
+        "floodwall": floodwall(where["floodwall"], PORTS["floodwall"], upstreams, timeout),
+        "nginx": nginx(where["nginx"], PORTS["nginx"], upstreams, timeout),
+        "HAProxy": haproxy(where["HAProxy"], PORTS["HAProxy"], upstreams, timeout),
+    }
+
+
+PORTS: dict[str, int] = {}
+
+
+def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path) -> str:
+    """nginx-tests proxy_next_upstream.t: the first endpoint refuses connections; four
+    requests on fresh connections, each answered by the second one or not."""
+    upstream = proxy_cases.Upstream()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+    commands = proxies(directory / "next", [dead.getsockname()[1], upstream.port], 2.0)
+    try:
+        with running(commands, ports):
+            said = []
+            for name, port in ports.items():
+                if name not in live:
+                    said.append("-")
+                    continue
+                statuses = [status(exchange(port, get())) for _ in range(4)]
+                said.append(", ".join(statuses))
+    finally:
+        dead.close()
+        upstream.close()
+    label = "the first of two endpoints refuses connections: four requests"
+    return f"| {label} | nginx-tests proxy_next_upstream.t | {' | '.join(said)} |"
+
+
 def main() -> None:
     upstream = Upstream()
-    ports = {name: free_port() for name in ("floodwall", "nginx", "HAProxy")}
+    PORTS.update({name: free_port() for name in ("floodwall", "nginx", "HAProxy")})
+    ports = dict(PORTS)
     with tempfile.TemporaryDirectory(prefix="edge-compare-") as where:
         directory = Path(where)
-        commands = {
-            "floodwall": floodwall(directory, ports["floodwall"], upstream.port),
-            "nginx": nginx(directory, ports["nginx"], upstream.port),
-            "HAProxy": haproxy(directory, ports["HAProxy"], upstream.port),
-        }
+        commands = proxies(directory / "edge", [upstream.port], 5.0)
         live = {name for name, command in commands.items() if command is not None}
         try:
             with running(commands, ports):
                 print("\n".join(table(upstream, ports, live)))
         finally:
             upstream.close()
+        if "--edge-only" in sys.argv:
+            return
+        print()
+        peers = proxy_cases.Upstream()
+        commands = proxies(directory / "cases", [peers.port], proxy_cases.UPSTREAM_TIMEOUT)
+        try:
+            with running(commands, ports):
+                rows = peer_table(peers, ports, live)
+        finally:
+            peers.close()
+        rows.append(next_upstream_row(ports, live, directory))
+        print("\n".join(rows))
+
+
+def peer_table(upstream: proxy_cases.Upstream, ports: dict[str, int], live: set[str]) -> list[str]:
+    """Issue 20's cases ported from nginx's and HAProxy's tests (``proxy_cases.py``)."""
+    rows = [
+        f"| case | peer source | {' | '.join(ports)} |",
+        "| --- | --- |" + " --- |" * len(ports),
+    ]
+    for case in proxy_cases.CASES:
+        said = [
+            proxy_cases.run(ports[name], upstream, case)[0] if name in live else "-"
+            for name in ports
+        ]
+        rows.append(f"| {case.label} | {case.peer} | {' | '.join(said)} |")
+    return rows
 
 
 if __name__ == "__main__":

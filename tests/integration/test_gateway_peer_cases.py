@@ -1,0 +1,84 @@
+"""Issue 20's cases ported from nginx's and HAProxy's own test suites, against the gateway.
+
+The cases live in ``benchmarks/proxy_cases.py`` (each names the ``nginx-tests`` file or the
+HAProxy ``reg-tests`` file and client it follows), so that ``python benchmarks/edge_compare.py``
+runs the very same bytes against nginx and HAProxy and prints the three side by side
+(docs/gateway.md, "Cases from the peers' test suites"). Each case here asserts one line that
+describes both ends: the answers the client read (status, body, whether complete) and what
+reached the upstream, a raw socket server that logs every request it reads. The expected line
+is the strictest of nginx's and HAProxy's, or a stricter choice the docs table explains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import GatewayThread
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _load() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "proxy_cases.py"
+    spec = importlib.util.spec_from_file_location("floodwall_bench_proxy_cases", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up while it executes)
+    spec.loader.exec_module(module)
+    return module
+
+
+cases = _load()
+
+
+def _gateway(endpoints: list[int]) -> GatewayThread:
+    config: dict[str, Any] = {
+        "admin": None,
+        "upstreams": {
+            "svc": {
+                "endpoints": [f"http://127.0.0.1:{port}" for port in endpoints],
+                "read_timeout": cases.UPSTREAM_TIMEOUT,
+            }
+        },
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+    }
+    return GatewayThread(config).start()
+
+
+@pytest.fixture(scope="module")
+def proxied() -> Iterator[tuple[GatewayThread, Any]]:
+    upstream = cases.Upstream()
+    gateway = _gateway([upstream.port])
+    try:
+        yield gateway, upstream
+    finally:
+        gateway.stop()
+        upstream.close()
+
+
+@pytest.mark.parametrize("case", cases.CASES, ids=[c.name for c in cases.CASES])
+def test_peer_case(proxied: tuple[GatewayThread, Any], case: Any) -> None:
+    gateway, upstream = proxied
+    said, _ = cases.run(gateway.port, upstream, case)
+    assert said == case.floodwall, f"{case.peer}: {case.label}"
+
+
+def test_an_upstream_that_never_answers_is_a_504_after_the_read_timeout(
+    proxied: tuple[GatewayThread, Any],
+) -> None:
+    """nginx-tests proxy_next_upstream.t 'timeout', HAProxy's ``timeout server``: the answer
+    comes once the wait for the head ran out, not before, and the client's exchange never
+    reaches its own cap (:data:`TIMEOUT`)."""
+    gateway, upstream = proxied
+    (case,) = [c for c in cases.CASES if c.name == "answer_timeout"]
+    said, took = cases.run(gateway.port, upstream, case)
+    assert said == "504"
+    assert cases.UPSTREAM_TIMEOUT <= took < cases.TIMEOUT
