@@ -12,6 +12,7 @@ is the strictest of nginx's and HAProxy's, or a stricter choice the docs table e
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,3 +83,48 @@ def test_an_upstream_that_never_answers_is_a_504_after_the_read_timeout(
     said, took = cases.run(gateway.port, upstream, case)
     assert said == "504"
     assert cases.UPSTREAM_TIMEOUT <= took < cases.TIMEOUT
+
+
+def test_bytes_after_a_pooled_answer_close_that_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nginx-tests proxy_extra_data.t, the stray bytes coming after the answer was handed on
+    (the case table covers them in the same read): the idle connection is closed at once and
+    the next request goes on a fresh one, never reading them as its answer."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(cases.TIMEOUT)
+    gateway = _gateway([listener.getsockname()[1]])
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=cases.TIMEOUT) as c:
+            c.sendall(cases.get(b"/r", close=False))
+            first, _ = listener.accept()
+            with first:
+                first.settimeout(cases.TIMEOUT)
+                assert first.recv(65536).startswith(b"GET /r ")
+                first.sendall(cases.OK)
+                assert _read_answer(c).endswith(b"\r\n\r\nok")
+                first.sendall(b"-BUT-NOT-THIS")
+                assert first.recv(65536) == b""  # the gateway closed it
+            c.sendall(cases.get(b"/next"))
+            second, _ = listener.accept()
+            with second:
+                second.settimeout(cases.TIMEOUT)
+                assert second.recv(65536).startswith(b"GET /next ")
+                second.sendall(cases.LAST)
+                assert _read_answer(c).endswith(b"\r\n\r\nlast response")
+    finally:
+        gateway.stop()
+        listener.close()
+    assert "sent bytes after a complete answer" in caplog.text
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One answer with a ``Content-Length`` from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return data[: len(head) + 4] + body
