@@ -434,6 +434,14 @@ def framing(answers: list[Answer], received: list[Received]) -> str:
     return default(answers, received) + (f" ({frames})" if frames else "")
 
 
+def _name_case(request: Received, lower: bytes) -> str:
+    for line in request.head[1:]:
+        name = line.partition(b":")[0]
+        if name.lower() == lower:
+            return f"`{name.decode('latin-1')}`"
+    return "nothing"
+
+
 def connections(answers: list[Answer], received: list[Received]) -> str:
     count = len({r.connection for r in received})
     return f"{client_text(answers)}; {len(received)} requests on {count} upstream connections"
@@ -616,6 +624,41 @@ REQUEST_CASES: list[Case] = [
          [get(b"/a", close=False) + get(b"/b", close=False) + get(b"/c")],
          "200 `ok` then 200 `ok` then 200 `ok`; 3 requests on 1 upstream connections",
          describe=connections),
+    Case("get_with_body", "`GET` with `Content-Length: 5` and a body",
+         NGX + "proxy_pass_request.t / " + HAP + "http-messaging/h1_to_h1.vtc",
+         [get(b"/r", b"Content-Length: 5\r\n") + b"hello"],
+         "200 `ok`; upstream got GET /r `hello`"),
+    Case("pipelined_post", "`POST` with a 5-byte body, then a `GET`, in one write",
+         NGX + "http_keepalive.t / " + HAP + "http-messaging/h1_to_h1.vtc",
+         [post(b"/a", b"Content-Length: 5\r\n", b"hello") + get(b"/b")],
+         "200 `ok` then 200 `ok`; upstream got POST /a `hello`, GET /b"),
+    Case("close_then_more", "`GET` with `Connection: close`, then another `GET` in the same write",
+         NGX + "http_keepalive.t",
+         [get(b"/a") + get(b"/b")], "200 `ok`; upstream got GET /a"),
+    Case("http10_keepalive", "two HTTP/1.0 `GET`s with `Connection: keep-alive`",
+         NGX + "http_keepalive.t / " + HAP + "http-messaging/h1_to_h1.vtc",
+         [b"GET /a HTTP/1.0\r\n" + HOST + b"Connection: keep-alive\r\n\r\n"
+          b"GET /b HTTP/1.0\r\n" + HOST + b"\r\n"],
+         "200 `ok` then 200 `ok`; upstream got GET /a, GET /b"),
+    Case("http10_no_host", "HTTP/1.0 `GET` without `Host`", NGX + "http_host.t 'no host'",
+         [b"GET /r HTTP/1.0\r\n\r\n"], "200 `ok`; upstream got GET /r"),
+    Case("http11_no_host", "HTTP/1.1 `GET` without `Host`",
+         NGX + "http_host.t / " + HAP + "http-messaging/h1_host_normalization.vtc",
+         [b"GET /r HTTP/1.1\r\nConnection: close\r\n\r\n"], "400; upstream got nothing"),
+    Case("space_in_target", "`GET /a b HTTP/1.1` (a space in the target)",
+         HAP + "http-messaging/h1_request_target_validation.vtc",
+         [get(b"/a b")], "400; upstream got nothing"),
+    Case("request_obs_fold", "a folded request field (obs-fold)", NGX + "http_header_buffers.t",
+         [get(b"/r", b"X-A: 1\r\n  2\r\n")], "400; upstream got nothing"),
+    Case("expect_too_large", "`Expect: 100-continue` with a 20 MiB `Content-Length`",
+         NGX + "http_expect_100_continue.t / client_max_body_size",
+         [post(b"/r", b"Expect: 100-continue\r\nContent-Length: 20971520\r\n" + CLOSE, b"")],
+         "413; upstream got nothing"),
+    Case("name_case", "a field name in mixed case (`X-CamelCase`)",
+         HAP + "http-rules/h1or2_to_h1c.vtc (h1-case-adjust)",
+         [get(b"/r", b"X-CamelCase: v\r\n")], "200 `ok`; upstream got GET /r as `X-CamelCase`",
+         describe=lambda a, r: f"{client_text(a)}; upstream got "
+         + ", ".join(request_text(x) + " as " + _name_case(x, b"x-camelcase") for x in r)),
 ]  # fmt: skip
 
 ANSWER_CASES: list[Case] = [
@@ -720,6 +763,25 @@ ANSWER_CASES: list[Case] = [
     Case("answer_no_reason", "a status line without a reason phrase (`HTTP/1.1 200`)",
          NGX + "proxy.t 'no reason'", [get(b"/r")], "200 `ok`",
          {b"/r": Reply(b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok")}, only_client),
+    Case("answer_big_head", "an answer field of 40 KiB",
+         NGX + "proxy.t / proxy_buffer_size (`upstream sent too big header`)",
+         [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 40960
+                       + b"\r\nContent-Length: 2\r\n\r\nok")}, only_client),
+    Case("answer_101", "`101 Switching Protocols` to a plain `GET`",
+         NGX + "proxy_upgrade.t / " + HAP + "http-messaging/protocol_upgrade.vtc",
+         [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                       b"Connection: Upgrade\r\n\r\nraw bytes")}, only_client),
+    Case("answer_close_then_more", "an answer with `Connection: close`, a 2nd request pipelined",
+         NGX + "proxy_keepalive.t 'upstream close'",
+         [get(b"/r", close=False) + get(b"/last")], "200 `ok` then 200 `last response`",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"),
+          b"/last": Reply(LAST)}, only_client),
+    Case("answer_until_close", "an answer without length or chunking, ended by the close",
+         NGX + "proxy.t / " + HAP + "http-messaging/h1_to_h1.vtc",
+         [get(b"/r")], "200 `until the close`",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\n\r\nuntil the close")}, only_client),
     Case("answer_nothing", "the upstream closes without answering",
          NGX + "proxy_next_upstream.t (an `error`)", [get(b"/r")], "502",
          {b"/r": Reply(b"")}, only_client),

@@ -128,3 +128,32 @@ def _read_answer(sock: socket.socket) -> bytes:
     while len(body) < length:
         body += sock.recv(65536)
     return data[: len(head) + 4] + body
+
+
+def test_bytes_after_a_closing_request_do_not_cut_its_answer_off() -> None:
+    """nginx-tests http_keepalive.t, the bytes after a ``Connection: close`` request arriving
+    while it is served (the case table sends them in the same write): the request is answered
+    whole and the bytes are never read as a request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(cases.TIMEOUT)
+    gateway = _gateway([listener.getsockname()[1]])
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=cases.TIMEOUT) as c:
+            c.sendall(cases.get(b"/a"))
+            served, _ = listener.accept()
+            with served:
+                served.settimeout(cases.TIMEOUT)
+                assert served.recv(65536).startswith(b"GET /a ")
+                c.sendall(cases.get(b"/b"))  # while /a waits for its answer
+                served.sendall(cases.OK)
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert answer.endswith(b"\r\n\r\nok")
+        listener.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            listener.accept()  # /b never went anywhere
+    finally:
+        gateway.stop()
+        listener.close()

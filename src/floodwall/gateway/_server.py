@@ -469,12 +469,13 @@ class Connection(asyncio.Protocol):
             self._close_after = True  # an upgrade is not proxied: no byte after it is read
             self.pause_reading()
         except httptools.HttpParserError as exc:
-            ready.clear()  # (llhttp refuses some framing only once the head is complete)
-            receiving = self._receiving
-            if receiving is not None and receiving.body is not None:
-                receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
-            self._refuse(parser_refusal(exc))
-            return
+            if not self._after_close(exc):
+                ready.clear()  # (llhttp refuses some framing only once the head is complete)
+                receiving = self._receiving
+                if receiving is not None and receiving.body is not None:
+                    receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
+                self._refuse(parser_refusal(exc))
+                return
         if in_body and self._in_head:  # a body ended and the next head began in this read:
             self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
         if ready:
@@ -482,6 +483,18 @@ class Connection(asyncio.Protocol):
         if self._head_bytes > self.rules.max_head and not self._in_body:
             quiet.debug("refusing a request head: more than %d bytes", self.rules.max_head)
             self._refuse(self.rules.too_large)
+
+    def _after_close(self, exc: httptools.HttpParserError) -> bool:
+        """Whether llhttp refused bytes that came after a whole request which closes the
+        connection (``Connection: close``, HTTP/1.0): that request is served, as nginx and
+        HAProxy do, and the bytes are never read (no 400 for it, no answer cut off)."""
+        if self._receiving is not None or not str(exc).startswith("Data after"):
+            return False
+        self.parser = _Refused()  # type: ignore[assignment]
+        self._close_after = True
+        self._head_bytes = 0
+        self.pause_reading()
+        return True
 
     def _dispatch(self) -> None:
         """Serve the heads this read completed: the first now if none is being served, the
