@@ -110,7 +110,7 @@ def nginx(
 
 
 def haproxy(
-    directory: Path, port: int, upstreams: list[int], timeout: float = 5.0
+    directory: Path, port: int, upstreams: list[int], timeout: float = 5.0, retry: bool = False
 ) -> list[str] | None:
     if shutil.which("haproxy") is None:
         return None
@@ -118,7 +118,7 @@ def haproxy(
     servers = "".join(
         f"  server s{number} 127.0.0.1:{upstream}\n" for number, upstream in enumerate(upstreams)
     )
-    redispatch = "  option redispatch 1\n" if len(upstreams) > 1 else ""
+    redispatch = "  option redispatch 1\n" if retry else ""
     conf.write_text(
         "global\n  maxconn 64\ndefaults\n  mode http\n  timeout connect 2s\n"
         f"  timeout client 5s\n  timeout server {timeout:g}s\n{redispatch}"
@@ -129,20 +129,24 @@ def haproxy(
     return ["haproxy", "-db", "-f", str(conf)]
 
 
-def floodwall(directory: Path, port: int, upstreams: list[int], timeout: float = 30.0) -> list[str]:
+def floodwall(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 30.0, retry: bool = False
+) -> list[str]:
     conf = directory / "gateway.json"
+    route: dict[str, object] = {"match": {"path_prefix": "/"}, "upstream": "svc"}
+    resources = {}
+    if retry:
+        resources = {"svc": {"retry": {"attempts": 2}}}
+        route["resource"] = "svc"
+    endpoints = [f"http://127.0.0.1:{upstream}" for upstream in upstreams]
     conf.write_text(
         json.dumps(
             {
                 "listen": f"127.0.0.1:{port}",
                 "admin": None,
-                "upstreams": {
-                    "svc": {
-                        "endpoints": [f"http://127.0.0.1:{upstream}" for upstream in upstreams],
-                        "read_timeout": timeout,
-                    }
-                },
-                "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+                "upstreams": {"svc": {"endpoints": endpoints, "read_timeout": timeout}},
+                "resources": resources,
+                "routes": [route],
             }
         ),
         encoding="utf-8",
@@ -249,29 +253,34 @@ def table(upstream: Upstream, ports: dict[str, int], live: set[str]) -> list[str
     return rows
 
 
-def proxies(directory: Path, upstreams: list[int], timeout: float) -> dict[str, list[str] | None]:
+def proxies(
+    directory: Path, upstreams: list[int], timeout: float, retry: bool = False
+) -> dict[str, list[str] | None]:
     """Each proxy's command line, its configuration written under ``directory`` (one
-    subdirectory each, so that two sets can run at once), in front of ``upstreams``."""
+    subdirectory each), in front of ``upstreams``; ``retry``: floodwall with a resource whose
+    retry makes 2 attempts, HAProxy with ``option redispatch`` (nginx's default already tries
+    the next endpoint on an error)."""
     where = {name: directory / name for name in ("floodwall", "nginx", "HAProxy")}
     for path in where.values():
         path.mkdir(parents=True, exist_ok=True)
     return {
-        "floodwall": floodwall(where["floodwall"], PORTS["floodwall"], upstreams, timeout),
+        "floodwall": floodwall(where["floodwall"], PORTS["floodwall"], upstreams, timeout, retry),
         "nginx": nginx(where["nginx"], PORTS["nginx"], upstreams, timeout),
-        "HAProxy": haproxy(where["HAProxy"], PORTS["HAProxy"], upstreams, timeout),
+        "HAProxy": haproxy(where["HAProxy"], PORTS["HAProxy"], upstreams, timeout, retry),
     }
 
 
 PORTS: dict[str, int] = {}
 
 
-def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path) -> str:
+def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path, retry: bool) -> str:
     """nginx-tests proxy_next_upstream.t: the first endpoint refuses connections; four
     requests on fresh connections, each answered by the second one or not."""
     upstream = proxy_cases.Upstream()
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
-    commands = proxies(directory / "next", [dead.getsockname()[1], upstream.port], 2.0)
+    where = directory / ("next-retry" if retry else "next")
+    commands = proxies(where, [dead.getsockname()[1], upstream.port], 2.0, retry)
     try:
         with running(commands, ports):
             said = []
@@ -285,6 +294,8 @@ def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path) ->
         dead.close()
         upstream.close()
     label = "the first of two endpoints refuses connections: four requests"
+    if retry:
+        label += " (floodwall `retry: {attempts: 2}`, HAProxy `option redispatch`)"
     return f"| {label} | nginx-tests proxy_next_upstream.t | {' | '.join(said)} |"
 
 
@@ -311,7 +322,8 @@ def main() -> None:
                 rows = peer_table(peers, ports, live)
         finally:
             peers.close()
-        rows.append(next_upstream_row(ports, live, directory))
+        rows.append(next_upstream_row(ports, live, directory, retry=False))
+        rows.append(next_upstream_row(ports, live, directory, retry=True))
         print("\n".join(rows))
 
 

@@ -40,7 +40,7 @@ def _load() -> ModuleType:
 cases = _load()
 
 
-def _gateway(endpoints: list[int]) -> GatewayThread:
+def _gateway(endpoints: list[int], **extra: Any) -> GatewayThread:
     config: dict[str, Any] = {
         "admin": None,
         "upstreams": {
@@ -49,8 +49,10 @@ def _gateway(endpoints: list[int]) -> GatewayThread:
                 "read_timeout": cases.UPSTREAM_TIMEOUT,
             }
         },
-        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+        "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc", **extra}],
     }
+    if "resource" in extra:
+        config["resources"] = {extra["resource"]: {"retry": {"attempts": 2}}}
     return GatewayThread(config).start()
 
 
@@ -157,3 +159,31 @@ def test_bytes_after_a_closing_request_do_not_cut_its_answer_off() -> None:
     finally:
         gateway.stop()
         listener.close()
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["default", "retry"])
+def test_a_refused_connection_goes_on_to_the_next_endpoint_with_a_retry(retry: bool) -> None:
+    """nginx-tests proxy_next_upstream.t: the first of two endpoints refuses connections. With
+    a resource whose retry allows a second attempt, every request is answered by the other
+    endpoint (nginx's default ``proxy_next_upstream error``, HAProxy's ``option redispatch``);
+    without one, a request sent to the refusing endpoint is a 502 (``connect``), one try only,
+    as HAProxy's default (which answers none of them) and Envoy's: docs/gateway.md says so."""
+    upstream = cases.Upstream()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+    extra = {"resource": "svc"} if retry else {}
+    gateway = _gateway([dead.getsockname()[1], upstream.port], **extra)
+    try:
+        upstream.reset({})
+        answers = [cases.exchange(gateway.port, [cases.get(b"/r")])[0] for _ in range(4)]
+    finally:
+        gateway.stop()
+        dead.close()
+        upstream.close()
+    statuses = sorted(int(a.split(b" ")[1]) for a in answers)
+    if retry:
+        assert statuses == [200, 200, 200, 200]
+        assert len(upstream.received) == 4  # each request once
+    else:
+        assert statuses == [200, 200, 502, 502]  # round robin: every other one refused
+        assert len(upstream.received) == 2
