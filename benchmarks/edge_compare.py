@@ -93,10 +93,10 @@ def nginx(
     if shutil.which("nginx") is None:
         return None
     conf = directory / "nginx.conf"
-    temp = " ".join(
-        f"{kind}_temp_path {directory / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
+    kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    for kind in kinds:
+        (directory / kind).mkdir(exist_ok=True)
+    temp = " ".join(f"{kind}_temp_path {directory / kind};" for kind in kinds)
     servers = " ".join(f"server 127.0.0.1:{upstream};" for upstream in upstreams)
     conf.write_text(
         f"worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"

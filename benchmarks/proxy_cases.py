@@ -41,7 +41,8 @@ HOST = b"Host: api.example.com\r\n"
 class Reply:
     """What the upstream does with a request: send ``data``, then ``after``: ``close`` the
     connection, ``keep`` it for the next request, or ``hang`` (hold it open, reading nothing,
-    until the peer closes it)."""
+    until the peer closes it); ``early``: send it as soon as the head arrived, body unread,
+    then close lingering (the rest read away until the peer closes)."""
 
     data: bytes
     after: str = "close"
@@ -103,11 +104,11 @@ def _read_exact(conn: socket.socket, buf: bytearray, size: int) -> bytes | None:
 
 
 def read_request(
-    conn: socket.socket, buf: bytearray, connection: int, log: Callable[[Received], None]
+    conn: socket.socket, buf: bytearray, connection: int, log: Callable[[Received], bool]
 ) -> Received | None:
     """The next request on ``conn`` (``None`` at its end), handed to ``log`` once its head
-    arrived. Lenient on purpose: it logs what a proxy sent, it does not judge it; a
-    ``100-continue`` expectation is granted."""
+    arrived (``log`` returns whether to leave its body unread). Lenient on purpose: it logs
+    what a proxy sent, it does not judge it; a ``100-continue`` expectation is granted."""
     head: list[bytes] = []
     while True:
         line = _read_line(conn, buf)
@@ -119,7 +120,10 @@ def read_request(
             continue
         head.append(line)
     request = Received(connection, head, b"", "none")
-    log(request)
+    if log(request):  # answered before its body is read
+        request.framing = "unread"
+        request.done.set()
+        return request
     try:
         return _read_body(conn, buf, request)
     finally:
@@ -205,12 +209,17 @@ class Upstream:
             conn.settimeout(TIMEOUT + 5)
             while not self._stop.is_set():
                 request = read_request(conn, buf, number, self._log)
-                if request is None or not request.complete:
+                if request is None or not (request.complete or request.framing == "unread"):
                     return
                 with self._lock:
                     reply = self.replies.get(request.target.partition(b"?")[0], OK_KEEP)
                 if reply.data:
                     conn.sendall(reply.data)
+                if reply.after == "early":  # a lingering close (nginx's): what was sent
+                    conn.shutdown(socket.SHUT_WR)  # is not lost to a reset for unread bytes
+                    while conn.recv(65536):
+                        pass
+                    return
                 if reply.after == "hang":
                     while conn.recv(65536):
                         pass
@@ -218,9 +227,11 @@ class Upstream:
                 if reply.after != "keep":
                     return
 
-    def _log(self, request: Received) -> None:
+    def _log(self, request: Received) -> bool:
         with self._lock:
             self.received.append(request)
+            reply = self.replies.get(request.target.partition(b"?")[0], OK_KEEP)
+        return reply.after == "early"
 
     def settled(self, timeout: float = 2.0) -> list[Received]:
         """The requests received, once each has been read to its end (or ``timeout``)."""
@@ -782,6 +793,16 @@ ANSWER_CASES: list[Case] = [
          NGX + "proxy.t / " + HAP + "http-messaging/h1_to_h1.vtc",
          [get(b"/r")], "200 `until the close`",
          {b"/r": Reply(b"HTTP/1.1 200 OK\r\n\r\nuntil the close")}, only_client),
+    Case("answer_early_413",
+         "a 512 KiB `POST` body; the upstream answers 413 after the head, body unread",
+         HAP + "http-messaging/http_abortonclose.vtc / " + NGX + "proxy_request_buffering.t",
+         [post(b"/big", b"Content-Length: 524288\r\n" + CLOSE, b"x" * 524288)], "413",
+         {b"/big": Reply(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n", "early")}, only_client),
+    Case("answer_chunked_to_http10", "a chunked answer to an HTTP/1.0 client",
+         NGX + "proxy_chunked.t / " + HAP + "http-messaging/h1_to_h1.vtc",
+         [b"GET /r HTTP/1.0\r\n" + HOST + b"\r\n"], "200 `SEE-THIS`",
+         {b"/r": Reply(chunked_answer(b"8\r\nSEE-THIS\r\n0\r\n\r\n"))}, only_client),
     Case("answer_nothing", "the upstream closes without answering",
          NGX + "proxy_next_upstream.t (an `error`)", [get(b"/r")], "502",
          {b"/r": Reply(b"")}, only_client),
