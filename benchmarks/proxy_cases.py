@@ -662,6 +662,10 @@ REQUEST_CASES: list[Case] = [
     Case("close_then_more", "`GET` with `Connection: close`, then another `GET` in the same write",
          NGX + "http_keepalive.t",
          [get(b"/a") + get(b"/b")], "200 `ok`; upstream got GET /a"),
+    Case("close_second_of_three", "three `GET`s in one write, the second with `Connection: close`",
+         NGX + "http_keepalive.t",
+         [get(b"/a", close=False) + get(b"/b") + get(b"/c")],
+         "200 `ok` then 200 `ok`; upstream got GET /a, GET /b"),
     Case("http10_keepalive", "two HTTP/1.0 `GET`s with `Connection: keep-alive`",
          NGX + "http_keepalive.t",
          [b"GET /a HTTP/1.0\r\n" + HOST + b"Connection: keep-alive\r\n\r\n"

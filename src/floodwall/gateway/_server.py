@@ -486,14 +486,13 @@ class Connection(asyncio.Protocol):
 
     def _after_close(self, exc: httptools.HttpParserError) -> bool:
         """Whether llhttp refused bytes that came after a whole request which closes the
-        connection (``Connection: close``, HTTP/1.0): that request is served, as nginx and
-        HAProxy do, and the bytes are never read (no 400 for it, no answer cut off)."""
+        connection (``Connection: close``, HTTP/1.0): that request (and those before it) is
+        served, as nginx and HAProxy do, and the bytes are never read (no 400 for it, no
+        answer cut off). The connection closes after it, as its ``keep_alive`` says."""
         if self._receiving is not None or not str(exc).startswith("Data after"):
             return False
         self.parser = _Refused()  # type: ignore[assignment]
-        self._close_after = True
         self._head_bytes = 0
-        self.pause_reading()
         return True
 
     def _dispatch(self) -> None:
