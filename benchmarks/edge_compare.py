@@ -299,6 +299,29 @@ def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path, re
     return f"| {label} | nginx-tests proxy_next_upstream.t | {' | '.join(said)} |"
 
 
+def two_endpoint_rows(ports: dict[str, int], live: set[str], directory: Path) -> list[str]:
+    """nginx-tests proxy_non_idempotent.t: two endpoints that close without answering; which
+    requests a proxy sends to the second, with its defaults and with a retry."""
+    rows = []
+    for retry in (False, True):
+        upstreams = [proxy_cases.Upstream(), proxy_cases.Upstream()]
+        where = directory / ("two-retry" if retry else "two")
+        commands = proxies(where, [u.port for u in upstreams], 2.0, retry)
+        try:
+            with running(commands, ports):
+                for case in proxy_cases.TWO_ENDPOINT_CASES:
+                    said = [
+                        proxy_cases.run_two(port, upstreams, case) if name in live else "-"
+                        for name, port in ports.items()
+                    ]
+                    label = case.label + (" (with a retry, as above)" if retry else "")
+                    rows.append(f"| {label} | {case.peer} | {' | '.join(said)} |")
+        finally:
+            for upstream in upstreams:
+                upstream.close()
+    return rows
+
+
 def main() -> None:
     upstream = Upstream()
     PORTS.update({name: free_port() for name in ("floodwall", "nginx", "HAProxy")})
@@ -324,6 +347,7 @@ def main() -> None:
             peers.close()
         rows.append(next_upstream_row(ports, live, directory, retry=False))
         rows.append(next_upstream_row(ports, live, directory, retry=True))
+        rows += two_endpoint_rows(ports, live, directory)
         print("\n".join(rows))
 
 

@@ -828,6 +828,15 @@ ANSWER_CASES: list[Case] = [
          NGX + "proxy_chunked.t 'chunked' (for an HTTP/1.0 client)",
          [b"GET /r HTTP/1.0\r\n" + HOST + b"\r\n"], "200 `SEE-THIS`",
          {b"/r": Reply(chunked_answer(b"8\r\nSEE-THIS\r\n0\r\n\r\n"))}, only_client),
+    Case("answer_noclose", "an answer without length that never ends (the proxy waits 2 s)",
+         NGX + "proxy_noclose.t 'bad backend - no content length'",
+         [get(b"/r")], "200 `SEE-THIS` cut short",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\n\r\nSEE-THIS", "hang")}, only_client),
+    Case("answer_length_noclose", "`Content-Length: 8`, then the upstream holds the connection",
+         NGX + "proxy_noclose.t 'content-length actually used'",
+         [get(b"/r")], "200 `SEE-THIS`",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nSEE-THIS", "hang")},
+         only_client),
     Case("answer_nothing", "the upstream closes without answering",
          NGX + "proxy_next_upstream.t (an `error`)", [get(b"/r")], "502",
          {b"/r": Reply(b"")}, only_client),
@@ -866,3 +875,29 @@ def _half_close(port: int, data: bytes) -> tuple[bytes, float]:
         while chunk := sock.recv(65536):
             answer += chunk
     return answer, time.monotonic() - start
+
+
+# -- two endpoints -----------------------------------------------------------------------------
+
+TWO_ENDPOINT_CASES: list[Case] = [
+    Case("next_get", "both endpoints close without answering a `GET`",
+         NGX + "proxy_non_idempotent.t 'get'", [get(b"/r")], "502; tried 2 endpoints",
+         {b"/r": Reply(b"")}),
+    Case("next_post", "both endpoints close without answering a `POST`",
+         NGX + "proxy_non_idempotent.t 'post'",
+         [post(b"/r", b"Content-Length: 5\r\n" + CLOSE, b"hello")], "502; tried 1 endpoint",
+         {b"/r": Reply(b"")}),
+]  # fmt: skip
+"""Run against a proxy with two endpoints that answer alike (:func:`run_two`); the expected
+line is floodwall's with a retry of 2 attempts on the route's resource."""
+
+
+def run_two(port: int, upstreams: list[Upstream], case: Case) -> str:
+    """``case`` against a proxy in front of ``upstreams``: the client's answers and how many
+    of the endpoints got the request."""
+    for upstream in upstreams:
+        upstream.reset(case.replies)
+    data, _ = exchange(port, case.parts)
+    answers = parse_answers(data, case.methods)
+    tried = sum(1 for upstream in upstreams if upstream.settled())
+    return f"{client_text(answers)}; tried {tried} endpoint{'s' if tried != 1 else ''}"

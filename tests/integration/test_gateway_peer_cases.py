@@ -187,3 +187,21 @@ def test_a_refused_connection_goes_on_to_the_next_endpoint_with_a_retry(retry: b
     else:
         assert statuses == [200, 200, 502, 502]  # round robin: every other one refused
         assert len(upstream.received) == 2
+
+
+@pytest.mark.parametrize(
+    "case", cases.TWO_ENDPOINT_CASES, ids=[c.name for c in cases.TWO_ENDPOINT_CASES]
+)
+def test_only_a_request_that_may_be_repeated_goes_to_a_second_endpoint(case: Any) -> None:
+    """nginx-tests proxy_non_idempotent.t: both endpoints close without answering. With a
+    retry of 2 attempts, a ``GET`` is sent to each (then a 502), a ``POST`` to one only:
+    it may have had its effect already (nginx's default, without ``non_idempotent``)."""
+    upstreams = [cases.Upstream(), cases.Upstream()]
+    gateway = _gateway([u.port for u in upstreams], resource="svc")
+    try:
+        said = cases.run_two(gateway.port, upstreams, case)
+    finally:
+        gateway.stop()
+        for upstream in upstreams:
+            upstream.close()
+    assert said == case.floodwall, f"{case.peer}: {case.label}"
