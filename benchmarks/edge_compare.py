@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -96,10 +97,11 @@ def nginx(
     kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     for kind in kinds:
         (directory / kind).mkdir(exist_ok=True)
+    user = "user root;" if os.geteuid() == 0 else ""  # (its workers write the temp files)
     temp = " ".join(f"{kind}_temp_path {directory / kind};" for kind in kinds)
     servers = " ".join(f"server 127.0.0.1:{upstream};" for upstream in upstreams)
     conf.write_text(
-        f"worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
+        f"{user} worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
         f"error_log {directory / 'nginx.log'} info;\nevents {{ worker_connections 64; }}\n"
         f"http {{ access_log off; {temp}\n  upstream backend {{ {servers} }}\n"
         f"  server {{ listen 127.0.0.1:{port};\n"

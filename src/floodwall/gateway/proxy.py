@@ -510,8 +510,9 @@ class Proxy:
                 if expect.lower() != "100-continue":
                     why = f"Expect: {expect} is not supported"
                     return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
-                if request.body is not None and request.connection is not None:
-                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
+                declared = request.body is not None or request.content_length is not None
+                if declared and request.connection is not None:  # (Content-Length: 0 too, as
+                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")  # nginx)
             try:
                 with admitted:
                     response = await self._exchange(
