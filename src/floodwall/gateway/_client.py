@@ -11,8 +11,10 @@ module does that with an asyncio protocol per connection and llhttp's response p
   obs-fold, a field name that is not a token (``Content-Length : 8``) or a control character in
   a field value fail the answer in the parser; a control character in the reason phrase fails
   it here (:func:`~floodwall.gateway._headers.reason_error`), and so do a status line,
-  field or field count past ``max_line``/``max_field``/``max_headers``. The proxy answers 502
-  and a warning names the endpoint and the reason;
+  field or field count past ``max_line``/``max_field``/``max_headers``, and so does a
+  ``Transfer-Encoding`` other than one ``chunked``. The proxy answers 502 and a warning names
+  the endpoint and the reason. Bytes after a whole answer do not fail it: it is passed on and
+  its connection closed;
 * a request head is written only when no field breaks its line (no CR/LF injection);
 * a connection goes back to the pool only when its answer arrived whole, the request body was
   sent whole, and neither side asked to close; anything else closes it;

@@ -10,7 +10,8 @@ was about a third of the gateway's CPU per request. This module keeps what matte
   ``Content-Length``, obfuscated ``Transfer-Encoding``, whitespace before a colon, obs-fold,
   bare CR or LF and control characters are refused before a request exists. On top of it, the
   line and field limits (414 for a long target, 431 for a long field or too many), a repeated
-  ``Host`` (400) and the :class:`~floodwall.gateway._edge.EdgeRules`;
+  ``Host`` (400) and the :class:`~floodwall.gateway._edge.EdgeRules`. Bytes after a request
+  that closes the connection are never read (that request is served, no 400);
 * **slow clients**: from the first byte of a request head, the whole head must arrive within
   ``head_timeout`` seconds (slowloris); an idle keep-alive connection closes after
   ``keepalive_timeout``; a head still arriving past the edge's ``max_head`` is refused (431)
@@ -490,7 +491,7 @@ class Connection(asyncio.Protocol):
         served, as nginx and HAProxy do, and the bytes are never read (no 400 for it, no
         answer cut off). The connection closes after it, as its ``keep_alive`` says."""
         if self._receiving is not None or not str(exc).startswith("Data after"):
-            return False
+            return False  # (llhttp's HPE_CLOSED_CONNECTION: "Data after `Connection: close`")
         self.parser = _Refused()  # type: ignore[assignment]
         self._head_bytes = 0
         return True

@@ -506,13 +506,14 @@ class Proxy:
                     return _rate_refused(route, decision, table.request_id, rid)
                 extra, block = route.rate_fields(decision)  # (no helper call when admitted)
             expect = headers.get("expect")
-            if expect is not None and request.version != "1.0":  # (RFC 9110 §10.1.1: ignored)
-                if expect.lower() != "100-continue":
+            if expect is not None and request.version != "1.0":  # (1.0: ignored, RFC 9110
+                if expect.lower() != "100-continue":  # §10.1.1)
                     why = f"Expect: {expect} is not supported"
                     return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
+                # a 100 for any declared body, Content-Length: 0 too (nginx's and HAProxy's)
                 declared = request.body is not None or request.content_length is not None
-                if declared and request.connection is not None:  # (Content-Length: 0 too, as
-                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")  # nginx)
+                if declared and request.connection is not None:
+                    request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
                 with admitted:
                     response = await self._exchange(
