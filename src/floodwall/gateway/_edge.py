@@ -12,6 +12,7 @@ nginx or HAProxy (the stricter of the two) refuses it too:
   absolute-form target, ``Host`` must name the target's host (RFC 9112 §3.2.2 makes the target
   win; a proxy that routes on one and forwards the other can be steered). An HTTP/1.1 request
   needs one unless its target is absolute (RFC 9112 §3.2). 400 otherwise.
+* **target**: a fragment (``#``) is refused (400), as HAProxy does.
 * **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
   within ``max_head`` bytes, 431 past it. The per-line and count limits alone let
   ``max_headers × max_line`` bytes through (800 KiB by default); the server's protocol also
@@ -63,6 +64,9 @@ _DOT_PARAMETERS: Final = EdgeRefusal(
 )
 
 
+_FRAGMENT: Final = EdgeRefusal(400, "bad_target", "a fragment ('#') in the request target")
+"""RFC 9112 §3.2: a request target has no fragment (HAProxy refuses it by default; an upstream
+may read the path differently from the route that matched it)."""
 _NO_HOST: Final = EdgeRefusal(400, "bad_host", "an HTTP/1.1 request without Host")
 """RFC 9112 §3.2: a server MUST answer 400 (nginx does; an absolute-form target names the host
 and may go without, as nginx lets it)."""
@@ -107,6 +111,8 @@ class EdgeRules:
             refused = _absolute_form(request.scheme_of_target, authority, host)
             if refused is not None:
                 return refused
+        if "#" in request.target:
+            return _FRAGMENT
         path = request.raw_path
         if (
             not self.forward_parameters
