@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import proxy_cases
 
 OK = b"HTTP/1.1 200 OK\r\nServer: upstream-secret/1.0\r\nContent-Length: 2\r\n\r\nok"
 HOST = b"Host: api.example.com\r\n"
@@ -85,48 +88,67 @@ def exchange(port: int, data: bytes) -> bytes:
         return answer
 
 
-def nginx(directory: Path, port: int, upstream: int) -> list[str] | None:
+def nginx(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 60.0
+) -> list[str] | None:
     if shutil.which("nginx") is None:
         return None
     conf = directory / "nginx.conf"
-    temp = " ".join(
-        f"{kind}_temp_path {directory / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
+    kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    for kind in kinds:
+        (directory / kind).mkdir(exist_ok=True)
+    user = "user root;" if os.geteuid() == 0 else ""  # (its workers write the temp files)
+    temp = " ".join(f"{kind}_temp_path {directory / kind};" for kind in kinds)
+    servers = " ".join(f"server 127.0.0.1:{upstream};" for upstream in upstreams)
     conf.write_text(
-        f"worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
+        f"{user} worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
         f"error_log {directory / 'nginx.log'} info;\nevents {{ worker_connections 64; }}\n"
-        f"http {{ access_log off; {temp}\n"
+        f"http {{ access_log off; {temp}\n  upstream backend {{ {servers} }}\n"
         f"  server {{ listen 127.0.0.1:{port};\n"
-        f"    location / {{ proxy_pass http://127.0.0.1:{upstream}; }} }} }}\n",
+        f"    location / {{ proxy_pass http://backend; proxy_read_timeout {timeout:g}s; }} }} }}\n",
         encoding="utf-8",
     )
     return ["nginx", "-p", str(directory), "-e", str(directory / "nginx.log"), "-c", str(conf)]
 
 
-def haproxy(directory: Path, port: int, upstream: int) -> list[str] | None:
+def haproxy(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 5.0, retry: bool = False
+) -> list[str] | None:
     if shutil.which("haproxy") is None:
         return None
     conf = directory / "haproxy.cfg"
+    servers = "".join(
+        f"  server s{number} 127.0.0.1:{upstream}\n" for number, upstream in enumerate(upstreams)
+    )
+    redispatch = "  option redispatch 1\n" if retry else ""
     conf.write_text(
         "global\n  maxconn 64\ndefaults\n  mode http\n  timeout connect 2s\n"
-        "  timeout client 5s\n  timeout server 5s\n"
+        f"  timeout client 5s\n  timeout server {timeout:g}s\n{redispatch}"
         f"frontend edge\n  bind 127.0.0.1:{port}\n  default_backend upstream\n"
-        f"backend upstream\n  server one 127.0.0.1:{upstream}\n",
+        f"backend upstream\n{servers}",
         encoding="utf-8",
     )
     return ["haproxy", "-db", "-f", str(conf)]
 
 
-def floodwall(directory: Path, port: int, upstream: int) -> list[str]:
+def floodwall(
+    directory: Path, port: int, upstreams: list[int], timeout: float = 30.0, retry: bool = False
+) -> list[str]:
     conf = directory / "gateway.json"
+    route: dict[str, object] = {"match": {"path_prefix": "/"}, "upstream": "svc"}
+    resources = {}
+    if retry:
+        resources = {"svc": {"retry": {"attempts": 2}}}
+        route["resource"] = "svc"
+    endpoints = [f"http://127.0.0.1:{upstream}" for upstream in upstreams]
     conf.write_text(
         json.dumps(
             {
                 "listen": f"127.0.0.1:{port}",
                 "admin": None,
-                "upstreams": {"svc": {"endpoints": [f"http://127.0.0.1:{upstream}"]}},
-                "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+                "upstreams": {"svc": {"endpoints": endpoints, "read_timeout": timeout}},
+                "resources": resources,
+                "routes": [route],
             }
         ),
         encoding="utf-8",
@@ -233,22 +255,117 @@ def table(upstream: Upstream, ports: dict[str, int], live: set[str]) -> list[str
     return rows
 
 
+def proxies(
+    directory: Path, upstreams: list[int], timeout: float, retry: bool = False
+) -> dict[str, list[str] | None]:
+    """Each proxy's command line, its configuration written under ``directory`` (one
+    subdirectory each), in front of ``upstreams``; ``retry``: floodwall with a resource whose
+    retry makes 2 attempts, HAProxy with ``option redispatch`` (nginx's default already tries
+    the next endpoint on an error)."""
+    where = {name: directory / name for name in ("floodwall", "nginx", "HAProxy")}
+    for path in where.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {
+        "floodwall": floodwall(where["floodwall"], PORTS["floodwall"], upstreams, timeout, retry),
+        "nginx": nginx(where["nginx"], PORTS["nginx"], upstreams, timeout),
+        "HAProxy": haproxy(where["HAProxy"], PORTS["HAProxy"], upstreams, timeout, retry),
+    }
+
+
+PORTS: dict[str, int] = {}
+
+
+def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path, retry: bool) -> str:
+    """nginx-tests proxy_next_upstream.t: the first endpoint refuses connections; four
+    requests on fresh connections, each answered by the second one or not."""
+    upstream = proxy_cases.Upstream()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+    where = directory / ("next-retry" if retry else "next")
+    commands = proxies(where, [dead.getsockname()[1], upstream.port], 2.0, retry)
+    try:
+        with running(commands, ports):
+            said = []
+            for name, port in ports.items():
+                if name not in live:
+                    said.append("-")
+                    continue
+                statuses = [status(exchange(port, get())) for _ in range(4)]
+                said.append(", ".join(statuses))
+    finally:
+        dead.close()
+        upstream.close()
+    label = "the first of two endpoints refuses connections: four requests"
+    if retry:
+        label += " (floodwall `retry: {attempts: 2}`, HAProxy `option redispatch`)"
+    return f"| {label} | nginx-tests proxy_next_upstream.t | {' | '.join(said)} |"
+
+
+def two_endpoint_rows(ports: dict[str, int], live: set[str], directory: Path) -> list[str]:
+    """nginx-tests proxy_non_idempotent.t: two endpoints that close without answering; which
+    requests a proxy sends to the second, with its defaults and with a retry."""
+    rows = []
+    for retry in (False, True):
+        upstreams = [proxy_cases.Upstream(), proxy_cases.Upstream()]
+        where = directory / ("two-retry" if retry else "two")
+        commands = proxies(where, [u.port for u in upstreams], 2.0, retry)
+        try:
+            with running(commands, ports):
+                for case in proxy_cases.TWO_ENDPOINT_CASES:
+                    said = [
+                        proxy_cases.run_two(port, upstreams, case) if name in live else "-"
+                        for name, port in ports.items()
+                    ]
+                    label = case.label + (" (with a retry, as above)" if retry else "")
+                    rows.append(f"| {label} | {case.peer} | {' | '.join(said)} |")
+        finally:
+            for upstream in upstreams:
+                upstream.close()
+    return rows
+
+
 def main() -> None:
     upstream = Upstream()
-    ports = {name: free_port() for name in ("floodwall", "nginx", "HAProxy")}
+    PORTS.update({name: free_port() for name in ("floodwall", "nginx", "HAProxy")})
+    ports = dict(PORTS)
     with tempfile.TemporaryDirectory(prefix="edge-compare-") as where:
         directory = Path(where)
-        commands = {
-            "floodwall": floodwall(directory, ports["floodwall"], upstream.port),
-            "nginx": nginx(directory, ports["nginx"], upstream.port),
-            "HAProxy": haproxy(directory, ports["HAProxy"], upstream.port),
-        }
+        commands = proxies(directory / "edge", [upstream.port], 5.0)
         live = {name for name, command in commands.items() if command is not None}
         try:
             with running(commands, ports):
                 print("\n".join(table(upstream, ports, live)))
         finally:
             upstream.close()
+        if "--edge-only" in sys.argv:
+            return
+        print()
+        peers = proxy_cases.Upstream()
+        commands = proxies(directory / "cases", [peers.port], proxy_cases.UPSTREAM_TIMEOUT)
+        try:
+            with running(commands, ports):
+                rows = peer_table(peers, ports, live)
+        finally:
+            peers.close()
+        rows.append(next_upstream_row(ports, live, directory, retry=False))
+        rows.append(next_upstream_row(ports, live, directory, retry=True))
+        rows += two_endpoint_rows(ports, live, directory)
+        print("\n".join(rows))
+
+
+def peer_table(upstream: proxy_cases.Upstream, ports: dict[str, int], live: set[str]) -> list[str]:
+    """Issue 20's cases ported from nginx's and HAProxy's tests (``proxy_cases.py``)."""
+    rows = [
+        f"| case | peer source | {' | '.join(ports)} |",
+        "| --- | --- |" + " --- |" * len(ports),
+    ]
+    for case in proxy_cases.CASES:
+        said = [
+            proxy_cases.run(ports[name], upstream, case)[0] if name in live else "-"
+            for name in ports
+        ]
+        rows.append(f"| {case.label} | {case.peer} | {' | '.join(said)} |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ def test_first_matching_route_wins() -> None:
         ("API.Example.com:8080", "api.example.com"),
         ("[::1]:80", "::1"),
         ("x.com.", "x.com"),
+        ("x.com:", "x.com"),  # an empty port is the default one (RFC 3986 §3.2.3)
         ("", ""),
     ],
 )

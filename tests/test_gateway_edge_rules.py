@@ -58,7 +58,7 @@ def _reference_host(value: str) -> bool:
     else:
         name, _, rest = value.partition(":")
         rest = value[len(name) :]
-        if not name or not _reg_name(name):
+        if not name or not _reg_name(name) or ".." in name:  # (an empty label: as nginx)
             return False
     if not rest:
         return True

@@ -11,8 +11,10 @@ module does that with an asyncio protocol per connection and llhttp's response p
   obs-fold, a field name that is not a token (``Content-Length : 8``) or a control character in
   a field value fail the answer in the parser; a control character in the reason phrase fails
   it here (:func:`~floodwall.gateway._headers.reason_error`), and so do a status line,
-  field or field count past ``max_line``/``max_field``/``max_headers``. The proxy answers 502
-  and a warning names the endpoint and the reason;
+  field or field count past ``max_line``/``max_field``/``max_headers``, and so does a
+  ``Transfer-Encoding`` other than one ``chunked``. The proxy answers 502 and a warning names
+  the endpoint and the reason. Bytes after a whole answer do not fail it: it is passed on and
+  its connection closed;
 * a request head is written only when no field breaks its line (no CR/LF injection);
 * a connection goes back to the pool only when its answer arrived whole, the request body was
   sent whole, and neither side asked to close; anything else closes it;
@@ -369,6 +371,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._error = "the upstream switched protocols (not proxied)"
         except httptools.HttpParserError as exc:
+            if self._after_answer():
+                return
             said = str(exc).strip()
             self._error = self._error or (said.splitlines()[0] if said else "unparsable")
         if self._error is None and self._response is None and self._head_bytes > self._head_cap:
@@ -389,6 +393,33 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         return None
+
+    def _after_answer(self) -> bool:
+        """Whether the bytes llhttp just refused came after a whole answer (more than its
+        ``Content-Length``, a body after a 204 or 304): the answer stands, as nginx and
+        HAProxy pass it on, and the connection is closed, never reused (those bytes would be
+        read as the next request's answer; the answer's body is all buffered already). A
+        warning names the endpoint."""
+        response = self._response
+        if response is None or not response.complete or self._error is not None:
+            return False
+        if not self.should_close:
+            origin = self.origin
+            log.warning(
+                "upstream %s:%d sent bytes after a complete answer (closed, not reused)",
+                origin.host,
+                origin.port,
+            )
+            self.should_close = True
+            self.parser = _IGNORE  # type: ignore[assignment]
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(response)
+        if self.transport is not None:
+            self.transport.close()
+        return True
 
     def _invalid(self, why: str) -> None:
         origin = self.origin
@@ -434,7 +465,7 @@ class _Connection(asyncio.Protocol):
             return
         raw: list[tuple[str, str]] = []
         length: int | None = None
-        chunked = False
+        coding: str | None = None
         connection: str | None = None
         for field_name, field_value in fields:
             name = field_name.decode("latin-1")
@@ -445,9 +476,13 @@ class _Connection(asyncio.Protocol):
                 if lower == "content-length":
                     length = int(value)
                 elif lower == "transfer-encoding":
-                    chunked = True
+                    coding = value if coding is None else f"{coding}, {value}"
                 elif lower == "connection":
                     connection = value if connection is None else f"{connection}, {value}"
+        if coding is not None and coding.strip().lower() != "chunked":
+            self._error = _CODING  # (only one chunked: see _CODING)
+            return
+        chunked = coding is not None
         if not self.parser.should_keep_alive():
             self.should_close = True
         head_mode = self.head_mode
@@ -494,6 +529,21 @@ class _Connection(asyncio.Protocol):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
+
+_CODING: Final = "a Transfer-Encoding other than one chunked"
+"""Why an answer with ``chunked, chunked`` or ``gzip, chunked`` is refused (502, HAProxy's
+answer too): the gateway drops the field and frames the body itself, so a coding under
+``chunked`` would reach the client unannounced, and a repeated one is a smuggling shape."""
+
+
+class _Ignore:
+    """Stands in for the parser once a whole answer was followed by stray bytes."""
+
+    def feed_data(self, data: bytes) -> None:
+        return None
+
+
+_IGNORE: Final = _Ignore()
 
 _new_response = object.__new__
 _init_response = UpstreamResponse.__init__

@@ -10,7 +10,9 @@ nginx or HAProxy (the stricter of the two) refuses it too:
 * **Host**: an RFC 9110 ``host[:port]`` (:func:`~floodwall.gateway._headers.host_error`), checked
   before it routes anything or is copied into ``X-Forwarded-Host`` / ``Forwarded``; with an
   absolute-form target, ``Host`` must name the target's host (RFC 9112 §3.2.2 makes the target
-  win; a proxy that routes on one and forwards the other can be steered). 400 otherwise.
+  win; a proxy that routes on one and forwards the other can be steered). An HTTP/1.1 request
+  needs one unless its target is absolute (RFC 9112 §3.2). 400 otherwise.
+* **target**: a fragment (``#``) is refused (400), as HAProxy does.
 * **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
   within ``max_head`` bytes, 431 past it. The per-line and count limits alone let
   ``max_headers × max_line`` bytes through (800 KiB by default); the server's protocol also
@@ -62,6 +64,14 @@ _DOT_PARAMETERS: Final = EdgeRefusal(
 )
 
 
+_FRAGMENT: Final = EdgeRefusal(400, "bad_target", "a fragment ('#') in the request target")
+"""RFC 9112 §3.2: a request target has no fragment (HAProxy refuses it by default; an upstream
+may read the path differently from the route that matched it)."""
+_NO_HOST: Final = EdgeRefusal(400, "bad_host", "an HTTP/1.1 request without Host")
+"""RFC 9112 §3.2: a server MUST answer 400 (nginx does; an absolute-form target names the host
+and may go without, as nginx lets it)."""
+
+
 class EdgeRules:
     """The rules of one configuration's ``edge`` section (see :mod:`floodwall.gateway._edge`)."""
 
@@ -87,7 +97,10 @@ class EdgeRules:
         if request.head_size > self.max_head:
             return self.too_large
         host = request.headers.get("host")
-        if host is not None and host not in self._good_hosts:
+        if host is None:
+            if version == "1.1" and request.absolute is None:
+                return _NO_HOST
+        elif host not in self._good_hosts:
             why = host_error(host)
             if why is not None:
                 return EdgeRefusal(400, "bad_host", why)
@@ -98,6 +111,8 @@ class EdgeRules:
             refused = _absolute_form(request.scheme_of_target, authority, host)
             if refused is not None:
                 return refused
+        if "#" in request.target:
+            return _FRAGMENT
         path = request.raw_path
         if (
             not self.forward_parameters

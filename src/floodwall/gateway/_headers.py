@@ -234,6 +234,8 @@ def host_error(value: str) -> str | None:
     too: an ``http`` URI must have a host (RFC 9110 §4.2.1)."""
     if _HOST.fullmatch(value) is None:
         return "Host is not a valid authority (host[:port])"
+    if ".." in value:  # (an empty label: nginx refuses it too, a path built from it climbs)
+        return "Host has an empty label (..)"
     if value.startswith("["):
         literal = value[1 : value.index("]")]
         try:

@@ -10,7 +10,8 @@ was about a third of the gateway's CPU per request. This module keeps what matte
   ``Content-Length``, obfuscated ``Transfer-Encoding``, whitespace before a colon, obs-fold,
   bare CR or LF and control characters are refused before a request exists. On top of it, the
   line and field limits (414 for a long target, 431 for a long field or too many), a repeated
-  ``Host`` (400) and the :class:`~floodwall.gateway._edge.EdgeRules`;
+  ``Host`` (400) and the :class:`~floodwall.gateway._edge.EdgeRules`. Bytes after a request
+  that closes the connection are never read (that request is served, no 400);
 * **slow clients**: from the first byte of a request head, the whole head must arrive within
   ``head_timeout`` seconds (slowloris); an idle keep-alive connection closes after
   ``keepalive_timeout``; a head still arriving past the edge's ``max_head`` is refused (431)
@@ -477,12 +478,13 @@ class Connection(asyncio.Protocol):
             self._close_after = True  # an upgrade is not proxied: no byte after it is read
             self.pause_reading()
         except httptools.HttpParserError as exc:
-            ready.clear()  # (llhttp refuses some framing only once the head is complete)
-            receiving = self._receiving
-            if receiving is not None and receiving.body is not None:
-                receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
-            self._refuse(parser_refusal(exc))
-            return
+            if not self._after_close(exc):
+                ready.clear()  # (llhttp refuses some framing only once the head is complete)
+                receiving = self._receiving
+                if receiving is not None and receiving.body is not None:
+                    receiving.body.fail(ConnectionResetError(f"malformed request body: {exc}"))
+                self._refuse(parser_refusal(exc))
+                return
         if in_body and self._in_head:  # a body ended and the next head began in this read:
             self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
         if ready:
@@ -490,6 +492,17 @@ class Connection(asyncio.Protocol):
         if self._head_bytes > self.rules.max_head and not self._in_body:
             quiet.debug("refusing a request head: more than %d bytes", self.rules.max_head)
             self._refuse(self.rules.too_large)
+
+    def _after_close(self, exc: httptools.HttpParserError) -> bool:
+        """Whether llhttp refused bytes that came after a whole request which closes the
+        connection (``Connection: close``, HTTP/1.0): that request (and those before it) is
+        served, as nginx and HAProxy do, and the bytes are never read (no 400 for it, no
+        answer cut off). The connection closes after it, as its ``keep_alive`` says."""
+        if self._receiving is not None or not str(exc).startswith("Data after"):
+            return False  # (llhttp's HPE_CLOSED_CONNECTION: "Data after `Connection: close`")
+        self.parser = _Refused()  # type: ignore[assignment]
+        self._head_bytes = 0
+        return True
 
     def _dispatch(self) -> None:
         """Serve the heads this read completed: the first now if none is being served, the

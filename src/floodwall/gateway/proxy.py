@@ -4,7 +4,9 @@
 answering on its own when it refuses:
 
 1. **hygiene**: ``CONNECT`` and ``TRACE`` are refused (405: no tunnels, no open proxy); an
-   HTTP/1.0 request with ``Transfer-Encoding`` is refused (RFC 9112 §6.1: faulty framing); a
+   HTTP/1.0 request with ``Transfer-Encoding`` is refused (RFC 9112 §6.1: faulty framing), a
+   coding other than ``chunked`` is a 501; ``Expect`` in HTTP/1.0 is ignored (RFC 9110
+   §10.1.1), another than ``100-continue`` is a 417; a
    path with dot-segments, empty segments or encoded separators is refused (400). The HTTP
    parser (llhttp, strict) has already refused conflicting ``Content-Length`` /
    ``Transfer-Encoding``, repeated ``Content-Length``, obfuscated ``Transfer-Encoding``, bare
@@ -428,10 +430,10 @@ class Proxy:
         if method in ("CONNECT", "TRACE"):
             return _problem(405, "method_not_allowed", f"{method} is not proxied", close=True)
         headers = request.headers
-        if request.version == "1.0" and "transfer-encoding" in headers:
-            return _problem(
-                400, "bad_framing", "Transfer-Encoding in an HTTP/1.0 request", close=True
-            )
+        if "transfer-encoding" in headers:
+            refused = _framing_error(request.version, headers["transfer-encoding"])
+            if refused is not None:
+                return refused
         path = request.path
         why = unsafe_path(path, request.raw_path)
         if why is not None:
@@ -504,11 +506,13 @@ class Proxy:
                     return _rate_refused(route, decision, table.request_id, rid)
                 extra, block = route.rate_fields(decision)  # (no helper call when admitted)
             expect = headers.get("expect")
-            if expect is not None:
-                if expect.lower() != "100-continue":
+            if expect is not None and request.version != "1.0":  # (1.0: ignored, RFC 9110
+                if expect.lower() != "100-continue":  # §10.1.1)
                     why = f"Expect: {expect} is not supported"
                     return _with(_problem(417, "expectation_failed", why), table.request_id, rid)
-                if request.body is not None and request.connection is not None:
+                # a 100 for any declared body, Content-Length: 0 too (nginx's and HAProxy's)
+                declared = request.body is not None or request.content_length is not None
+                if declared and request.connection is not None:
                     request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
                 with admitted:
@@ -1065,6 +1069,19 @@ def _tag(  # noqa: PLR0917 - one per request, from Proxy._routed only
 
 _inbound = partial(tuple.__new__, Inbound)
 """``Inbound`` from a tuple, without a Python-level ``__new__`` per request."""
+
+
+def _framing_error(version: str, coding: str) -> Response | None:
+    """The refusal of a request's ``Transfer-Encoding``, or ``None`` for a plain ``chunked``
+    in HTTP/1.1. llhttp already refused ``chunked`` that is not last or comes twice; a coding
+    before it (``gzip, chunked``) is a 501 (RFC 9112 §6.1, nginx's answer; HAProxy's is 422):
+    the body would reach the upstream still coded, with no field left to say so."""
+    if version == "1.0":
+        return _problem(400, "bad_framing", "Transfer-Encoding in an HTTP/1.0 request", close=True)
+    if coding.strip().lower() != "chunked":
+        why = f"Transfer-Encoding {coding!r} is not implemented (only chunked)"
+        return _problem(501, "not_implemented", why, close=True)
+    return None
 
 
 def _problem(status: int, kind: str, detail: str, *, close: bool = False) -> Response:

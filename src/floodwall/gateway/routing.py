@@ -31,14 +31,15 @@ _ENCODED_SEPARATOR = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
 
 
 def normalise_host(host: str | None) -> str:
-    """``"API.Example.com:8080"`` → ``"api.example.com"``; ``"[::1]:80"`` → ``"::1"``."""
+    """``"API.Example.com:8080"`` → ``"api.example.com"``; ``"[::1]:80"`` → ``"::1"``; an
+    empty port (``"api.example.com:"``, RFC 3986 §3.2.3: the default one) goes too."""
     if not host:
         return ""
     host = host.strip().lower()
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     name, colon, port = host.rpartition(":")
-    if colon and port.isdigit() and ":" not in name:
+    if colon and (port.isdigit() or not port) and ":" not in name:
         host = name
     return host.rstrip(".")
 
