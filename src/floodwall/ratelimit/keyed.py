@@ -147,7 +147,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         self.limit = limiter.limit
         self.window = limiter.window
         self.books_ahead = limiter.books_ahead  # type: ignore[misc]
-        tables = max(1, min(256, self.max_keys // self.SHARD_KEYS))
+        tables = min(self.MAX_TABLES, -(-self.max_keys // self.SHARD_KEYS))
         self._tables: list[OrderedDict[Hashable, Any]] = [OrderedDict() for _ in range(tables)]
         """Each key's state, packed (``limiter._pack``: numbers the collector never tracks),
         in the table the key's hash picks."""
@@ -244,10 +244,15 @@ class Keyed(RateLimiter[S], Generic[S]):
     ROOM_STEPS = 16
     """Entries one new key at a full table may look at: the scan for an idle key is spread
     over new keys, so no decision pays for the whole table."""
-    SHARD_KEYS = 65536
-    """Keys per table (up to 256 tables, by the key's hash): Python rebuilds a growing table
-    now and then (O(its keys): 124 ms at 700 000 keys in one table, under load); this size keeps
-    each rebuild under 10 ms and rare enough to stay off the p99.9 (4 096 did not)."""
+    SHARD_KEYS = 256
+    """Keys per table, about (``ceil(max_keys / SHARD_KEYS)`` tables, picked by the key's
+    hash): Python rebuilds a table whose keys come and go after about as many new keys as it
+    holds, in time proportional to what it holds. One table of 100 000 active keys took
+    8-11 ms for it in one decision, tables of 65 536 keys holding a few hundred each rebuilt
+    on the p99.9; tables of a few hundred keys rebuild in about a decision's time."""
+    MAX_TABLES = 4096
+    """Tables at most (a bound past about a million keys makes them larger than
+    :attr:`SHARD_KEYS`): each empty table and its scan cost about 240 bytes (tracemalloc)."""
 
     def _make_room(self, i: int, now: float) -> bool:
         """Evict one idle key from table ``i`` (else from the next table in turn, so every
