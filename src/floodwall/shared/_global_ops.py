@@ -188,12 +188,18 @@ class _RateOp(Op[Batch], Generic[P, S]):
         n = self.params
         record = records[0]
         if len(args) == n + 2:  # one request: what a limiter sends every time
-            rule, ((least, most),) = self._one(args)
+            plan = self._plans.get(tuple(args))
+            rule, ((least, most),) = self._one(args) if plan is None else plan
             st = self.load(rule, record, t)
             before = self.mark(st, record)
-            verdict = self._request(rule, st, t, least, most)
-            out = [verdict]
-            granted = verdict[1]
+            if least == most:  # _request, inlined: the decision of every limiter
+                take = least if rule.decide(st, t, least) else -1
+            else:
+                take = rule.take(st, t, least, most)
+            allowed = take >= 0
+            _, remaining, reset, retry, _ = rule.figures(st, t, least, allowed)
+            granted = take if allowed else 0
+            out = [(allowed, granted, remaining, int(reset), -1 if retry == INF else int(retry))]
         else:
             rule = self._rule(args[:n])
             st = self.load(rule, record, t)
@@ -209,7 +215,8 @@ class _RateOp(Op[Batch], Generic[P, S]):
         if value == b"":
             write = DELETE if record is not None else KEEP
         elif value is not None:
-            write = _new_record(Record, (value, _ttl(now, rule.idle_at(st) - t)))
+            ttl_us = int(rule.idle_at(st) - t)  # _ttl, inlined
+            write = _new_record(Record, (value, now + (ttl_us // 1000 + 1) / 1000))
         return [write], (t, out)
 
     @staticmethod

@@ -248,8 +248,11 @@ class Frequency(Gate):
         store error."""
         # the one step of _allow_steps, performed here: no generator to settle (a fifth of
         # a decision on memory://, benchmarks/million_keys.py)
-        full, args, local_args = self._request(key, cost)
-        return self._decide(self.guard.apply(FIXED, full, args, local_args))
+        if key.__class__ is str and cost.__class__ is PLAIN_INT and cost == 1:  # _request, inlined
+            guarded = self.guard.apply(FIXED, f"freq:{self.name}:{key}", self._one, self._local_one)
+        else:
+            guarded = self.guard.apply(FIXED, *self._request(key, cost))
+        return self._decide(guarded)
 
     async def allow_async(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
         """:meth:`allow` for async callers."""
