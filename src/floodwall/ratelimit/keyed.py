@@ -12,13 +12,14 @@ the key is *idle*, and forgetting it changes no later decision, so idle keys are
   if idle, else sending it to the back of the line (a CLOCK sweep: O(1) per new key);
 * on demand: :meth:`Keyed.sweep` evicts every idle key and gives the table's memory back.
 
-**Tables of at most about 128 000 keys.** Keys live in up to 256 tables of about
-``Keyed.SHARD_KEYS`` (65 536) keys, picked by the key's hash (one table up to 131 071 keys), so
-the rebuild Python does of a growing table stays bounded (a single table of 700 000 keys took
-124 ms for it, under load; one of 100 000, 7.5–8.3 ms of CPU). Smaller tables rebuild more
-often: at 4 096 keys a rebuild landed on every thousandth decision of a churning table
-(p99.9 of 53–75 µs in ``benchmarks/million_keys.py``), at 65 536 the p99.9 stays under 35 µs.
-``max_keys`` bounds the keys of all tables together.
+**Tables of a few hundred keys.** Keys live in ``ceil(max_keys / Keyed.SHARD_KEYS)`` tables
+(256 keys each on average, at most ``Keyed.MAX_TABLES``, 4 096), picked by the key's hash.
+Python rebuilds a dict whose keys come and go after about as many new keys as it holds, copying
+what it holds in one decision: one table of 100 000 active keys took 8–11 ms for it, and tables
+of 65 536 keys that held a few hundred live ones each rebuilt every thousandth decision or so,
+on the p99.9 (``keyed-1m`` in ``benchmarks/million_keys.py``). A table of a few hundred keys
+rebuilds in about a decision's time, however many keys are live. ``max_keys`` bounds the keys
+of all tables together.
 
 **An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
 tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries of
