@@ -164,11 +164,12 @@ def test_records_are_not_tracked_by_the_garbage_collector() -> None:
 def test_a_large_bound_is_kept_shard_by_shard() -> None:
     clock = fw.FakeClock()
     store = MemoryStore(clock=clock, max_keys=3 * MemoryStore.SHARD_KEYS + 7)
-    assert len(store._shards) == 3
+    assert len(store._shards) == 4  # no shard holds more than SHARD_KEYS records
     for i in range(30_000):
         store.apply(ONCE, f"k{i}", once(60_000))
         assert len(store) <= store.max_keys
-    assert all(len(shard) == store.max_keys // 3 for shard in store._shards)
+    assert all(len(shard) == store.max_keys // 4 for shard in store._shards)
+    assert store.max_keys // 4 <= MemoryStore.SHARD_KEYS
     assert store.evicted == 30_000 - len(store)
     assert store.raw("floodwall:{k29999}") is not None
 
@@ -208,8 +209,9 @@ def test_the_keyed_limiter_spreads_its_search_for_room_over_new_keys() -> None:
         before = looked[0]
         assert not limiter.try_acquire(i)  # every tracked key is active
         most = max(most, looked[0] - before)
-    assert most <= Keyed.ROOM_STEPS
-    assert looked[0] == 1000  # one pass over the table, spread over 1000 / 16 new keys
+    assert len(limiter._tables) == 4
+    assert most <= Keyed.ROOM_STEPS  # half in the key's own table, the rest in one other
+    assert looked[0] == 1000  # one pass over each table, spread over its keys / 16 new keys
     assert len(limiter) == 1000
 
 

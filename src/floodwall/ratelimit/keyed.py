@@ -12,23 +12,24 @@ the key is *idle*, and forgetting it changes no later decision, so idle keys are
   if idle, else sending it to the back of the line (a CLOCK sweep: O(1) per new key);
 * on demand: :meth:`Keyed.sweep` evicts every idle key and gives the table's memory back.
 
-**Tables of at most about 128 000 keys.** Keys live in up to 256 tables of about
-``Keyed.SHARD_KEYS`` (65 536) keys, picked by the key's hash (one table up to 131 071 keys), so
-the rebuild Python does of a growing table stays bounded (a single table of 700 000 keys took
-124 ms for it, under load; one of 100 000, 7.5–8.3 ms of CPU). Smaller tables rebuild more
-often: at 4 096 keys a rebuild landed on every thousandth decision of a churning table
-(p99.9 of 53–75 µs in ``benchmarks/million_keys.py``), at 65 536 the p99.9 stays under 35 µs.
-``max_keys`` bounds the keys of all tables together.
+**Tables of a few hundred keys.** Keys live in ``ceil(max_keys / Keyed.SHARD_KEYS)`` tables
+(256 keys each on average, at most ``Keyed.MAX_TABLES``, 4 096), picked by the key's hash.
+Python rebuilds a dict whose keys come and go after about as many new keys as it holds, copying
+what it holds in one decision: one table of 100 000 active keys took 8–11 ms for it, and tables
+of 65 536 keys that held a few hundred live ones each rebuilt every thousandth decision or so,
+on the p99.9 (``keyed-1m`` in ``benchmarks/million_keys.py``). A table of a few hundred keys
+rebuilds in about a decision's time, however many keys are live. ``max_keys`` bounds the keys
+of all tables together.
 
 **An active key is never reset to make room.** When a new key arrives and ``max_keys`` keys are
-tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries of
-the key's own table, then as many of the next table in turn (so every table gives its idle keys
-as new keys arrive), so one pass over a full table is spread over its keys / 16 new keys and
-no decision costs O(keys). A pass that meets only active keys learns the earliest moment any
-of them goes idle, and no pass of that table starts again before it, so tables full of active
-keys refuse new keys in O(1). While a pass is under way a new key may be refused although a
-key further along (or in a table not searched yet) is idle: stricter for that moment, never
-looser. Without room, ``overflow`` decides:
+tracked, the hand looks for an idle key to evict, at most ``Keyed.ROOM_STEPS`` (16) entries in
+all: half of them in the key's own table, the rest in the next table in turn (so every table
+gives its idle keys as new keys arrive), so one pass over a full table is spread over its keys /
+8 new keys and no decision costs O(keys). A pass that meets only active keys learns the earliest
+moment any of them goes idle, and no pass of that table starts again before it, so tables full
+of active keys refuse new keys in O(1). While a pass is under way a new key may be refused
+although a key further along (or in a table not searched yet) is idle: stricter for that moment,
+never looser. Without room, ``overflow`` decides:
 
 * ``"reject"`` (default): the new key is refused (``retry_after`` = when the earliest key the
   search met goes idle); tracked keys are unaffected;
@@ -147,7 +148,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         self.limit = limiter.limit
         self.window = limiter.window
         self.books_ahead = limiter.books_ahead  # type: ignore[misc]
-        tables = max(1, min(256, self.max_keys // self.SHARD_KEYS))
+        tables = min(self.MAX_TABLES, -(-self.max_keys // self.SHARD_KEYS))
         self._tables: list[OrderedDict[Hashable, Any]] = [OrderedDict() for _ in range(tables)]
         """Each key's state, packed (``limiter._pack``: numbers the collector never tracks),
         in the table the key's hash picks."""
@@ -242,37 +243,49 @@ class Keyed(RateLimiter[S], Generic[S]):
                 return
 
     ROOM_STEPS = 16
-    """Entries one new key at a full table may look at: the scan for an idle key is spread
-    over new keys, so no decision pays for the whole table."""
-    SHARD_KEYS = 65536
-    """Keys per table (up to 256 tables, by the key's hash): Python rebuilds a growing table
-    now and then (O(its keys): 124 ms at 700 000 keys in one table, under load); this size keeps
-    each rebuild under 10 ms and rare enough to stay off the p99.9 (4 096 did not)."""
+    """Entries one new key at a full table may look at, in all (half in its own table when
+    there are several, the rest and what those did not take in the next one in turn): the
+    scan for an idle key is spread over new keys, so no decision pays for the whole table
+    (32 entries per decision, 16 in each table, set the p99.9 with every key active: calm
+    82-86 µs against 51-53 µs at 16 in all, ``benchmarks/million_keys.py``, load 3-6)."""
+    SHARD_KEYS = 256
+    """Keys per table, about (``ceil(max_keys / SHARD_KEYS)`` tables, picked by the key's
+    hash): Python rebuilds a table whose keys come and go after about as many new keys as it
+    holds, in time proportional to what it holds. One table of 100 000 active keys took
+    8-11 ms for it in one decision, tables of 65 536 keys holding a few hundred each rebuilt
+    on the p99.9; tables of a few hundred keys rebuild in about a decision's time."""
+    MAX_TABLES = 4096
+    """Tables at most (a bound past about a million keys makes them larger than
+    :attr:`SHARD_KEYS`): each empty table and its scan cost about 240 bytes (tracemalloc)."""
 
     def _make_room(self, i: int, now: float) -> bool:
         """Evict one idle key from table ``i`` (else from the next table in turn, so every
         table is searched as new keys arrive); False when none was found (yet)."""
         self._room_at = -INF  # as long as room is found: nothing to wait for
-        if self._room_in(i, now):
-            return True
         tables = len(self._tables)
+        own = self.ROOM_STEPS if tables == 1 else self.ROOM_STEPS // 2
+        left = self._room_in(i, now, own)
+        if left < 0:
+            return True
         turn = self._turn if self._turn != i else (i + 1) % tables
         self._turn = (turn + 1) % tables
-        if turn != i and self._room_in(turn, now):
+        if turn != i and self._room_in(turn, now, self.ROOM_STEPS - own + left) < 0:
             return True
         self._room_at = min(self._scans[i].room_at(), self._scans[turn].room_at())
         return False
 
-    def _room_in(self, i: int, now: float) -> bool:
-        """Look at up to :attr:`ROOM_STEPS` entries of table ``i`` for an idle key to evict."""
+    def _room_in(self, i: int, now: float, steps: int) -> int:
+        """Look at up to ``steps`` entries of table ``i`` for an idle key to evict: -1 when
+        one was, else the steps not taken."""
         scan, table = self._scans[i], self._tables[i]
         if now < scan.full_until or not table:
-            return False
+            return steps
         if scan.left <= 0:  # a new pass over the whole table
             scan.left = len(table)
             scan.soonest = INF
         idle, unpack = self._idle, self._unpacks
-        for _ in range(min(self.ROOM_STEPS, scan.left)):
+        taken = min(steps, scan.left)
+        for _ in range(taken):
             scan.left -= 1
             key = next(iter(table))
             idle_at = idle(unpack(table[key]))
@@ -281,12 +294,12 @@ class Keyed(RateLimiter[S], Generic[S]):
                 self._held -= 1
                 self.evicted += 1
                 scan.left = 0
-                return True
+                return -1
             table.move_to_end(key)  # active: back of the line, state untouched
             scan.soonest = min(scan.soonest, idle_at)
         if scan.left <= 0:  # a whole pass found every key active
             scan.full_until = scan.soonest
-        return False
+        return steps - taken
 
     def _no_room(self, now: float) -> Decision:
         wait = max(0.0, self._room_at - now)

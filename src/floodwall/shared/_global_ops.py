@@ -35,7 +35,7 @@ starts again at ``initial``, not full).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar
 
@@ -118,7 +118,11 @@ def _ttl(now: float, ttl_us: float) -> float:
 
 
 def _ints(record: Record | None) -> list[int] | None:
-    return None if record is None else [int(x) for x in record.value.split()]
+    return None if record is None else list(map(int, record.value.split()))
+
+
+_new_record: Callable[[type[Record], tuple[bytes, float]], Record] = tuple.__new__
+"""``_new_record(Record, (value, expires_at))``: the write of every decision, built in C."""
 
 
 class _RateOp(Op[Batch], Generic[P, S]):
@@ -182,35 +186,50 @@ class _RateOp(Op[Batch], Generic[P, S]):
     ) -> tuple[Sequence[Write], Batch]:
         t = round(now * 1_000_000)  # _us(now)
         n = self.params
-        requests: Sequence[tuple[int, int]]
-        if len(args) == n + 2:
-            rule, requests = self._one(args)
-        else:
-            rule = self._rule(args[:n])
-            requests = [(int(args[i]), int(args[i + 1])) for i in range(n, len(args), 2)]
         record = records[0]
-        st = self.load(rule, record, t)
-        before = self.mark(st, record)
-        out: list[Verdict] = []
-        granted = 0
-        for least, most in requests:
-            if least == most:  # a plain request: the step's decision, as a local limiter's
+        if len(args) == n + 2:  # one request: what a limiter sends every time
+            plan = self._plans.get(tuple(args))
+            rule, ((least, most),) = self._one(args) if plan is None else plan
+            st = self.load(rule, record, t)
+            before = self.mark(st, record)
+            if least == most:  # _request, inlined: the decision of every limiter
                 take = least if rule.decide(st, t, least) else -1
             else:
                 take = rule.take(st, t, least, most)
             allowed = take >= 0
             _, remaining, reset, retry, _ = rule.figures(st, t, least, allowed)
-            retry_us = -1 if retry == INF else int(retry)
-            out.append((allowed, take if allowed else 0, remaining, int(reset), retry_us))
-            if allowed:
-                granted += take
+            granted = take if allowed else 0
+            out = [(allowed, granted, remaining, int(reset), -1 if retry == INF else int(retry))]
+        else:
+            rule = self._rule(args[:n])
+            st = self.load(rule, record, t)
+            before = self.mark(st, record)
+            out = []
+            granted = 0
+            for i in range(n, len(args), 2):
+                verdict = self._request(rule, st, t, int(args[i]), int(args[i + 1]))
+                out.append(verdict)
+                granted += verdict[1]
         value = self.save(rule, st, t, before, granted)
         write: Write = KEEP
         if value == b"":
             write = DELETE if record is not None else KEEP
         elif value is not None:
-            write = Record(value, _ttl(now, rule.idle_at(st) - t))
+            ttl_us = int(rule.idle_at(st) - t)  # _ttl, inlined
+            write = _new_record(Record, (value, now + (ttl_us // 1000 + 1) / 1000))
         return [write], (t, out)
+
+    @staticmethod
+    def _request(rule: P, st: S, t: int, least: int, most: int) -> Verdict:
+        """One request of a batch, decided on ``st`` at ``t``."""
+        if least == most:  # a plain request: the step's decision, as a local limiter's
+            take = least if rule.decide(st, t, least) else -1
+        else:
+            take = rule.take(st, t, least, most)
+        allowed = take >= 0
+        _, remaining, reset, retry, _ = rule.figures(st, t, least, allowed)
+        retry_us = -1 if retry == INF else int(retry)
+        return (allowed, take if allowed else 0, remaining, int(reset), retry_us)
 
     def parse(self, raw: Any) -> Batch:
         words = raw.split()

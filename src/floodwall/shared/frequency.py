@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from floodwall._core import validate
 from floodwall._core.admission import Gate
@@ -80,14 +80,16 @@ class FrequencyOptions:
         check_all(self, self.CHECKS)
 
 
-@dataclass(frozen=True, slots=True)
-class FrequencyDecision:
+class FrequencyDecision(NamedTuple):
     """One decision: ``allowed``; ``count`` calls counted in the key's window (after this one,
     when allowed); ``limit``; ``reset_after`` seconds until the window ends (``None`` when
-    unknown); ``degraded`` = the ``on_store_error`` mode when the store did not decide."""
+    unknown); ``degraded`` = the ``on_store_error`` mode when the store did not decide.
+
+    A tuple, like :class:`~floodwall.ratelimit.Decision`, built in C on every decision (0.5 µs
+    against 2.8 µs for the frozen dataclass it was); always truthy, read ``allowed``."""
 
     allowed: bool
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, as it must
     limit: int
     reset_after: float | None
     degraded: StoreErrorMode | None = None
@@ -101,6 +103,15 @@ class FrequencyDecision:
     def retry_after(self) -> float | None:
         """Seconds to wait before trying again when refused; ``None`` when allowed."""
         return None if self.allowed else self.reset_after
+
+
+_new: Callable[
+    [type[FrequencyDecision], tuple[bool, int, int, float | None, StoreErrorMode | None]],
+    FrequencyDecision,
+]
+_new = tuple.__new__
+"""``_new(FrequencyDecision, (allowed, count, limit, reset_after, degraded))``: built in C,
+skipping the Python-level ``NamedTuple.__new__`` (every field given: no defaults here)."""
 
 
 class Frequency(Gate):
@@ -182,17 +193,22 @@ class Frequency(Gate):
 
     def _decide(self, guarded: Guarded[Any]) -> FrequencyDecision:
         down = guarded.down
-        if down is not None and down.mode != "local":
+        if down is None:  # the store decided: the hot path
+            allowed, _, remaining, reset_us, _ = guarded.value[1][0]  # type: ignore[index]
+            limit = self.limit
+            return _new(
+                FrequencyDecision, (allowed, limit - remaining, limit, reset_us / 1e6, None)
+            )
+        if down.mode != "local":
             if down.mode == "fail_open":
                 return FrequencyDecision(True, 0, self.limit, None, down.mode)
             retry = down.error.retry_after if isinstance(down.error, CircuitOpenError) else None
             return FrequencyDecision(False, 0, self.limit, retry, down.mode)
-        limit = self.limit if down is None else self.local_limit
         assert guarded.value is not None
         verdict: Verdict = guarded.value[1][0]
         allowed, _, remaining, reset_us, _ = verdict
-        mode = None if down is None else down.mode
-        return FrequencyDecision(allowed, limit - remaining, limit, reset_us / 1_000_000, mode)
+        limit = self.local_limit
+        return FrequencyDecision(allowed, limit - remaining, limit, reset_us / 1_000_000, "local")
 
     def _key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         key = self.key
@@ -232,8 +248,11 @@ class Frequency(Gate):
         store error."""
         # the one step of _allow_steps, performed here: no generator to settle (a fifth of
         # a decision on memory://, benchmarks/million_keys.py)
-        full, args, local_args = self._request(key, cost)
-        return self._decide(self.guard.apply(FIXED, full, args, local_args))
+        if key.__class__ is str and cost.__class__ is PLAIN_INT and cost == 1:  # _request, inlined
+            guarded = self.guard.apply(FIXED, f"freq:{self.name}:{key}", self._one, self._local_one)
+        else:
+            guarded = self.guard.apply(FIXED, *self._request(key, cost))
+        return self._decide(guarded)
 
     async def allow_async(self, key: str | None = None, *, cost: int = 1) -> FrequencyDecision:
         """:meth:`allow` for async callers."""

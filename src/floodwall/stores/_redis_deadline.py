@@ -20,8 +20,9 @@ the connection behaves exactly as redis-py's.
   left (the common case: the reply of a command on a connected socket) the read keeps the
   socket's own timeout, which ends it by the deadline plus that slack at worst, and costs no
   extra system call; below that it passes the rest as its timeout (redis-py's ``timeout=`` of
-  ``read_response``, which redis-py 8 has and 5.0 has not: there a read starts only while some of
-  the deadline is left, and then waits up to ``socket_timeout``).
+  ``read_response``, which redis-py 8.2 has and 5.0 to 7.0 have not (5.0.8, 5.1.0, 5.2.1, 6.0.0,
+  6.4.0 and 7.0.0 checked: a floor cannot buy it while arq caps redis-py below 6): there a read
+  starts only while some of the deadline is left, and then waits up to ``socket_timeout``).
 * A spent deadline leaves ``MIN_WAIT`` to each step, so a reply already received is still read,
   and anything else ends at once with redis-py's ``TimeoutError``, which the store raises as
   :class:`~floodwall.stores.StoreTimeoutError`.
