@@ -18,6 +18,8 @@ from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.drivers import (
     Metered,
+    fuse,
+    fused_async,
     gate_async,
     gate_sync,
     gates_async,
@@ -63,8 +65,12 @@ class Pipeline(Policy):
     async def call_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
+        stages = self._async_stages
+        if len(stages) == 1:  # (a fused pipeline: drivers.fused_async) no partial to build
+            runner, stage = stages[0]
+            return await runner(stage, fn, *args, **kwargs)  # type: ignore[no-any-return]
         call: Callable[..., Any] = fn
-        for runner, stage in self._async_stages:
+        for runner, stage in stages:
             call = partial(runner, stage, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
 
@@ -125,7 +131,8 @@ def _stages(
     bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
     other policy runs through its own ``call``. ``metering`` (a config resource's meter, read on
     ``now``) goes around everything, taking the outermost gate into its runner when they share
-    its clock.
+    its clock. Async stages of the usual shape (meter, a gate, retry, timeout: see
+    :func:`~floodwall._core.drivers.fuse`) become one runner, :func:`fused_async`.
     """
     flat: list[Policy] = []
     for policy in policies:
@@ -161,6 +168,9 @@ def _stages(
         sync.append((type(policy).call, policy))
         async_.append((type(policy).call_async, policy))
     close_run()
+    plan = fuse(async_)  # the usual shape runs in one coroutine (drivers.fused_async)
+    if plan is not None:
+        async_ = [(fused_async, plan)]
     sync.reverse()
     async_.reverse()
     return sync, async_
