@@ -9,6 +9,7 @@ Each case runs one scenario through both on a fake clock and compares the logs.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -147,3 +148,45 @@ def test_usual_shape_is_fused_and_others_are_not() -> None:
     fallback = fw.Fallback(0)
     mixed = fw.Pipeline(fallback, gate, retry, timeout)
     assert fused_async not in [runner for runner, _ in mixed._async_stages]
+
+
+def test_fused_pipeline_binds_its_stage_and_stays_a_coroutine_function() -> None:
+    clock = fw.FakeClock()
+    gate = _Logged("g", clock, [])
+    pipeline = fw.Pipeline(gate, fw.Retry("r", clock=clock))
+    assert isinstance(pipeline.call_async, partial)  # the runner itself: no wrapping coroutine
+    assert inspect.iscoroutinefunction(pipeline.call_async)
+
+    @pipeline
+    async def work(x: int) -> int:
+        return x + 1
+
+    assert inspect.iscoroutinefunction(work)
+    assert asyncio.run(work(1)) == 2
+    assert asyncio.run(pipeline.call_async(work.__wrapped__, 2)) == 3  # type: ignore[attr-defined]
+
+
+def test_a_decorated_function_follows_the_resource_across_reloads() -> None:
+    """A resource rebinds its stage on reload; what it decorated runs the new stages."""
+
+    def document(attempts: int) -> dict[str, Any]:
+        retry = {"attempts": attempts, "backoff": {"kind": "none"}}
+        return {"resources": {"dep": {"retry": retry}}}
+
+    registry = fw.config.Registry(document(2))
+    resource = registry.get("dep")
+    calls = [0]
+
+    @resource
+    async def flaky() -> int:
+        calls[0] += 1
+        raise ConnectionError("down")
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(flaky())
+    assert calls[0] == 2
+    registry.reload(document(3))
+    calls[0] = 0
+    with pytest.raises(ConnectionError):
+        asyncio.run(flaky())
+    assert calls[0] == 3
