@@ -190,3 +190,13 @@ def test_a_decorated_function_follows_the_resource_across_reloads() -> None:
     with pytest.raises(ConnectionError):
         asyncio.run(flaky())
     assert calls[0] == 3
+
+
+def test_a_subclass_with_its_own_call_async_keeps_it() -> None:
+    class Mine(fw.Pipeline):
+        async def call_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return "mine"
+
+    clock = fw.FakeClock()
+    mine = Mine(_Logged("g", clock, []), fw.Retry("r", clock=clock))
+    assert asyncio.run(mine.call_async(_work(clock, [], 0, 0.0), 1)) == "mine"
