@@ -19,6 +19,12 @@ protected function is ``return 1``.
   ambient deadline the budget and the watch are taken inline (off, through
   ``Timeout._budget`` and ``Watchdogs.enter``). Measured against a call without the *other*
   shortcut, the inline one saved 2 % only: the two pay off together.
+* **fused async stages**: a config resource with a breaker, a bulkhead, a retry and a timeout
+  (metrics on) runs its async stages in one coroutine
+  (:func:`~floodwall._core.drivers.fused_async`), called through the stage the pipeline binds
+  on itself (``resource.call_async``, as the outbound integrations and the gateway call it);
+  off, the same runners nested (a coroutine and a ``partial`` per stage), and, between the two,
+  fused but called through the class's ``call_async`` (a decorated function's road).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 
 import floodwall
 from _harness import Case, Target
-from floodwall._core import timebox
+from floodwall._core import drivers, timebox
 from floodwall._core.clock import SystemClock
 from floodwall._core.tally import Tally
 from floodwall.backoff import FullJitter
@@ -44,6 +50,7 @@ TALLY = "tally: one bump"
 METER = "meter folded into its runner, sync"
 AMETER = "meter folded into its runner, async"
 ENTRY = "timeout box, common case"
+FUSED = "fused async stages: breaker, bulkhead, retry, timeout"
 
 LANE_ON = "floodwall @CircuitBreaker, lane open"
 LANE_OFF = "lane shut: admit + record"
@@ -56,6 +63,9 @@ ENTRY_ON = "floodwall await timeout.call_async(f)"
 ENTRY_OFF = "inline, but a Deadline of its own per call"
 ENTRY_NONE = "neither shortcut: policy._budget, watchdogs.enter, own Deadline"
 ENTRY_OUTLINE = "entry as deadline, but policy._budget and watchdogs.enter"
+FUSED_ON = "floodwall await resource.call_async(af)"
+FUSED_CLASS = "fused, through Pipeline.call_async"
+FUSED_OFF = "nested runners"
 
 
 def f() -> int:
@@ -213,6 +223,45 @@ def _entry_cases() -> list[Case]:
     ]
 
 
+FUSED_DOC = {
+    "resources": {
+        "dep": {
+            "circuit_breaker": {"minimum_calls": 20},
+            "bulkhead": {"max_concurrent": 1000},
+            "retry": {"attempts": 2},
+            "timeout": "2s",
+        }
+    }
+}
+
+
+def _fused_cases() -> list[Case]:
+    def resource(nested: bool) -> floodwall.Pipeline:
+        dep = Registry(FUSED_DOC).get("dep")
+        (runner, plan), *rest = dep._async_stages
+        assert runner is drivers.fused_async, "the resource's stages are fused"
+        assert not rest
+        if nested:  # the stages fused_async stands for, innermost first
+            stages = [(drivers.scoped_async, plan.scoped), (drivers.attempts_async, plan.attempts)]
+            stages += [(drivers.gate_async, plan.gate), (drivers.metered_async, plan.metered)]
+            dep._use_stages(dep._stages, stages)
+        return dep
+
+    def loop(call: Callable[[], Awaitable[Any]]) -> Callable[[int], Awaitable[None]]:
+        async def run(n: int) -> None:
+            for _ in repeat(None, n):
+                await call()
+
+        return run
+
+    nested, bound, through = resource(True), resource(False), resource(False)
+    return [
+        Case(FUSED, FUSED_OFF, aloop=loop(lambda: nested.call_async(af)), ref="nested"),
+        Case(FUSED, FUSED_CLASS, aloop=loop(lambda: floodwall.Pipeline.call_async(through, af))),
+        Case(FUSED, FUSED_ON, aloop=loop(lambda: bound.call_async(af))),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         Case(LANE, LANE_OFF, fn=_ShutLane("bench-shut")(f), ref="lane shut"),
@@ -227,6 +276,7 @@ def cases() -> list[Case]:
         Case(AMETER, METER_OFF, afn=_resource(af, metrics=True, apart=True), ref="meter alone"),
         Case(AMETER, METER_ON, afn=_resource(af, metrics=True, apart=False)),
         *_entry_cases(),
+        *_fused_cases(),
     ]
 
 
@@ -240,4 +290,5 @@ def targets() -> list[Target]:
         Target(AMETER, METER_ON, METER_OFF, 0.9, "shortcut: meter folded into its runner, async"),
         Target(ENTRY, ENTRY_ON, ENTRY_OFF, 0.9, "shortcut: timeout entry as deadline"),
         Target(ENTRY, ENTRY_ON, ENTRY_OUTLINE, 0.9, "shortcut: timeout box, common case inline"),
+        Target(FUSED, FUSED_ON, FUSED_OFF, 0.9, "shortcut: fused async stages"),
     ]

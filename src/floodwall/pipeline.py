@@ -18,6 +18,8 @@ from floodwall._core import validate
 from floodwall._core.admission import Gate
 from floodwall._core.drivers import (
     Metered,
+    fuse,
+    fused_async,
     gate_async,
     gate_sync,
     gates_async,
@@ -51,7 +53,25 @@ class Pipeline(Policy):
                 raise ConfigError(f"policies[{index}] must be a floodwall Policy, got {policy!r}")
         self.policies: tuple[Policy, ...] = policies
         self.name = validate.text("name", name)
-        self._stages, self._async_stages = _stages(policies)
+        self._use_stages(*_stages(policies))
+
+    def _use_stages(self, stages: list[_Stage], async_stages: list[_Stage]) -> None:
+        """Run ``stages`` (sync) and ``async_stages`` from the next call on.
+
+        A single async stage (a fused pipeline: :func:`~floodwall._core.drivers.fused_async`)
+        is also bound as this instance's ``call_async``: ``partial(runner, stage)``, whose call
+        returns the runner's coroutine itself, one coroutine fewer per call than the method's
+        ``await``, and still a coroutine function to :func:`inspect.iscoroutinefunction`
+        (benchmark group "fused async stages": 40.8 k -> 37.6 k instructions per call; the
+        gateway, 305 k -> 302 k per request). Not when a subclass writes its own
+        ``call_async``."""
+        self._stages = stages
+        self._async_stages = async_stages
+        if len(async_stages) == 1 and type(self).call_async is Pipeline.call_async:
+            runner, stage = async_stages[0]
+            vars(self)["call_async"] = partial(runner, stage)
+        else:
+            vars(self).pop("call_async", None)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         # Each stage is a C-level partial, ``runner(stage, inner)``, built innermost first.
@@ -63,8 +83,12 @@ class Pipeline(Policy):
     async def call_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
+        stages = self._async_stages
+        if len(stages) == 1:  # (a fused pipeline: drivers.fused_async) no partial to build
+            runner, stage = stages[0]
+            return await runner(stage, fn, *args, **kwargs)  # type: ignore[no-any-return]
         call: Callable[..., Any] = fn
-        for runner, stage in self._async_stages:
+        for runner, stage in stages:
             call = partial(runner, stage, call)
         return await call(*args, **kwargs)  # type: ignore[no-any-return]
 
@@ -125,7 +149,8 @@ def _stages(
     bulkhead, limiter)`` admits in order and records in reverse without nesting frames. Any
     other policy runs through its own ``call``. ``metering`` (a config resource's meter, read on
     ``now``) goes around everything, taking the outermost gate into its runner when they share
-    its clock.
+    its clock. Async stages of the usual shape (meter, a gate, retry, timeout: see
+    :func:`~floodwall._core.drivers.fuse`) become one runner, :func:`fused_async`.
     """
     flat: list[Policy] = []
     for policy in policies:
@@ -161,6 +186,9 @@ def _stages(
         sync.append((type(policy).call, policy))
         async_.append((type(policy).call_async, policy))
     close_run()
+    plan = fuse(async_)  # the usual shape runs in one coroutine (drivers.fused_async)
+    if plan is not None:
+        async_ = [(fused_async, plan)]
     sync.reverse()
     async_.reverse()
     return sync, async_

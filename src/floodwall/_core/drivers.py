@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from floodwall._core.admission import Attempts, Flow, Gate, Lane, Scoped
 
 __all__ = [
+    "Fused",
     "Metered",
     "attempts_async",
     "attempts_sync",
@@ -34,6 +35,7 @@ __all__ = [
     "drive_sync",
     "flow_async",
     "flow_sync",
+    "fused_async",
     "gate_async",
     "gate_sync",
     "gates_async",
@@ -404,3 +406,152 @@ async def scoped_async(
 ) -> R:
     """:func:`scoped_sync` in a task."""
     return await policy.scope.arun(fn, args, kwargs)  # type: ignore[no-any-return]
+
+
+# -- a pipeline's usual stages in one coroutine -------------------------------------------------
+
+
+class Fused:
+    """The async stages of a pipeline of the usual shape, run by :func:`fused_async` in one
+    coroutine: a resource's meter (``metered``, with the gate it took in), one gate, an
+    attempt-first flow (a retry) and a scoped policy (a timeout), each optional, in that order
+    from the outside in. Built with the pipeline's stages (:func:`fuse`)."""
+
+    __slots__ = ("attempts", "gate", "metered", "scoped")
+
+    def __init__(
+        self,
+        metered: Metered | None,
+        gate: Gate | None,
+        attempts: Attempts | None,
+        scoped: Scoped | None,
+    ) -> None:
+        self.metered = metered
+        self.gate = gate
+        self.attempts = attempts
+        self.scoped = scoped
+
+
+_SHAPE = {"metered": 0, "gate": 1, "attempts": 2, "scoped": 3}
+"""The places of the fused shape, outermost first."""
+
+
+def fuse(stages: Sequence[tuple[Callable[..., Any], Any]]) -> Fused | None:
+    """The :class:`Fused` plan of ``stages`` (a pipeline's async runners, outermost first) when
+    they are a meter, one gate, a retry and a timeout in that order (each optional, at least
+    two of them), else ``None``: any other runner keeps its own coroutine."""
+    runners = {metered_async: "metered", gate_async: "gate"}
+    runners.update({attempts_async: "attempts", scoped_async: "scoped"})
+    found: dict[str, Any] = {}
+    place = -1
+    for runner, stage in stages:
+        name = runners.get(runner)
+        if name is None or _SHAPE[name] <= place:
+            return None
+        found[name] = stage
+        place = _SHAPE[name]
+    if len(found) < 2:  # one stage runs as well on its own
+        return None
+    return Fused(
+        found.get("metered"), found.get("gate"), found.get("attempts"), found.get("scoped")
+    )
+
+
+async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as one
+    plan: Fused, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """:func:`metered_async`, :func:`gate_async`, :func:`attempts_async` and
+    :func:`scoped_async` nested as a pipeline nests them, in one coroutine: the same hooks in
+    the same order with the same clock readings, without a coroutine, a frame and a
+    ``partial`` per stage (benchmark group "fused async stages": 51.0 k -> 40.8 k instructions
+    per call; the gateway's typical route, 314 k -> 303 k per request)."""
+    metered = plan.metered
+    gate = plan.gate
+    outer = None
+    if metered is not None:
+        now = metered.now
+        outer = metered.gate
+        before = DEGRADED.get()  # a new marker after the call means a fallback inside answered
+        start = first = now()
+    held = inside = False
+    try:
+        if outer is not None:  # the meter's gate, on the meter's clock reading
+            lane = outer.lane
+            if lane is None:
+                try:
+                    permit = outer.admit(start, args, kwargs)
+                except Wait as wait:
+                    permit = await wait_async(outer, wait)
+                    start = now()
+            else:
+                permit = lane[0]
+            held = True
+        if gate is not None:
+            gate_now = gate._now
+            gate_start = gate_now()
+            gate_lane = gate.lane
+            if gate_lane is None:
+                try:
+                    gate_permit = gate.admit(gate_start, args, kwargs)
+                except Wait as wait:
+                    gate_permit = await wait_async(gate, wait)
+                    gate_start = gate_now()
+            else:
+                gate_permit = gate_lane[0]
+            inside = True
+        attempts = plan.attempts
+        scoped = plan.scoped
+        if attempts is None:
+            if scoped is None:
+                result = await fn(*args, **kwargs)
+            else:
+                result = await scoped.scope.arun(fn, args, kwargs)
+        else:
+            begun = attempts.begin(args, kwargs)
+            try:
+                try:
+                    if scoped is None:
+                        result = await fn(*args, **kwargs)
+                    else:
+                        result = await scoped.scope.arun(fn, args, kwargs)
+                except Exception as exc:
+                    rest = attempts.after(begun, exc, None)
+                    if rest is None:
+                        raise
+                else:
+                    rest = attempts.after(begun, None, result)
+                if rest is not None:
+                    again = (
+                        partial(fn, *args, **kwargs)
+                        if scoped is None
+                        else partial(scoped_async, scoped, fn, *args, **kwargs)
+                    )
+                    result = await drive_async(rest, again)
+            finally:
+                attempts.end(begun)
+    except BaseException as exc:
+        if inside:
+            end = gate_now()
+            gate.record(gate_permit, end, end - gate_start, exc, None)  # type: ignore[union-attr]
+        if metered is not None:
+            end = now()
+            if held:
+                outer.record(permit, end, end - start, exc, None)  # type: ignore[union-attr]
+            metered.metering.failed(exc, end - first)
+        raise
+    if inside:
+        end = gate_now()
+        lane_held = gate_lane is not None and gate_lane is gate.lane  # type: ignore[union-attr]
+        if not lane_held or not gate_lane[1](end, end - gate_start):  # type: ignore[index]
+            gate.record(gate_permit, end, end - gate_start, None, result)  # type: ignore[union-attr]
+    if metered is None:
+        return result
+    end = now()
+    if held and (lane is None or lane is not outer.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+        outer.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
+    marker = DEGRADED.get()
+    if marker is before or marker is None or marker.claimed:
+        next(metered.metering.bins[_bisect(EDGES, end - first)])
+    else:
+        metered.metering.degraded(marker, end - first)
+    return result

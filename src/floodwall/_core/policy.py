@@ -59,7 +59,13 @@ class Policy(ABC):
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         """Decorate ``fn``; coroutine functions go through :meth:`call_async`."""
-        shell = self.call_async if inspect.iscoroutinefunction(fn) else self.call
+        # (the class's call_async, bound: a pipeline binds its current stage on the instance,
+        # which a reload replaces; the decorated function must see the stages of each call)
+        shell = (
+            types.MethodType(type(self).call_async, self)
+            if inspect.iscoroutinefunction(fn)
+            else self.call
+        )
         return functools.update_wrapper(_Decorated(shell, fn), fn)
 
     def add_listener(self, listener: EventListener) -> None:

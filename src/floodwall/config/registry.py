@@ -467,10 +467,9 @@ class Resource(Pipeline):
         """Check for shedding on every call while ``attention`` (an operator override is in
         force), else run the normal stages with no check at all."""
         if attention:
-            self._stages = [(_checked_sync, self)]
-            self._async_stages = [(_checked_async, self)]
+            self._use_stages([(_checked_sync, self)], [(_checked_async, self)])
         else:
-            self._stages, self._async_stages = self._plans[0]
+            self._use_stages(*self._plans[0])
 
     def answering(self) -> Pipeline:
         """The resource's meter and the policies that answer without the dependency (fallback,
@@ -502,7 +501,7 @@ class _Answering(Pipeline):
         super().__init__(*policies, name=name)
         self._metered = metering is not None
         if metering is not None:
-            self._stages, self._async_stages = _stages(policies, metering, now)
+            self._use_stages(*_stages(policies, metering, now))
 
     def answering(self) -> Pipeline:
         return self  # already the answering part, its meter included
