@@ -242,7 +242,10 @@ def _fused_cases() -> list[Case]:
         assert runner is drivers.fused_async, "the resource's stages are fused"
         assert not rest
         if nested:  # the stages fused_async stands for, innermost first
-            stages = [(drivers.scoped_async, plan.scoped), (drivers.attempts_async, plan.attempts)]
+            stages: list[tuple[Callable[..., Any], Any]] = [
+                (drivers.scoped_async, plan.scoped),
+                (drivers.attempts_async, plan.attempts),
+            ]
             stages += [(drivers.gate_async, plan.gate), (drivers.metered_async, plan.metered)]
             dep._use_stages(dep._stages, stages)
         return dep

@@ -177,7 +177,7 @@ def test_a_decorated_function_follows_the_resource_across_reloads() -> None:
     resource = registry.get("dep")
     calls = [0]
 
-    @resource
+    @resource  # type: ignore[untyped-decorator]  # (a registry resource is typed Any)
     async def flaky() -> int:
         calls[0] += 1
         raise ConnectionError("down")
