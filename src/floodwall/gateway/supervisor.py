@@ -536,16 +536,21 @@ class Supervisor:
         has left (a worker that refuses one, e.g. a breaker the new document no longer has,
         logs why)."""
         now = asyncio.get_running_loop().time()
+        silent: set[int] = set()  # (a worker that timed out gets no more: one wait per worker)
         for key, (action, target, until, reason) in list(self._overrides.items()):
             if until is not None and until <= now:
                 del self._overrides[key]
                 continue
             ttl = None if until is None else until - now
-            for handle in handles:
-                try:
-                    await handle.override(action, target, ttl, reason)
-                except Exception as exc:  # noqa: BLE001 - one worker's refusal or silence
-                    log.warning("the override %s %s was not kept: %r", action, target, exc)
+            asking = [h for h in handles if id(h) not in silent]
+            answers = await asyncio.gather(
+                *(h.override(action, target, ttl, reason) for h in asking), return_exceptions=True
+            )
+            for handle, answer in zip(asking, answers, strict=True):
+                if isinstance(answer, TimeoutError):
+                    silent.add(id(handle))
+                if isinstance(answer, Exception):
+                    log.warning("the override %s %s was not kept: %r", action, target, answer)
 
     async def _keep_override(
         self, action: str, target: str, ttl: float | None, reason: str
