@@ -31,9 +31,11 @@ def test_the_rule_on_numbers() -> None:
     assert progress.until(100.0, 0.5) == 100.5, "a success before the wait began: its own bound"
     progress.at = 100.3
     assert progress.until(100.0, 0.5) == pytest.approx(100.8), "a success meanwhile: load"
-    assert deadline(100.0, 100.6, 0.5, progress) == pytest.approx(101.1), "answering: a full bound"
+    assert deadline(100.0, 0.5, progress) == pytest.approx(100.8), "answering: from its answer"
     progress.at = 99.0
-    assert deadline(100.0, 100.4, 0.5, progress) == 100.5, "turn freed by failures: own bound"
+    assert deadline(100.0, 0.5, progress) == 100.5, "turn freed by failures: from the call's start"
+    progress.at = -math.inf
+    assert deadline(100.0, 0.5, progress) == 100.5, "before a first success: the call's own bound"
 
 
 def test_a_free_slot_is_taken_at_once_and_a_stuck_one_gives_up() -> None:

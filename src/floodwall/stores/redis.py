@@ -589,7 +589,7 @@ class RedisStore(Store):
                 # the command as a whole (a reconnect, a cluster's topology refresh inside it),
                 # once a call succeeded (the first connections are bounded step by step)
                 cold = progress.at == -math.inf
-                until = deadline(began, time.monotonic(), self.timeout, progress)
+                until = deadline(began, self.timeout, progress)
                 async with asyncio.timeout(None if cold else until - time.monotonic()):
                     raw = await run(keys, args)
             finally:
