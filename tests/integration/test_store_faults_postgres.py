@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import floodwall
-from conftest import OnceOp, once
+from conftest import ONCE, OnceOp, once
 from floodwall import CircuitOpenError, Event
 from floodwall.shared.frequency import Frequency
 from floodwall.shared.global_limit import GlobalLimiter
@@ -415,3 +415,27 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
     assert over > 0, "no caller queued past the timeout: the pool was not saturated"
     assert answers == [None] * len(answers), "a caller got its on_store_error answer"
     assert guard.failures == 0 and guard.outages == 0 and guard.breaker.state.name == "CLOSED"
+
+
+def test_callers_queued_before_the_store_first_answered_are_answered(postgres_dsn: str) -> None:
+    """A fresh store (nothing answered yet: no progress to wait by) and more threads than
+    connections at once: every caller is answered by the store. The sync wait for a turn used
+    to ask the semaphore for an infinite timeout there, and ``OverflowError`` reached callers."""
+    store = PostgresStore(postgres_dsn, prefix=f"cold-{uuid.uuid4().hex[:8]}:", pool_size=2)
+    answers: list[object] = []
+    start = threading.Barrier(8)
+
+    def caller(n: int) -> None:
+        start.wait()
+        try:
+            answers.append(store.apply(ONCE, f"k{n}", once(60_000))[0])
+        except BaseException as exc:  # what the test is about: nothing but an answer
+            answers.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    store.close()
+    assert answers == [True] * 8, answers

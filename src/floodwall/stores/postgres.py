@@ -23,17 +23,19 @@ that failed, or whose op was cancelled, is closed rather than reused; so is an i
 hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), so a restart
 between ops costs no failed op.
 
-Bounds: ``timeout`` (default 0.5 s) bounds connecting and an op's statements, whatever the
-server does; a call that finds every pooled connection busy waits for its turn as long as ops
-keep succeeding (load), and at most ``timeout`` once none has for that long (a frozen server;
-see :mod:`floodwall.stores._turns`). Until the server has answered once, calls get
-``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a busy machine are slow, not
-an outage.
+Bounds: ``timeout`` (default 0.5 s) bounds a call as a whole, whatever the server does: the
+wait for a pooled connection, connecting and the op's statements end together, ``timeout``
+after the call began, or after the last call that succeeded while it waited for its turn if
+that is later. So a call that finds every connection busy waits as long as ops keep succeeding
+(load), and behind a frozen server at most ``timeout`` past its start or the freeze, however
+long the queue (see :mod:`floodwall.stores._turns`). Until the server has answered once, calls
+get ``COLD_TIMEOUT`` (2 s) instead, their wait for a connection included: a process's first
+connections on a busy machine are slow, not an outage.
 
 * On the server, ``statement_timeout`` (the timeout) cancels a statement that runs too long, and
   ``idle_in_transaction_session_timeout`` ends a transaction whose client went away, so row
   locks never outlive their caller; a frozen server cancels the statement as soon as it resumes.
-* On the client, a statement still running at the deadline has its connection shut down (one
+* On the client, a call still running at its deadline has its connection shut down (one
   watcher thread per store for sync callers, a timer in the event loop for async ones): the
   caller gets :class:`~floodwall.stores.StoreTimeoutError` at once, the connection is dropped,
   and the server rolls the transaction back when it sees the connection gone. Shutting the
@@ -260,7 +262,7 @@ class _Pool:
         began = time.monotonic()
         if bound is None:
             self._slots.acquire()
-        elif not take_turn(self._slots, bound, self.progress):
+        elif not take_turn(self._slots, bound, self.progress, cold=bound):
             raise StoreTimeoutError(self._url, op) from TimeoutError(_BUSY.format(bound))
         until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _Conn | None = None
@@ -323,7 +325,7 @@ class _AsyncPool:
         began = time.monotonic()
         if bound is None:
             await self._slots.acquire()
-        elif not await take_turn_async(self._slots, bound, self.progress):
+        elif not await take_turn_async(self._slots, bound, self.progress, cold=bound):
             raise StoreTimeoutError(self._redacted, op) from TimeoutError(_BUSY.format(bound))
         until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _AsyncConn | None = None
