@@ -31,9 +31,11 @@ def test_the_rule_on_numbers() -> None:
     assert progress.until(100.0, 0.5) == 100.5, "a success before the wait began: its own bound"
     progress.at = 100.3
     assert progress.until(100.0, 0.5) == pytest.approx(100.8), "a success meanwhile: load"
-    assert deadline(100.0, 100.6, 0.5, progress) == pytest.approx(101.1), "answering: a full bound"
+    assert deadline(100.0, 0.5, progress) == pytest.approx(100.8), "answering: from its answer"
     progress.at = 99.0
-    assert deadline(100.0, 100.4, 0.5, progress) == 100.5, "turn freed by failures: own bound"
+    assert deadline(100.0, 0.5, progress) == 100.5, "turn freed by failures: from the call's start"
+    progress.at = -math.inf
+    assert deadline(100.0, 0.5, progress) == 100.5, "before a first success: the call's own bound"
 
 
 def test_a_free_slot_is_taken_at_once_and_a_stuck_one_gives_up() -> None:
@@ -66,6 +68,19 @@ def test_a_busy_store_that_keeps_answering_is_waited_for() -> None:
     assert time.monotonic() - began >= 2 * BUSY_BOUND and done.is_set()
 
 
+def test_before_a_first_success_the_wait_is_bounded_by_cold_or_by_a_free_slot() -> None:
+    slots = threading.BoundedSemaphore(1)
+    progress = Progress()  # nothing succeeded yet: no progress to wait by
+    assert take_turn(slots, BOUND, progress)
+    began = time.monotonic()
+    assert not take_turn(slots, BOUND, progress, cold=BOUND), "cold: the caller's own bound"
+    assert BOUND <= time.monotonic() - began < BOUND + 0.5
+    releaser = threading.Timer(BOUND, slots.release)  # no cold bound: until a slot frees
+    releaser.start()
+    assert take_turn(slots, BOUND, progress), "waited for the slot (no infinite timeout)"
+    releaser.join()
+
+
 async def test_the_async_wait_follows_the_same_rule() -> None:
     slots = asyncio.Semaphore(1)
     progress = Progress()
@@ -82,3 +97,4 @@ async def test_the_async_wait_follows_the_same_rule() -> None:
     task = asyncio.create_task(busy())
     assert await take_turn_async(slots, BUSY_BOUND, progress)
     await task
+    assert not await take_turn_async(slots, BOUND, Progress(), cold=BOUND), "cold: own bound"

@@ -14,20 +14,25 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import statistics
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 import floodwall
+from conftest import ONCE, OnceOp, once
 from floodwall import CircuitOpenError, Event
 from floodwall.shared.frequency import Frequency
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.idempotency import Idempotency, IdempotencyUnavailableError
 from floodwall.stores import StoreErrorMode, StoreGuard, StoreUnavailableError, connect
+from floodwall.stores.base import Record, Write
 from floodwall.stores.postgres import PostgresStore
 from servers import FAULT_OPEN, RestartablePostgres, store_breaker
 
@@ -310,13 +315,14 @@ async def _check_replays(load: Load, stopped_at: float) -> int:
 def _fill_pool(store: PostgresStore, size: int) -> None:
     with contextlib.ExitStack() as stack:
         for _ in range(size):  # held at once: `size` distinct connections, idle afterwards
-            stack.enter_context(store._pool.connection()).execute("SELECT 1")
+            conn, _ = stack.enter_context(store._pool.connection())
+            conn.execute("SELECT 1")
 
 
 async def _fill_async_pool(store: PostgresStore, size: int) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(size):
-            conn = await stack.enter_async_context(store._apool().connection())
+            conn, _ = await stack.enter_async_context(store._apool().connection())
             await conn.execute("SELECT 1")
 
 
@@ -341,3 +347,98 @@ async def test_a_restart_between_calls_costs_no_failed_call(
         assert len(store._pool._idle) == 1 and len(store._apool()._idle) == 1
     finally:
         await store.aclose()
+
+
+SLOW = 0.05
+"""Seconds each op of the saturation test holds its connection (its step sleeps): a store
+that answers, slowly."""
+SATURATING_THREADS = 48
+SATURATED_POOL = 2
+
+
+class _SlowOnce(OnceOp):
+    """:data:`ONCE` whose step takes :data:`SLOW` seconds, inside the op's transaction."""
+
+    def step(
+        self, records: Sequence[Record | None], now: float, args: Sequence[Any]
+    ) -> tuple[Sequence[Write], tuple[bool, int]]:
+        time.sleep(SLOW)
+        return super().step(records, now, args)
+
+
+def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn: str) -> None:
+    """More callers than connections on a store that answers: each caller queues longer than
+    the timeout for its turn, and is still answered by the store (its wait counts in its bound
+    only while no call succeeds: see ``floodwall.stores._turns``), so the guard sees no failure
+    and its breaker never opens. The timeout is 8 x the median of lone ops measured first (so
+    each op fits in it on a busy machine); 48 threads over 2 connections queue about 24 ops'
+    time each."""
+    op = _SlowOnce()
+    probe = PostgresStore(postgres_dsn, prefix=f"solo-{uuid.uuid4().hex[:8]}:", pool_size=1)
+    try:
+        solo = []
+        for n in range(6):
+            start = time.monotonic()
+            probe.apply(op, f"k{n}", once(60_000))
+            solo.append(time.monotonic() - start)
+    finally:
+        probe.close()
+    lone = statistics.median(solo[1:])  # the first one connected and migrated
+    timeout = 8 * lone
+    store = PostgresStore(
+        postgres_dsn,
+        prefix=f"saturated-{uuid.uuid4().hex[:8]}:",
+        pool_size=SATURATED_POOL,
+        timeout=timeout,
+    )
+    guard = StoreGuard(store, on_store_error="fail_closed", name="saturated")
+    store.apply(op, "warm", once(60_000))  # connected: the timeout applies from here on
+    waits: list[float] = []
+    answers: list[object] = []
+
+    def caller(n: int) -> None:
+        for round_ in range(3):
+            start = time.monotonic()
+            answers.append(guard.apply(op, f"t{n}-{round_}", once(60_000)).down)
+            waits.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(SATURATING_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    store.close()
+    over = sum(wait > timeout for wait in waits)
+    print(
+        f"\nsaturated pool: lone op {1000 * lone:.0f} ms, timeout {1000 * timeout:.0f}"
+        f" ms; {len(waits)} calls, worst {1000 * max(waits):.0f} ms, {over} longer than the "
+        f"timeout; guard {guard.snapshot()}"
+    )
+    assert len(waits) == 3 * SATURATING_THREADS
+    assert over > 0, "no caller queued past the timeout: the pool was not saturated"
+    assert answers == [None] * len(answers), "a caller got its on_store_error answer"
+    assert guard.failures == 0 and guard.outages == 0 and guard.breaker.state.name == "CLOSED"
+
+
+def test_callers_queued_before_the_store_first_answered_are_answered(postgres_dsn: str) -> None:
+    """A fresh store (nothing answered yet: no progress to wait by) and more threads than
+    connections at once: every caller is answered by the store. The sync wait for a turn used
+    to ask the semaphore for an infinite timeout there, and ``OverflowError`` reached callers."""
+    store = PostgresStore(postgres_dsn, prefix=f"cold-{uuid.uuid4().hex[:8]}:", pool_size=2)
+    answers: list[object] = []
+    start = threading.Barrier(8)
+
+    def caller(n: int) -> None:
+        start.wait()
+        try:
+            answers.append(store.apply(ONCE, f"k{n}", once(60_000))[0])
+        except BaseException as exc:  # what the test is about: nothing but an answer
+            answers.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    store.close()
+    assert answers == [True] * 8, answers

@@ -12,6 +12,10 @@ Redis Cluster, and checks what the callers saw:
   any call) and this process's longest garbage collection meanwhile (which every thread waits
   out): a store call is bounded as a whole, reconnects, retries and a cluster's topology
   refresh included;
+* what the freeze added to any call, counted from the call's start or from SIGSTOP for a call
+  already waiting then, is at most 1.2 × the timeout plus the healthy calls' p99 and that
+  longest collection: a call queued for a connection (more callers than connections) is
+  answered within the timeout of its start, not a wait plus a whole timeout;
 * the first ``fail_closed`` answer comes within one timeout of the freeze;
 * calls are answered by the store again within 1 s of SIGCONT.
 
@@ -71,6 +75,10 @@ TASKS = 64
 KEYS = 4
 """Keys the callers share: async tasks on one key are coalesced into batches."""
 RESTORED_WITHIN = 1.0
+QUEUED_THREADS = 16
+QUEUED_POOL = 4
+QUEUED_KEYS = 16
+"""Callers queued for a connection: 16 threads and 64 unbatched tasks over 4 connections."""
 SWITCH_INTERVAL = 0.0005
 """Seconds between the interpreter's thread switches while a freeze test runs (CPython's default
 is 0.005). With 8 caller threads, 7 of them answered by the open breaker every millisecond, a
@@ -214,8 +222,13 @@ def _run_freeze(
     keys: list[str],
     pids: Callable[[], list[int]],
     label: str,
+    *,
+    threads: int = THREADS,
+    batch: bool = True,
+    **options: object,
 ) -> None:
-    store = connect(url, prefix=f"freeze-{label}:", timeout=TIMEOUT)
+    """``options`` go to the store; ``batch=False`` sends each async request on its own."""
+    store = connect(url, prefix=f"freeze-{label}:", timeout=TIMEOUT, **options)
     limiter = GlobalLimiter(
         "fixed_window",
         "100000000/s",
@@ -223,12 +236,13 @@ def _run_freeze(
         name=f"freeze-{label}",
         on_store_error="fail_closed",
         breaker=store_breaker(label),
+        batch=batch,
     )
     assert limiter.try_acquire(keys[0])  # connected (and migrated) before the clock starts
     load = Load()
     workers = [
         threading.Thread(target=_sync_worker, args=(limiter, keys, n, load), daemon=True)
-        for n in range(THREADS)
+        for n in range(threads)
     ]
     workers.append(
         threading.Thread(target=_async_load, args=(limiter, keys, load, store), daemon=True)
@@ -280,7 +294,9 @@ def _check(
     bound; 810 ms seen once under a CPU hog on both cores)."""
     assert load.escaped == [], load.escaped[:3]
     warm = began + 0.2  # threads and the loop started, first connections made
-    baseline = max(load.healthy(warm, stopped))
+    healthy = sorted(load.healthy(warm, stopped))
+    baseline = healthy[-1]
+    p99 = healthy[int(0.99 * (len(healthy) - 1))]
     timed = [call for call in load.calls if call[0] >= warm]  # not the first connections
     worst = max(end - start for start, end, _, _ in timed)
     worst_at = next(start for start, end, _, _ in timed if end - start == worst) - stopped
@@ -289,6 +305,16 @@ def _check(
         for shell in ("sync", "async")
     }
     allowed_wait = 1.2 * TIMEOUT + baseline + collected
+    # what the freeze added to each call: from its start, or from SIGSTOP for a call already
+    # queued or running then (its wait before it is the healthy store's: load)
+    held = {
+        shell: max(
+            (end - max(start, stopped) for start, end, kind, _ in timed if kind == shell),
+            default=0.0,
+        )
+        for shell in ("sync", "async")
+    }
+    allowed_held = 1.2 * TIMEOUT + p99 + collected
     first_closed = min(end for start, end, _, ok in load.calls if not ok and start >= stopped)
     restored = {
         shell: min(
@@ -310,7 +336,10 @@ def _check(
         f"{1000 * worst:.0f} ms {by_shell}, started {1000 * worst_at:.0f} ms after SIGSTOP "
         f"(bound 1.2 x timeout + healthy worst {1000 * baseline:.0f} ms + this process's "
         f"longest collection {1000 * collected:.0f} ms = "
-        f"{1000 * allowed_wait:.0f} ms); while frozen and after, machine stalls: worst "
+        f"{1000 * allowed_wait:.0f} ms); held by the freeze at worst "
+        f"{ {k: round(1000 * v) for k, v in held.items()} } ms (bound 1.2 x timeout + healthy "
+        f"p99 {1000 * p99:.0f} ms + collection = {1000 * allowed_held:.0f} ms); "
+        f"while frozen and after, machine stalls: worst "
         f"{1000 * stall:.0f} ms, garbage-collector pauses: worst {1000 * collected:.0f} ms; "
         f"first fail_closed answer "
         f"{1000 * (first_closed - stopped):.0f} ms after SIGSTOP; store answering again "
@@ -319,6 +348,7 @@ def _check(
         f"{limiter.guard.snapshot()}"
     )
     assert worst <= allowed_wait, (worst, allowed_wait)
+    assert max(held.values()) <= allowed_held, (held, allowed_held)
     assert first_closed - stopped <= TIMEOUT + baseline
     assert all(v <= RESTORED_WITHIN + FAULT_OPEN for v in restored.values()), restored
     assert answered_late, "no call was answered by the store after it recovered"
@@ -347,6 +377,29 @@ def test_frozen_postgres_bounds_every_caller() -> None:
             return _descendants(postmaster)
 
         _run_freeze(server.dsn, [f"k{n}" for n in range(KEYS)], pids, "postgres")
+
+
+def test_frozen_postgres_bounds_callers_queued_for_a_connection() -> None:
+    """More callers than connections: 16 threads and 64 async tasks, each request sent on its
+    own (no batching), over a pool of 4, so most calls wait for a connection when the server
+    freezes. The wait for the connection counts in the call's bound: a caller queued behind
+    the stuck calls is answered within the timeout of its start, not the timeout of its turn."""
+    with PostgresServer() as server:
+
+        def pids() -> list[int]:
+            postmaster = server.postmaster_pid()
+            assert postmaster is not None
+            return _descendants(postmaster)
+
+        _run_freeze(
+            server.dsn,
+            [f"k{n}" for n in range(QUEUED_KEYS)],
+            pids,
+            "postgres-queued",
+            threads=QUEUED_THREADS,
+            batch=False,
+            pool_size=QUEUED_POOL,
+        )
 
 
 def test_frozen_redis_bounds_every_caller() -> None:

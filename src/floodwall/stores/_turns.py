@@ -7,6 +7,12 @@ waiters would hold its callers one more timeout. So a waiter gives up when no ca
 connections has *succeeded* for ``timeout`` since it began waiting (failures, such as the
 timed-out calls of a frozen server, are no progress): at most ``timeout`` behind a stuck
 server, as long as the load needs behind a busy one.
+
+Before a first success the store is connecting, not stuck: a waiter waits for a free slot, or
+at most ``cold`` seconds when its caller has a bound of its own then (PostgreSQL's whole call).
+The call that got its turn ends by the same rule (:func:`deadline`): its wait counts in its
+bound unless calls succeeded meanwhile, so the turn and the call together take at most
+``timeout`` past the call's start or the server's last answer, never a wait plus a whole bound.
 """
 
 from __future__ import annotations
@@ -38,27 +44,34 @@ class Progress:
         return max(began, self.at) + timeout
 
 
-def deadline(began: float, taken: float, timeout: float, progress: Progress) -> float:
-    """When a call that began waiting at ``began`` and got its turn at ``taken`` must be done:
-    a full ``timeout`` from its turn when a call succeeded meanwhile (the store answers), else
-    ``timeout`` from when it began (its turn came from calls that failed)."""
-    return taken + timeout if progress.at >= began else began + timeout
+def deadline(began: float, timeout: float, progress: Progress) -> float:
+    """When a call that began at ``began`` and has just got its turn must be done: ``timeout``
+    after it began, or after the last call that succeeded while it waited, whichever is later
+    (the store answered meanwhile: the wait was load, not an outage). The same instant its wait
+    would have given up at (:meth:`Progress.until`), so behind a frozen server a call ends at
+    most ``timeout`` after it began or after the freeze, however long it queued for its turn."""
+    return max(began, progress.at) + timeout
 
 
-def take_turn(slots: threading.Semaphore, timeout: float, progress: Progress) -> bool:
-    """Take one of ``slots``; False when nothing succeeded for ``timeout`` meanwhile."""
+def take_turn(
+    slots: threading.Semaphore, timeout: float, progress: Progress, cold: float = math.inf
+) -> bool:
+    """Take one of ``slots``; False when nothing succeeded for ``timeout`` meanwhile, or, before
+    a first success, after ``cold`` seconds (default: as long as it takes)."""
     if slots.acquire(blocking=False):
         return True
     began = time.monotonic()
     while True:
-        left = progress.until(began, timeout) - time.monotonic()
+        left = _until(progress, began, timeout, cold) - time.monotonic()
         if left <= 0:
             return False
-        if slots.acquire(timeout=left):
+        if slots.acquire(timeout=min(left, threading.TIMEOUT_MAX)):
             return True
 
 
-async def take_turn_async(slots: asyncio.Semaphore, bound: float, progress: Progress) -> bool:
+async def take_turn_async(
+    slots: asyncio.Semaphore, bound: float, progress: Progress, cold: float = math.inf
+) -> bool:
     """:func:`take_turn` for an :class:`asyncio.Semaphore`, ``bound`` the store's timeout (a
     free slot costs no suspension)."""
     if not slots.locked():
@@ -66,7 +79,7 @@ async def take_turn_async(slots: asyncio.Semaphore, bound: float, progress: Prog
         return True
     began = time.monotonic()
     while True:
-        left = progress.until(began, bound) - time.monotonic()
+        left = _until(progress, began, bound, cold) - time.monotonic()
         if left <= 0:
             return False
         try:
@@ -75,3 +88,8 @@ async def take_turn_async(slots: asyncio.Semaphore, bound: float, progress: Prog
         except TimeoutError:
             continue
         return True
+
+
+def _until(progress: Progress, began: float, timeout: float, cold: float) -> float:
+    until = progress.until(began, timeout)
+    return began + cold if until == math.inf else until

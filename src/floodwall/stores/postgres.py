@@ -23,17 +23,19 @@ that failed, or whose op was cancelled, is closed rather than reused; so is an i
 hung up on (a restart, a failover, a terminated backend: see :func:`_hung_up`), so a restart
 between ops costs no failed op.
 
-Bounds: ``timeout`` (default 0.5 s) bounds connecting and an op's statements, whatever the
-server does; a call that finds every pooled connection busy waits for its turn as long as ops
-keep succeeding (load), and at most ``timeout`` once none has for that long (a frozen server;
-see :mod:`floodwall.stores._turns`). Until the server has answered once, calls get
-``COLD_TIMEOUT`` (2 s) instead: a process's first connections on a busy machine are slow, not
-an outage.
+Bounds: ``timeout`` (default 0.5 s) bounds a call as a whole, whatever the server does: the
+wait for a pooled connection, connecting and the op's statements end together, ``timeout``
+after the call began, or after the last call that succeeded while it waited for its turn if
+that is later. So a call that finds every connection busy waits as long as ops keep succeeding
+(load), and behind a frozen server at most ``timeout`` past its start or the freeze, however
+long the queue (see :mod:`floodwall.stores._turns`). Until the server has answered once, calls
+get ``COLD_TIMEOUT`` (2 s) instead, their wait for a connection included: a process's first
+connections on a busy machine are slow, not an outage.
 
 * On the server, ``statement_timeout`` (the timeout) cancels a statement that runs too long, and
   ``idle_in_transaction_session_timeout`` ends a transaction whose client went away, so row
   locks never outlive their caller; a frozen server cancels the statement as soon as it resumes.
-* On the client, a statement still running at the deadline has its connection shut down (one
+* On the client, a call still running at its deadline has its connection shut down (one
   watcher thread per store for sync callers, a timer in the event loop for async ones): the
   caller gets :class:`~floodwall.stores.StoreTimeoutError` at once, the connection is dropped,
   and the server rolls the transaction back when it sees the connection gone. Shutting the
@@ -75,7 +77,7 @@ from psycopg.pq import TransactionStatus
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
-from floodwall.stores._turns import Progress, take_turn, take_turn_async
+from floodwall.stores._turns import Progress, deadline, take_turn, take_turn_async
 from floodwall.stores.base import (
     Arg,
     Op,
@@ -91,8 +93,8 @@ __all__ = ["PostgresStore"]
 COLD_TIMEOUT = 2.0
 """Seconds the calls before the server first answers may take (libpq's own connect minimum)."""
 MIGRATE_TIMEOUT_FACTOR = 20
-_BUSY = "every connection busy, and none answered for {:g}s"
 """A migration may take this many store timeouts (10 s by default): DDL, the advisory lock."""
+_BUSY = "every connection busy, and none answered for {:g}s"
 _BACKEND_ERRORS = (psycopg.Error, OSError)
 """What a client call raises (an op's own bug, even a ``ValueError``, propagates as it is)."""
 _MIGRATE_LOCK = 0x666C6F6F64  # "flood": the advisory lock that serialises migrations
@@ -162,6 +164,17 @@ def _shut(conn: _Conn | _AsyncConn) -> None:
             sock.close()
 
 
+def _left(until: float) -> float:
+    """Seconds from now to the monotonic ``until`` (0 once it passed)."""
+    return max(0.0, until - time.monotonic())
+
+
+def _check_turn(until: float, url: str, op: str) -> None:
+    """Fail a call whose turn came after its deadline (its wait took the whole bound)."""
+    if until <= time.monotonic():
+        raise StoreTimeoutError(url, op) from TimeoutError("the wait for a connection took it all")
+
+
 class _Deadlines:
     """Sync calls' deadlines, kept by one daemon thread per store that shuts down the
     connection of a call still running at its deadline. At most ``pool_size`` calls are
@@ -227,7 +240,7 @@ class _Deadlines:
 class _Pool:
     """At most ``size`` connections; idle ones are reused, failed ones closed."""
 
-    def __init__(self, factory: Callable[[float | None], _Conn], size: int, url: str) -> None:
+    def __init__(self, factory: Callable[[float], _Conn], size: int, url: str) -> None:
         self._factory = factory
         self._url = url
         self._idle: list[_Conn] = []
@@ -237,17 +250,24 @@ class _Pool:
         self.closed = False
 
     @contextlib.contextmanager
-    def connection(self, bound: float | None = None, op: str = "connect") -> Iterator[_Conn]:
-        """A connection: its turn waited for by the rule of :mod:`floodwall.stores._turns`, then
-        made (when no idle one is left) within ``bound`` seconds (``None``: no bound)."""
+    def connection(
+        self, bound: float | None = None, op: str = "connect"
+    ) -> Iterator[tuple[_Conn, float]]:
+        """A connection and the monotonic deadline of the call that asked for it: its turn
+        waited for, and the deadline set, by the rules of :mod:`floodwall.stores._turns` (the
+        wait counts in ``bound`` unless calls succeeded meanwhile); a new connection (when no
+        idle one is left) is made by that deadline. ``None``: no bound."""
         if self.closed:
             raise StoreClosedError(self._url, op)
+        began = time.monotonic()
         if bound is None:
             self._slots.acquire()
-        elif not take_turn(self._slots, bound, self.progress):
+        elif not take_turn(self._slots, bound, self.progress, cold=bound):
             raise StoreTimeoutError(self._url, op) from TimeoutError(_BUSY.format(bound))
+        until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _Conn | None = None
         try:
+            _check_turn(until, self._url, op)
             while True:
                 with self._lock:
                     conn = self._idle.pop() if self._idle else None
@@ -255,8 +275,8 @@ class _Pool:
                     break
                 conn.close()
             if conn is None:
-                conn = self._factory(None if bound is None else time.monotonic() + bound)
-            yield conn
+                conn = self._factory(until)
+            yield conn, until
             self.progress.succeeded()
         except BaseException:
             if conn is not None:
@@ -298,24 +318,27 @@ class _AsyncPool:
     @contextlib.asynccontextmanager
     async def connection(
         self, bound: float | None = None, op: str = "connect"
-    ) -> AsyncIterator[_AsyncConn]:
+    ) -> AsyncIterator[tuple[_AsyncConn, float]]:
         """:meth:`_Pool.connection` for async callers (cancelling a connect is safe)."""
         if self.closed:
             raise StoreClosedError(self._redacted, op)
+        began = time.monotonic()
         if bound is None:
             await self._slots.acquire()
-        elif not await take_turn_async(self._slots, bound, self.progress):
+        elif not await take_turn_async(self._slots, bound, self.progress, cold=bound):
             raise StoreTimeoutError(self._redacted, op) from TimeoutError(_BUSY.format(bound))
+        until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _AsyncConn | None = None
         try:
+            _check_turn(until, self._redacted, op)
             conn = self._idle.pop() if self._idle else None
             while conn is not None and _hung_up(conn):
                 await conn.close()
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                async with asyncio.timeout(bound):
+                async with asyncio.timeout(None if until == math.inf else _left(until)):
                     conn = await psycopg.AsyncConnection.connect(self._url, **self._options)
-            yield conn
+            yield conn, until
             self.progress.succeeded()
         except BaseException:
             if conn is not None:
@@ -424,16 +447,15 @@ class PostgresStore(Store):
         self._migrated = False
         self._ops = 0
 
-    def _connect(self, deadline: float | None) -> _Conn:
-        """A new connection by ``deadline``; the attempt runs on in its thread if it is late,
-        and what it makes then is closed."""
+    def _connect(self, until: float) -> _Conn:
+        """A new connection by the monotonic ``until``; the attempt runs on in its thread if it
+        is late, and what it makes then is closed."""
         try:
             future = self._connector.submit(psycopg.connect, self._url, **self._options)
         except RuntimeError as exc:  # the store was closed meanwhile
             raise StoreClosedError(self.url, "connect") from exc
         try:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return future.result(timeout=wait)
+            return future.result(timeout=None if until == math.inf else _left(until))
         except TimeoutError as exc:
             future.add_done_callback(_close_late)
             raise StoreTimeoutError(self.url, "connect") from exc
@@ -471,8 +493,8 @@ class PostgresStore(Store):
         bound = self._bound() if timeout is None else timeout
         expired = False
         try:
-            with self._pool.connection(bound, op) as conn:
-                token = self._deadlines.watch(conn, time.monotonic() + bound)
+            with self._pool.connection(bound, op) as (conn, until):
+                token = self._deadlines.watch(conn, until)
                 try:
                     yield conn
                     self._answered = True
@@ -497,8 +519,8 @@ class PostgresStore(Store):
             _shut(conn)
 
         try:
-            async with self._apool().connection(bound, op) as conn:
-                timer = loop.call_later(bound, expire, conn)
+            async with self._apool().connection(bound, op) as (conn, until):
+                timer = loop.call_later(_left(until), expire, conn)
                 try:
                     yield conn
                     self._answered = True

@@ -38,7 +38,8 @@ connects and reads take what is left of it; async: ``asyncio.timeout`` around th
 Until the store first answers, redis-py bounds each connect and read by ``timeout`` on its own
 (a slow start on a busy machine is no outage). An async op that finds all ``max_connections``
 busy waits for its turn as long as ops keep succeeding (load), and at most ``timeout`` once none
-has for that long (a frozen server; see :mod:`floodwall.stores._turns`). A command that times
+has for that long (a frozen server); the wait counts in the command's bound unless ops succeeded
+meanwhile (see :mod:`floodwall.stores._turns`). A command that times
 out is never retried (a frozen server would double the wait) and raises
 :class:`~floodwall.stores.StoreTimeoutError`; one that failed on a dead connection (a restarted
 server leaves dead pooled sockets, a cluster failover moves a slot) is retried once on a fresh
@@ -589,7 +590,7 @@ class RedisStore(Store):
                 # the command as a whole (a reconnect, a cluster's topology refresh inside it),
                 # once a call succeeded (the first connections are bounded step by step)
                 cold = progress.at == -math.inf
-                until = deadline(began, time.monotonic(), self.timeout, progress)
+                until = deadline(began, self.timeout, progress)
                 async with asyncio.timeout(None if cold else until - time.monotonic()):
                     raw = await run(keys, args)
             finally:
