@@ -290,7 +290,7 @@ def _default_html() -> Path:
 
 def show(result: DemoResult, say: Say = print) -> None:
     """Print the comparison table, each story's verdict (or that its comparison is void, when
-    a run's load or event loop fell behind) and where the report is."""
+    a run's load or event loop fell behind, or its baseline failed) and where the report is."""
     print_table(result.reports, title="floodwall demo: unprotected vs protected")
     for report in result.reports:
         for run in report.runs:
