@@ -15,6 +15,7 @@ import pytest
 from floodwall.drill.metrics import (
     RECOVERY_HOLD,
     RECOVERY_WINDOW,
+    VOID_BASELINE,
     VOID_LOOP_LAG,
     VOID_SEND_LAG,
     Action,
@@ -276,6 +277,39 @@ def test_item7_a_load_sent_late_voids_the_run() -> None:
     f = compute(stalled)
     assert f.void is not None and "event loop fell 800 ms behind (more than 500 ms)" in f.void
     assert VOID_SEND_LAG == 0.1 and VOID_LOOP_LAG == 0.25
+
+
+def failing(log: EventLog, route: str, ks: range) -> EventLog:
+    """``log`` with the requests on ``route`` that arrived at ``at(k)`` for ``k`` in ``ks``
+    timed out (status 0, the caller's 2 s timeout)."""
+    starts = {at(k) for k in ks}
+    requests = [
+        dataclasses.replace(r, end=r.start + 2.0, status=0)
+        if r.route == route and r.start in starts
+        else r
+        for r in log.requests
+    ]
+    return dataclasses.replace(log, requests=requests)
+
+
+def test_a_baseline_that_failed_before_the_fault_voids_the_run() -> None:
+    """The healthy routes failed over 5 % of their requests before the first fault while the
+    load generator and the event loop kept up (the services starved at start-up on a busy
+    machine): no baseline, so the run is void; failures in the warmup, on the faulty route or
+    without any fault do not count."""
+    log = make_log()  # 80 requests on /a in [warmup 2 s, fault 10 s)
+    assert compute(failing(log, "/a", range(20, 24))).void is None  # 4 of 80: 5 %, not over
+    f = compute(failing(log, "/a", range(20, 32)))  # 12 of 80: 15 %, the CI run's share
+    assert f.healthy_success_rate_before == pytest.approx(68 / 80)
+    assert f.send_lag_p99_ms == 0.0 and f.peak_loop_lag_ms == 0.0  # the load kept up
+    assert f.void is not None
+    assert "healthy routes failed 12 of their 80 requests before any fault (15 %" in f.void
+    assert "more than 5 %" in f.void
+    assert compute(failing(log, "/a", range(20))).void is None  # the warmup's
+    assert compute(failing(log, "/b", range(20, 100))).void is None  # the faulty route's
+    faultless = dataclasses.replace(failing(log, "/a", range(20, 32)), faults=[])
+    assert compute(faultless).void is None  # no fault: nothing to compare with a baseline
+    assert VOID_BASELINE == 0.05
 
 
 def test_amplification() -> None:

@@ -12,6 +12,7 @@ from floodwall.drill.metrics import (
     DEFINITIONS,
     RECOVERY_HOLD,
     RECOVERY_WINDOW,
+    VOID_BASELINE,
     VOID_LOOP_LAG,
     VOID_SEND_LAG,
     EventLog,
@@ -140,5 +141,6 @@ def test_item7_one_definition_of_each_figure_everywhere() -> None:
     assert (
         "**10 % of the caller's timeout**" in drills
         and "**25 % of the caller's timeout**" in drills
+        and "**5 % of the healthy routes' requests before the first fault**" in drills
     )
-    assert (VOID_SEND_LAG, VOID_LOOP_LAG) == (0.1, 0.25)
+    assert (VOID_SEND_LAG, VOID_LOOP_LAG, VOID_BASELINE) == (0.1, 0.25, 0.05)

@@ -8,9 +8,10 @@
    with floodwall's inbound guard and a drill agent, ``FLOODWALL_CHAOS=1``);
 3. the floodwall gateway (``python -m floodwall.gateway``) with ``gateway.yaml``'s routes and
    global rate limits, its addresses and store replaced by the ones started here;
-4. a few requests on every route (warm connection pools), then ``drill.yaml`` through the
-   gateway, run by ``floodwall drill``'s own code: its progress, the table of figures
-   ``floodwall demo`` prints, the HTML report, the ``expect`` checks;
+4. a 2xx through every route (readiness), then bursts on every route until three in a row
+   all succeed (warm connection pools at every hop), then ``drill.yaml`` through the gateway,
+   run by ``floodwall drill``'s own code: its progress, the table of figures ``floodwall
+   demo`` prints, the HTML report, the ``expect`` checks;
 5. what the global limits did in Redis; then every process is stopped by its pid (also on
    Ctrl-C, SIGTERM or a failure), and the exit status is the drill's (130 when interrupted).
 
@@ -20,6 +21,7 @@ Logs of every process are in the work directory printed at the start (kept with 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import os
@@ -39,6 +41,7 @@ import httpx
 import redis
 import yaml
 
+from floodwall.config import parse_duration
 from floodwall.drill.cli import drill
 
 HERE = Path(__file__).resolve().parent
@@ -46,9 +49,15 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 30.0
 """Seconds each process gets to answer (the first imports are slow on a busy machine)."""
 STOP_TIMEOUT = 10.0
-QUICK = {"warmup": "1s", "drain": "2s", "load": {"duration": "15s", "rate": 60}, "fault": (3, 7)}
+QUICK = {"warmup": "2s", "drain": "2s", "load": {"duration": "16s", "rate": 60}, "fault": (4, 8)}
 """``--quick``: shorter phases and less load, the same story (the load lasts 8 s past the
-fault, for recovery to be seen holding)."""
+fault, for recovery to be seen holding; 2 s of it at the full rate before the *before* window,
+as the long run's 1.5 s at 80 requests/s)."""
+WARM_BURST = 10
+"""Requests sent at once on each route by the warm-up: more than the load keeps in flight (60
+to 80 requests/s answered in 10 to 150 ms), so every hop's pool holds the connections it needs."""
+WARM_ROUNDS = 3
+"""Bursts in a row that must all get a 2xx on every route before the drill starts."""
 
 
 def free_port() -> int:
@@ -226,13 +235,60 @@ def scenario(urls: dict[str, str], gateway: str, admin: str, quick: bool) -> dic
     return raw
 
 
-def warm_up(gateway: str, raw: dict[str, Any], rounds: int = 10) -> None:
-    """A few requests on every route first: connection pools, the Lua scripts in Redis and the
-    first-call paths are set up before the drill measures its *before* window."""
-    with httpx.Client(base_url=gateway, timeout=5) as client:
-        for _ in range(rounds):
-            for route in raw["edge"]["routes"]:
-                client.get(route["path"]).raise_for_status()
+async def _answered(client: httpx.AsyncClient, path: str) -> httpx.Response | str:
+    try:
+        return await client.get(path)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__} {exc}"
+
+
+async def _ready(client: httpx.AsyncClient, paths: list[str]) -> None:
+    """Until each route answered a 2xx once (every hop behind it is up); raises after
+    :data:`START_TIMEOUT` with what the last try got."""
+    deadline = time.monotonic() + START_TIMEOUT
+    for path in paths:
+        while not isinstance(answer := await _answered(client, path), httpx.Response) or (
+            not answer.is_success
+        ):
+            if time.monotonic() > deadline:
+                got = answer if isinstance(answer, str) else f"HTTP {answer.status_code}"
+                raise RuntimeError(f"{path} not ready in {START_TIMEOUT:g}s: {got}")
+            await asyncio.sleep(0.1)
+
+
+async def _steady(client: httpx.AsyncClient, paths: list[str]) -> tuple[int, bool]:
+    """Bursts of :data:`WARM_BURST` requests at once on every route until :data:`WARM_ROUNDS`
+    bursts in a row got a 2xx each (at most :data:`START_TIMEOUT`): (bursts sent, steady)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    bursts = in_a_row = 0
+    while in_a_row < WARM_ROUNDS and time.monotonic() < deadline:
+        answers = await asyncio.gather(*(_answered(client, p) for p in paths * WARM_BURST))
+        bursts += 1
+        good = all(isinstance(a, httpx.Response) and a.is_success for a in answers)
+        in_a_row = in_a_row + 1 if good else 0
+    return bursts, in_a_row >= WARM_ROUNDS
+
+
+def warm_up(gateway: str, raw: dict[str, Any]) -> str:
+    """Readiness, then warm-up, before the drill's load starts: a 2xx through every route (the
+    gateway and every service behind it answered), then bursts on every route until the whole
+    path carries them (connection pools at every hop opened, the Lua scripts loaded in Redis,
+    first-call paths taken; a service still starting on a busy machine fails its burst, as
+    the healthy routes failed 15 % of the drill's first seconds on a busy CI machine). Returns
+    a line saying what it took."""
+    paths = [route["path"] for route in raw["edge"]["routes"]]
+    timeout = parse_duration(raw["load"]["timeout"])
+    limits = httpx.Limits(max_connections=len(paths) * WARM_BURST)
+
+    async def both() -> str:
+        begun = time.monotonic()
+        async with httpx.AsyncClient(base_url=gateway, timeout=timeout, limits=limits) as client:
+            await _ready(client, paths)
+            bursts, steady = await _steady(client, paths)
+        took = f"{bursts} bursts of {WARM_BURST} per route in {time.monotonic() - begun:.1f} s"
+        return f"warm: {took}" if steady else f"not steady ({took}): the drill's void check judges"
+
+    return asyncio.run(both())
 
 
 def global_limits(redis_url: str) -> dict[str, Any]:
@@ -262,7 +318,7 @@ def run(args: argparse.Namespace, fleet: Fleet) -> int:
     gateway = start_gateway(fleet, urls, redis_url, token)
     print(f"gateway    {gateway}   admin {fleet.admin_url} (dashboard: /dashboard)", flush=True)
     raw = scenario(urls, gateway, fleet.admin_url, args.quick)
-    warm_up(gateway, raw)
+    print(warm_up(gateway, raw), flush=True)
     path = fleet.workdir / "drill.json"
     path.write_text(json.dumps(raw), "utf-8")
     status = 0

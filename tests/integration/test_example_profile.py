@@ -51,8 +51,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any], 
         if process.poll() is None:  # SIGTERM lets it stop its own children first
             os.kill(process.pid, signal.SIGTERM)
             process.communicate(timeout=30)
-    assert process.returncode == 0, output
     figures = json.loads((folder / "figures.json").read_text())
+    # A run whose figures measured the machine (load sent late, event loop stalled, healthy
+    # routes failing before the fault) is void: no verdict, exit 1, and its figures not judged.
+    void = figures["profile_page"]["external"]["void"]
+    assert process.returncode == (1 if void else 0), output
+    assert figures["expect"]["void"] is bool(void)
+    if void:
+        assert "no verdict (profile_page): the comparison is void" in output, output
+        print(f"void on this machine, figures not judged: {void}")
     return output, figures, folder
 
 
@@ -60,6 +67,9 @@ def test_the_protected_page_survives_slow_posts(run: tuple[str, dict[str, Any], 
     _, figures, _ = run
     page = figures["profile_page"]["external"]
     assert page["healthy_routes"] == ["/profile/42/card", "/users/42"]
+    if page["void"]:
+        assert figures["expect"]["failed"] == []  # nothing judged
+        return
     assert page["healthy_success_rate"] >= 0.99
     assert page["success_rate"] >= 0.99  # the page itself too, without its posts for a while
     # the profile service's own policies on posts, via its agent: its timeout acts at once,
@@ -100,10 +110,10 @@ def test_the_global_limits_were_kept_in_redis(run: tuple[str, dict[str, Any], Pa
 def test_it_prints_the_demos_table_and_stops_everything(
     run: tuple[str, dict[str, Any], Path],
 ) -> None:
-    output, _, folder = run
+    output, figures, folder = run
     for label, _ in ROWS:
         assert label in output
-    assert "every expectation met" in output
+    assert "every expectation met" in output or figures["expect"]["void"]
     assert (folder / "report.html").stat().st_size > 10_000
     urls = re.findall(r"^(?:redis|users|posts|profile|gateway)\s+(\S+)", output, re.MULTILINE)
     assert len(urls) == 5

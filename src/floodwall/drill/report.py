@@ -197,8 +197,8 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
 
 def verdict(report: ScenarioReport) -> str:
     """One line on what the runs compare to, or why there is no verdict: a run whose load
-    generator or event loop fell behind voids the comparison (its figures measured the
-    machine), and the line says so instead."""
+    generator or event loop fell behind, or whose healthy routes failed before the fault, voids
+    the comparison (its figures measured the machine), and the line says so instead."""
     void = [f"{run.mode}: {run.figures.void}" for run in report.runs if run.figures.void]
     if void:
         return f"no verdict ({report.name}): the comparison is void; " + "; ".join(void)
