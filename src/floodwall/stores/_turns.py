@@ -148,35 +148,34 @@ async def take_turn_async(
     slots: asyncio.Semaphore, bound: float, progress: Progress, cold: float = math.inf
 ) -> bool:
     """:func:`take_turn` for an :class:`asyncio.Semaphore` (first come, first served itself),
-    ``bound`` the store's timeout. A free slot costs no suspension; a waiter's one pending
-    acquire keeps its place in the queue across the rule's re-checks, and a waiter that gives
-    up (or is cancelled) when its slot was handed over at that instant releases it."""
+    ``bound`` the store's timeout. A free slot costs no suspension. The waiter awaits one
+    acquire, so it keeps its place: a timer re-checks the rule when it would give up, and only
+    then cancels the acquire (a slot handed over at that instant goes on to the next waiter)."""
     if not slots.locked():
         await slots.acquire()
         return True
     began = time.monotonic()
-    acquire: asyncio.Future[bool] = asyncio.ensure_future(slots.acquire())
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
     try:
-        while True:
-            left = _until(progress, began, bound, cold) - time.monotonic()
-            if left <= 0:
-                break
-            await asyncio.wait((acquire,), timeout=left)
-            if acquire.done():
-                return acquire.result()
-    except BaseException:
-        _drop(acquire, slots)
-        raise
-    _drop(acquire, slots)
-    return False
+        async with asyncio.timeout(None) as scope:
 
+            def recheck() -> None:
+                nonlocal timer
+                left = _until(progress, began, bound, cold) - time.monotonic()
+                if left <= 0:
+                    scope.reschedule(loop.time())  # give up now: cancels the acquire
+                elif left < math.inf:
+                    timer = loop.call_later(left, recheck)
 
-def _drop(acquire: asyncio.Future[bool], slots: asyncio.Semaphore) -> None:
-    """Withdraw a pending acquire; a slot it got meanwhile goes back (to the next waiter)."""
-    if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
-        slots.release()
-    else:
-        acquire.cancel()
+            recheck()
+            await slots.acquire()
+    except TimeoutError:
+        return False
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return True
 
 
 def _until(progress: Progress, began: float, timeout: float, cold: float) -> float:
