@@ -77,7 +77,7 @@ from psycopg.pq import TransactionStatus
 from floodwall._core import defaults, validate
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
-from floodwall.stores._turns import Progress, deadline, take_turn, take_turn_async
+from floodwall.stores._turns import Progress, Turns, deadline, take_turn, take_turn_async
 from floodwall.stores.base import (
     Arg,
     Op,
@@ -244,7 +244,7 @@ class _Pool:
         self._factory = factory
         self._url = url
         self._idle: list[_Conn] = []
-        self._slots = threading.BoundedSemaphore(size)
+        self._slots = Turns(size)
         self._lock = threading.Lock()
         self.progress = Progress()
         self.closed = False
@@ -261,7 +261,7 @@ class _Pool:
             raise StoreClosedError(self._url, op)
         began = time.monotonic()
         if bound is None:
-            self._slots.acquire()
+            take_turn(self._slots, math.inf, self.progress)  # no bound: as long as it takes
         elif not take_turn(self._slots, bound, self.progress, cold=bound):
             raise StoreTimeoutError(self._url, op) from TimeoutError(_BUSY.format(bound))
         until = math.inf if bound is None else deadline(began, bound, self.progress)
