@@ -143,8 +143,10 @@ class LoopThread:
 class Aiohttp(_Threaded):
     """An ``aiohttp.web`` application in a loop thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, shutdown_timeout: float = 60.0) -> None:
         self.app = app
+        self.shutdown_timeout = shutdown_timeout
+        """Seconds :meth:`stop` lets requests in flight finish (aiohttp's default: 60)."""
         self._loop = LoopThread()
         self._runner: Any = None
         self.port = 0
@@ -153,7 +155,9 @@ class Aiohttp(_Threaded):
         from aiohttp import web
 
         async def up() -> None:
-            self._runner = web.AppRunner(self.app, access_log=None)
+            self._runner = web.AppRunner(
+                self.app, access_log=None, shutdown_timeout=self.shutdown_timeout
+            )
             await self._runner.setup()
             sock = bound_socket()
             self.port = sock.getsockname()[1]
@@ -165,7 +169,17 @@ class Aiohttp(_Threaded):
     def stop(self) -> None:
         if self._runner is not None:
             self._loop.run(self._runner.cleanup())
+            self._loop.run(_cancel_the_rest())  # handlers cut short by ``shutdown_timeout``
         self._loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    me = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not me]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 class GrpcAio:

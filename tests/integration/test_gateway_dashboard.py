@@ -8,6 +8,7 @@ screenshot goes to ``$FLOODWALL_ARTIFACTS`` (default: the test's temporary direc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -101,6 +102,25 @@ def _number(text: str) -> float:
         return 0.0
 
 
+def _limit_to_half_the_pace(gw: GatewayThread, sent: list[float]) -> None:
+    """Reload the gateway with a limit on the checkout route of half the pace its traffic kept
+    over its last 20 requests, measured here: the one client thread sends at most 100/s, but a
+    CPU hog on both cores held it to 21.8/s, under the fixed 40/s the limit used to be (no
+    rejection ever showed). Half leaves the rejections room to show, and the 500s of the fault
+    half the answers (the errors wait needs more than 10 %)."""
+    deadline = time.monotonic() + 15
+    while len(sent) < 21 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(sent) >= 21, f"the traffic sent {len(sent)} requests in 15 s"
+    recent = sent[-21:]
+    pace = 20 / (recent[-1] - recent[0])
+    config = json.loads(json.dumps(gw.config))
+    limit = {"rate": f"{max(1, int(pace / 2))}/s", "key": "client_ip"}
+    config["routes"][0]["rate_limit"] = limit
+    answer = gw.admin("POST", "/reload?source=limited.json", content=json.dumps(config))
+    assert answer.status_code == 200, answer.text
+
+
 def test_dashboard_follows_traffic_and_faults(
     browser: Any,
     upstreams: Callable[..., list[Upstream]],
@@ -127,7 +147,6 @@ def test_dashboard_follows_traffic_and_faults(
                     "match": {"path_prefix": "/checkout"},
                     "upstream": "svc",
                     "resource": "svc",
-                    "rate_limit": {"rate": "40/s", "key": "client_ip"},
                 }
             ],
         }
@@ -139,11 +158,13 @@ def test_dashboard_follows_traffic_and_faults(
     assert _number(_cell(browser, "checkout", "rps")) == 0
 
     stop = threading.Event()
+    sent: list[float] = []
 
     def traffic() -> None:
         with httpx.Client(base_url=gw.url, timeout=5) as client:
             while not stop.is_set():
                 client.get("/checkout/cart")
+                sent.append(time.monotonic())
                 time.sleep(0.01)
 
     thread = threading.Thread(target=traffic)
@@ -151,6 +172,7 @@ def test_dashboard_follows_traffic_and_faults(
     try:
         _wait(browser, "traffic", lambda: _number(_cell(browser, "checkout", "rps")) > 5)
         _wait(browser, "latency", lambda: _number(_cell(browser, "checkout", "p99")) > 0)
+        _limit_to_half_the_pace(gw, sent)
         _wait(
             browser,
             "limiter rejections",
