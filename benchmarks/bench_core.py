@@ -25,6 +25,12 @@ protected function is ``return 1``.
   on itself (``resource.call_async``, as the outbound integrations and the gateway call it);
   off, the same runners nested (a coroutine and a ``partial`` per stage), and, between the two,
   fused but called through the class's ``call_async`` (a decorated function's road).
+* **fixed window inline on memory://**: ``Frequency(limit=5, per=3600).allow(key)`` on
+  ``memory://``, a key the store no longer holds on every call (150 000 keys in turn past the
+  default bound of 100 000: each call opens a window and evicts, the usual call of
+  ``benchmarks/million_keys.py``); the fixed-window op decides the one request it has parsed
+  inline (``FixedWindowOp.step_one``); off, the arguments arrive as a list and the op takes the
+  generic road (a state object, the step's ``decide`` and ``figures``, ``save``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from itertools import repeat
+from itertools import cycle, islice, repeat
 from typing import Any
 
 import floodwall
@@ -51,6 +57,7 @@ METER = "meter folded into its runner, sync"
 AMETER = "meter folded into its runner, async"
 ENTRY = "timeout box, common case"
 FUSED = "fused async stages: breaker, bulkhead, retry, timeout"
+WINDOW = "fixed window inline on memory://: Frequency.allow, a new key"
 
 LANE_ON = "floodwall @CircuitBreaker, lane open"
 LANE_OFF = "lane shut: admit + record"
@@ -66,6 +73,8 @@ ENTRY_OUTLINE = "entry as deadline, but policy._budget and watchdogs.enter"
 FUSED_ON = "floodwall await resource.call_async(af)"
 FUSED_CLASS = "fused, through Pipeline.call_async"
 FUSED_OFF = "nested runners"
+WINDOW_ON = "floodwall Frequency.allow(key)"
+WINDOW_OFF = "the op's generic step"
 
 
 def f() -> int:
@@ -265,6 +274,35 @@ def _fused_cases() -> list[Case]:
     ]
 
 
+class _GenericWindow(floodwall.Frequency):
+    """Sends its one-call arguments as a list, which the op decides on the generic road."""
+
+    def __init__(self, limit: int, per: float) -> None:
+        super().__init__(limit, per)
+        self._one = list(self._one)  # type: ignore[assignment]
+
+
+def _window_cases() -> list[Case]:
+    keys = [f"user-{i}" for i in range(150_000)]
+
+    def loop(frequency: floodwall.Frequency) -> Callable[[int], None]:
+        allow = frequency.allow
+        turn = cycle(keys)
+        for _ in range(len(keys)):  # past the bound: every later call evicts
+            allow(next(turn))
+
+        def run(n: int) -> None:
+            for key in islice(turn, n):
+                allow(key)
+
+        return run
+
+    return [
+        Case(WINDOW, WINDOW_OFF, loop=loop(_GenericWindow(5, 3600)), ref="generic"),
+        Case(WINDOW, WINDOW_ON, loop=loop(floodwall.Frequency(5, 3600))),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         Case(LANE, LANE_OFF, fn=_ShutLane("bench-shut")(f), ref="lane shut"),
@@ -280,6 +318,7 @@ def cases() -> list[Case]:
         Case(AMETER, METER_ON, afn=_resource(af, metrics=True, apart=False)),
         *_entry_cases(),
         *_fused_cases(),
+        *_window_cases(),
     ]
 
 
@@ -294,4 +333,5 @@ def targets() -> list[Target]:
         Target(ENTRY, ENTRY_ON, ENTRY_OFF, 0.9, "shortcut: timeout entry as deadline"),
         Target(ENTRY, ENTRY_ON, ENTRY_OUTLINE, 0.9, "shortcut: timeout box, common case inline"),
         Target(FUSED, FUSED_ON, FUSED_OFF, 0.9, "shortcut: fused async stages"),
+        Target(WINDOW, WINDOW_ON, WINDOW_OFF, 0.9, "shortcut: fixed window inline on memory://"),
     ]

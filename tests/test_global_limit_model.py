@@ -22,6 +22,7 @@ from floodwall.ratelimit._base import RateLimiter
 from floodwall.shared._global_ops import ALGORITHMS, plan
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.stores import MemoryStore
+from floodwall.stores.base import Arg
 
 Trace = list[tuple[int, int]]
 
@@ -109,6 +110,36 @@ def test_a_lease_takes_the_most_that_a_plain_request_could(
     most = max((c for c, ok in enumerate(fits) if ok), default=-1)
     assert allowed == (most >= cmin)
     assert granted == (most if allowed else 0)
+
+
+@EXAMPLES
+@given(
+    rate=rates,
+    trace=st.lists(
+        st.tuples(
+            st.sampled_from([0, 0, 0, 1, 8, 32, 64, 200]),
+            st.integers(0, 3),
+            st.sampled_from([0, 0, 0, 2]),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_the_fixed_window_short_path_answers_and_writes_as_the_generic_step(
+    rate: Rate, trace: list[tuple[int, int, int]]
+) -> None:
+    """``FixedWindowOp.step_one`` inlines the step for a request already parsed (a tuple of
+    arguments, as ``Frequency`` sends): the same replies and records as the generic path (a
+    list), leases (``most`` above ``least``) included."""
+    p = plan("fixed_window", rate, None, None)
+    clock = fw.FakeClock(1000.0)
+    short, generic = MemoryStore(clock=clock), MemoryStore(clock=clock)
+    full = short.keys(p.op, "k")[0]
+    for dt, cost, extra in trace:
+        clock.advance(dt / 64)
+        args: tuple[Arg, ...] = (*p.params, cost, cost + extra)
+        assert short.apply(p.op, "k", args) == generic.apply(p.op, "k", list(args))
+        assert short.raw(full) == generic.raw(full)
 
 
 def test_gcra_units_make_the_emission_interval_whole() -> None:

@@ -28,7 +28,7 @@ the window resets) when refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
@@ -163,8 +163,10 @@ class Frequency(Gate):
         period = encode(max(1, round(self.per * 1_000_000)))  # the window, in whole µs
         self._params: list[Arg] = [encode(limit), period]
         self._local_params: list[Arg] = [encode(self.local_limit), period]
-        self._one: list[Arg] = [*self._params, b"1", b"1"]  # one call: the usual request
-        self._local_one: list[Arg] = [*self._local_params, b"1", b"1"]
+        # one call, the usual request: tuples, which the op's table of parsed requests reads as
+        # they are
+        self._one: tuple[Arg, ...] = (*self._params, b"1", b"1")
+        self._local_one: tuple[Arg, ...] = (*self._local_params, b"1", b"1")
         self._now = clock.monotonic
 
     @classmethod
@@ -174,7 +176,7 @@ class Frequency(Gate):
 
     # -- the decision core --------------------------------------------------------------------
 
-    def _request(self, key: str | None, cost: int) -> tuple[str, list[Arg], list[Arg]]:
+    def _request(self, key: str | None, cost: int) -> tuple[str, Sequence[Arg], Sequence[Arg]]:
         """The fixed-window op's key and arguments, on the store and for the local fallback."""
         if cost.__class__ is not PLAIN_INT or not 1 <= cost <= self.limit:
             validate.count("cost", cost, 1, self.limit)

@@ -137,6 +137,12 @@ class Op(ABC, Generic[R]):
         """The op as a pure function: current records (``None``: absent or expired) and the
         store's ``now`` in seconds → one write per record and the result."""
 
+    def step_one(self, record: Record | None, now: float, args: Sequence[Any]) -> tuple[Write, R]:
+        """:meth:`step` on the one record of an op whose ``suffixes`` name one: its write and
+        the result. What ``memory://`` calls per op; an op overrides it to skip the lists."""
+        writes, result = self.step([record], now, args)
+        return writes[0], result
+
     @abstractmethod
     def parse(self, raw: Any) -> R:
         """Turn the Lua script's reply into what :meth:`step` returns."""
