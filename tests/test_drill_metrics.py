@@ -348,6 +348,10 @@ def test_a_run_that_waited_for_a_core_is_void() -> None:
     assert compute(waited(make_log(), {(14.0, 17.0): 0.45})).void is None  # under the bound
     assert compute(waited(make_log(), {(0.0, 2.0): 0.9})).void is None  # the warmup's
     assert compute(waited(make_log(), {(25.0, 30.0): 0.9})).void is None  # after the fault
+    faultless = dataclasses.replace(waited(make_log(), {(25.0, 30.0): 0.9}), faults=[])
+    f = compute(faultless)  # no fault: the load after warm-up is the one window
+    assert f.cpu_wait_share_before == pytest.approx(0.9) and f.cpu_wait_share_during is None
+    assert f.void is not None and "900 ms in a second under load" in f.void
     assert VOID_CPU_WAIT == 0.5 and CPU_WAIT_SPAN == 1.0
 
 

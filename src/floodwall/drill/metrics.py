@@ -538,10 +538,12 @@ def cpu_wait_share(log: EventLog, start: float, end: float) -> float | None:
 
 
 def _starved(log: EventLog) -> str | None:
-    """The void reason of a run whose threads waited for a core over :data:`VOID_CPU_WAIT` of
-    the *before* or the *during* window, or ``None``."""
+    """The void reason of a run whose threads waited for a core over :data:`VOID_CPU_WAIT` in a
+    second of the *before* or the *during* window (the load after warm-up, without faults), or
+    ``None``."""
     before, during = _windows(log)
-    for name, window in (("before the fault", before), ("during the fault", during)):
+    first = "before the fault" if during else "under load"
+    for name, window in ((first, before), ("during the fault", during)):
         share = None if window is None else cpu_wait_share(log, *window)
         if share is not None and share > VOID_CPU_WAIT:
             return (
