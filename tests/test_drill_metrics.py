@@ -13,9 +13,11 @@ import math
 import pytest
 
 from floodwall.drill.metrics import (
+    CPU_WAIT_SPAN,
     RECOVERY_HOLD,
     RECOVERY_WINDOW,
     VOID_BASELINE,
+    VOID_CPU_WAIT,
     VOID_LOOP_LAG,
     VOID_SEND_LAG,
     Action,
@@ -27,6 +29,7 @@ from floodwall.drill.metrics import (
     Write,
     breaker_intervals,
     compute,
+    cpu_wait_share,
     percentile,
     series,
 )
@@ -310,6 +313,57 @@ def test_a_baseline_that_failed_before_the_fault_voids_the_run() -> None:
     faultless = dataclasses.replace(failing(log, "/a", range(20, 32)), faults=[])
     assert compute(faultless).void is None  # no fault: nothing to compare with a baseline
     assert VOID_BASELINE == 0.05
+
+
+def waited(log: EventLog, starved: dict[tuple[float, float], float]) -> EventLog:
+    """``log`` with a sample every 0.25 s whose threads waited 0.1 s for a core per second (a
+    quiet machine), ``starved[(start, end)]`` per second from ``start`` to ``end`` instead."""
+    samples, total = [], 0.0
+    for k in range(161):
+        t = k * 0.25
+        samples.append(Sample(t, 5, 10, 50.0, cpu_wait=total))
+        rate = next((r for (lo, hi), r in starved.items() if lo <= t < hi), 0.1)
+        total += rate * 0.25
+    return dataclasses.replace(log, samples=samples)
+
+
+def test_a_run_that_waited_for_a_core_is_void() -> None:
+    """The machine took the CPU away: the run's threads, ready to run, waited over half of a
+    second for a core (run-queue wait) before or during the fault, though the event loop's lag
+    and the load generator stayed within their bounds. The worst second counts: 3 s at 0.8 in a
+    10 s fault at 0.1 otherwise is 0.31 over the fault, and is the reproduction's p99 growth."""
+    quiet = compute(waited(make_log(), {}))
+    assert quiet.cpu_wait_share_before == pytest.approx(0.1)
+    assert quiet.cpu_wait_share_during == pytest.approx(0.1)
+    assert quiet.void is None
+    f = compute(waited(make_log(), {(14.0, 17.0): 0.8}))
+    assert (f.peak_loop_lag_ms, f.send_lag_p99_ms) == (0.0, 0.0)
+    assert f.cpu_wait_share_during == pytest.approx(0.8)
+    assert f.cpu_wait_share_before == pytest.approx(0.1)
+    assert f.void is not None
+    assert "waited for a core 800 ms in a second during the fault (more than 500 ms)" in f.void
+    before = compute(waited(make_log(), {(4.0, 5.5): 0.6}))
+    assert before.cpu_wait_share_before == pytest.approx(0.6)
+    assert before.void is not None and "600 ms in a second before the fault" in before.void
+    assert compute(waited(make_log(), {(14.0, 17.0): 0.45})).void is None  # under the bound
+    assert compute(waited(make_log(), {(0.0, 2.0): 0.9})).void is None  # the warmup's
+    assert compute(waited(make_log(), {(25.0, 30.0): 0.9})).void is None  # after the fault
+    faultless = dataclasses.replace(waited(make_log(), {(25.0, 30.0): 0.9}), faults=[])
+    f = compute(faultless)  # no fault: the load after warm-up is the one window
+    assert f.cpu_wait_share_before == pytest.approx(0.9) and f.cpu_wait_share_during is None
+    assert f.void is not None and "900 ms in a second under load" in f.void
+    assert VOID_CPU_WAIT == 0.5 and CPU_WAIT_SPAN == 1.0
+
+
+def test_cpu_wait_needs_two_samples_that_say() -> None:
+    """Without ``/proc`` (samples without ``cpu_wait``) the shares are ``None`` and do not void
+    the run; a span shorter than a second is taken whole."""
+    log = make_log()  # its samples carry no cpu_wait
+    f = compute(log)
+    assert (f.cpu_wait_share_before, f.cpu_wait_share_during, f.void) == (None, None, None)
+    short = waited(log, {(10.0, 10.5): 0.9})
+    assert cpu_wait_share(short, 10.0, 10.5) == pytest.approx(0.9)  # 10.0 to 10.25
+    assert cpu_wait_share(short, 10.0, 10.1) is None  # one sample
 
 
 def test_amplification() -> None:

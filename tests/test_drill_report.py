@@ -13,11 +13,13 @@ from floodwall.drill.metrics import (
     RECOVERY_HOLD,
     RECOVERY_WINDOW,
     VOID_BASELINE,
+    VOID_CPU_WAIT,
     VOID_LOOP_LAG,
     VOID_SEND_LAG,
     EventLog,
     FaultWindow,
     Request,
+    Sample,
     Write,
     compute,
 )
@@ -103,6 +105,23 @@ def test_the_page_is_self_contained_and_escaped() -> None:
     assert data["scenarios"][0]["runs"][0]["series"]["faults"] == [[1.0, 3.0, "pay", "hangs 4s"]]
 
 
+def test_a_run_that_waited_for_a_core_shows_it_and_gives_no_verdict() -> None:
+    """Run-queue wait in the worst second before and during the fault, in ms per second, in the
+    table (a dash without /proc); over half a second voids the comparison."""
+    starved = run("protected", False)
+    # every 0.25 s: 0.1 s waited per second, 0.8 from 1.5 s to 2.5 s (the fault: 1 s to 3 s)
+    steps = [0.025] * 6 + [0.2] * 4 + [0.025] * 2
+    totals = [sum(steps[:index]) for index in range(len(steps) + 1)]
+    samples = [Sample(i * 0.25, 1, 4, 40.0, cpu_wait=total) for i, total in enumerate(totals)]
+    log = dataclasses.replace(starved.log, samples=samples)
+    starved = dataclasses.replace(starved, log=log, figures=compute(log))
+    report = ScenarioReport("payments", "", [run("unprotected", True), starved], 64)
+    rows = {row[0]: row[1:] for row in table_rows([report])[1]}
+    assert rows["CPU wait, worst s before → fault"] == ["—", "100 → 800 ms/s"]
+    assert rows["comparison"] == ["valid", "VOID"]
+    assert "protected: the run's threads waited for a core 800 ms in a second" in verdict(report)
+
+
 def test_item7_a_run_that_fell_behind_gives_no_verdict() -> None:
     """Issue 19, item 7: a comparison with a run whose load generator fell behind prints that
     it is void instead of a verdict, in the table, the verdict line and the HTML report."""
@@ -142,5 +161,6 @@ def test_item7_one_definition_of_each_figure_everywhere() -> None:
         "**10 % of the caller's timeout**" in drills
         and "**25 % of the caller's timeout**" in drills
         and "**5 % of the healthy routes' requests before the first fault**" in drills
+        and "**over half of a second before or during the fault**" in drills
     )
-    assert (VOID_SEND_LAG, VOID_LOOP_LAG, VOID_BASELINE) == (0.1, 0.25, 0.05)
+    assert (VOID_SEND_LAG, VOID_LOOP_LAG, VOID_BASELINE, VOID_CPU_WAIT) == (0.1, 0.25, 0.05, 0.5)

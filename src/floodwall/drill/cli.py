@@ -3,7 +3,8 @@
 Both print a progress bar per run while the drill runs, then the comparison table, the verdict
 and the path of the HTML report; ``json_out`` also writes every figure as JSON. ``drill`` checks
 the scenario's ``expect`` section and exits with status 1 when a figure misses it, or when a
-run's load generator or event loop fell behind, or its healthy routes failed before the fault
+run's load generator or event loop fell behind, it waited for a core, or its healthy routes
+failed before the fault
 (the comparison is void: no verdict, and no pass either); an invalid scenario raises
 :class:`~floodwall.ConfigError` (its message names the path in the file).
 """

@@ -46,6 +46,8 @@ DEMO_KEYS = (
     "audit",
     "amplification",
     "peak_loop_lag_ms",
+    "cpu_wait_share_before",
+    "cpu_wait_share_during",
     "void",
 )
 """Figures every mode object of the demo's JSON holds (``None`` where they do not apply)."""
@@ -297,7 +299,8 @@ def _default_html() -> Path:
 
 def show(result: DemoResult, say: Say = print) -> None:
     """Print the comparison table, each story's verdict (or that its comparison is void, when
-    a run's load or event loop fell behind, or its baseline failed) and where the report is."""
+    a run's load or event loop fell behind, it waited for a core, or its baseline failed) and
+    where the report is."""
     print_table(result.reports, title="floodwall demo: unprotected vs protected")
     for report in result.reports:
         for run in report.runs:

@@ -40,11 +40,15 @@ contract (docs/drills.md repeats them):
 * **resources**: peaks of the samples (threads, open sockets, resident memory, edge workers
   busy and queued), process-wide, and the event loop's worst lag (how late a 0.25 s sleep
   woke up: the machine's share of the latency figures);
+* **CPU wait** (``cpu_wait_share_before``, ``cpu_wait_share_during``): the seconds the run's
+  threads were ready to run but waited for a core (Linux's run-queue wait), per second, in the
+  worst :data:`CPU_WAIT_SPAN` of the *before* and the *during* window;
 * **void**: the run measured the machine, not the system, when the load generator sent its
   arrivals late (the 99th percentile of how late each arrival left, ``send_lag_p99_ms``, above
   :data:`VOID_SEND_LAG` of the caller's timeout) or the event loop stalled
-  (``peak_loop_lag_ms`` above :data:`VOID_LOOP_LAG` of the caller's timeout), or when the
-  healthy routes failed more than :data:`VOID_BASELINE` of their requests *before* the first
+  (``peak_loop_lag_ms`` above :data:`VOID_LOOP_LAG` of the caller's timeout), or the machine
+  took the CPU away (CPU wait above :data:`VOID_CPU_WAIT` before or during the fault), or when
+  the healthy routes failed more than :data:`VOID_BASELINE` of their requests *before* the first
   fault (the system could not carry its load before anything was broken: no fault to compare
   with); ``void`` says why, and a comparison with such a run gives no verdict.
 """
@@ -60,6 +64,7 @@ from typing import Any
 
 __all__ = [
     "CONTAINING",
+    "CPU_WAIT_SPAN",
     "DEFINITIONS",
     "DETECTING",
     "RECOVERY_HOLD",
@@ -67,6 +72,7 @@ __all__ = [
     "RECOVERY_TOLERANCE",
     "RECOVERY_WINDOW",
     "VOID_BASELINE",
+    "VOID_CPU_WAIT",
     "VOID_LOOP_LAG",
     "VOID_SEND_LAG",
     "Action",
@@ -80,6 +86,7 @@ __all__ = [
     "Series",
     "Write",
     "compute",
+    "cpu_wait_share",
     "percentile",
     "series",
     "void_reason",
@@ -124,7 +131,8 @@ DEFINITIONS = (
     (
         "void",
         "the load left later than 10 % of the caller's timeout (p99), the event loop fell "
-        "25 % of it behind, or over 5 % of the healthy requests failed before the fault: the run "
+        "25 % of it behind, the run waited for a core over half of a second before or during "
+        "the fault, or over 5 % of the healthy requests failed before the fault: the run "
         "measured the machine, and its comparison gives no verdict",
     ),
 )
@@ -142,6 +150,19 @@ VOID_BASELINE = 0.05
 run is void (its baseline was broken before any fault, so nothing during the fault can be
 compared with it). The drills' own systems fail none of them on a machine that keeps up; the
 profile example's 15 % seen on a busy CI machine was its services starved at start-up."""
+VOID_CPU_WAIT = 0.5
+"""Seconds the run's threads may wait for a core, ready to run, in the worst second
+(:data:`CPU_WAIT_SPAN`) of the *before* or the *during* window: above it the run is void (its
+latencies measured the machine). Measured on the quick demo's protected product page (load 5
+to 9 on 2 cores): quiet runs 0.20 to 0.36; runs whose healthy p99 grew past the demo's bound
+with the event loop kept 90 % busy for 3 s of the fault 0.53 (134 -> 315 ms, loop lag 48 ms)
+and 0.80 (127 -> 486 ms, lag 177 ms); a busy loop whose p99 stayed within it (129 -> 167 ms)
+0.44. Under ``stress-ng --cpu 2``: 0.86 next to load 7 (void by its late load too), 0.29 next
+to load 4 (valid, p99 153 -> 127 ms): the fair scheduler gives a mostly idle loop its turns."""
+CPU_WAIT_SPAN = 1.0
+"""Seconds over which run-queue wait is taken (the worst such span of a window counts): a
+latency p99 is made by the worst moments of a window, and a 3 s starvation in a 7 s fault
+shows at a third of its strength over the whole window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +231,10 @@ class FaultWindow:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Resources at ``time``: threads, open sockets, resident MB, edge workers and queue, and
-    how late the sampler woke (``loop_lag``, seconds: the run's event loop falling behind)."""
+    """Resources at ``time``: threads, open sockets, resident MB, edge workers and queue, how
+    late the sampler woke (``loop_lag``, seconds: the run's event loop falling behind), and the
+    seconds the run's threads had so far waited for a core while ready to run (``cpu_wait``,
+    cumulative; ``None`` where the system does not say)."""
 
     time: float
     threads: int
@@ -220,6 +243,7 @@ class Sample:
     workers_busy: int = 0
     queued: int = 0
     loop_lag: float = 0.0
+    cpu_wait: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +318,11 @@ class Figures:
     busy for the latency figures to be the system's alone."""
     send_lag_p99_ms: float | None
     """How late the load generator sent its arrivals, 99th percentile."""
+    cpu_wait_share_before: float | None
+    """Seconds the run's threads waited for a core while ready to run, per second, in the worst
+    second of the *before* window (``None`` without ``/proc``)."""
+    cpu_wait_share_during: float | None
+    """The same in the worst second of the fault."""
     void: str | None
     """Why this run's figures cannot be compared (see the module), or ``None``."""
 
@@ -482,10 +511,54 @@ def audit(log: EventLog) -> dict[str, LedgerAudit]:
     return out
 
 
+def _windows(log: EventLog) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """The *before* window and the *during* one (``None`` without faults)."""
+    span = fault_span(log)
+    return (log.warmup, span[0] if span else log.load_end), span
+
+
+def cpu_wait_share(log: EventLog, start: float, end: float) -> float | None:
+    """The worst :data:`CPU_WAIT_SPAN` from ``start`` to ``end`` for the run's threads: seconds
+    they waited for a core while ready to run, per second (the growth of the samples'
+    ``cpu_wait`` between two samples at least that far apart, over the time between them; the
+    whole span if shorter). ``None``: fewer than two samples there say (no ``/proc``)."""
+    inside = (s for s in log.samples if start <= s.time < end)
+    points = sorted((s.time, s.cpu_wait) for s in inside if s.cpu_wait is not None)
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    span = min(CPU_WAIT_SPAN, points[-1][0] - points[0][0])
+    worst, j = 0.0, 0
+    for t0, w0 in points:
+        while j < len(points) and points[j][0] - t0 < span - 1e-9:
+            j += 1
+        if j == len(points):
+            break
+        t1, w1 = points[j]
+        worst = max(worst, (w1 - w0) / (t1 - t0))
+    return worst
+
+
+def _starved(log: EventLog) -> str | None:
+    """The void reason of a run whose threads waited for a core over :data:`VOID_CPU_WAIT` in a
+    second of the *before* or the *during* window (the load after warm-up, without faults), or
+    ``None``."""
+    before, during = _windows(log)
+    first = "before the fault" if during else "under load"
+    for name, window in ((first, before), ("during the fault", during)):
+        share = None if window is None else cpu_wait_share(log, *window)
+        if share is not None and share > VOID_CPU_WAIT:
+            return (
+                f"the run's threads waited for a core {share * 1000:.0f} ms in a second {name} "
+                f"(more than {VOID_CPU_WAIT * 1000:.0f} ms): the machine took the CPU away, and "
+                "latencies measured it"
+            )
+    return None
+
+
 def void_reason(log: EventLog) -> str | None:
     """Why the run's figures cannot be compared with another run's, or ``None`` (see the
-    module: the load generator sent late, the event loop stalled, or the healthy routes failed
-    before any fault)."""
+    module: the load generator sent late, the event loop stalled, the run waited for a core, or
+    the healthy routes failed before any fault)."""
     late = percentile([r.late for r in log.requests], 0.99)
     bound = VOID_SEND_LAG * log.timeout
     if late is not None and late > bound:
@@ -501,7 +574,7 @@ def void_reason(log: EventLog) -> str | None:
             f"the event loop fell {lag * 1000:.0f} ms behind (more than {bound * 1000:.0f} "
             "ms): timeouts and latencies measured the machine"
         )
-    return _broken_baseline(log)
+    return _starved(log) or _broken_baseline(log)
 
 
 def _broken_baseline(log: EventLog) -> str | None:
@@ -563,6 +636,7 @@ def compute(log: EventLog) -> Figures:
     amp_during = amplification(log, span) if span else {}
     faulty_amp = [amp_during[d] for d in faulty if d in amp_during]
     samples = log.samples
+    before_window, during_window = _windows(log)
     return Figures(
         requests=len(log.requests),
         success_rate=_rate(log.requests),
@@ -596,6 +670,8 @@ def compute(log: EventLog) -> Figures:
         peak_queued=max((s.queued for s in samples), default=None),
         peak_loop_lag_ms=max((s.loop_lag * 1000 for s in samples), default=None),
         send_lag_p99_ms=None if late is None else late * 1000,
+        cpu_wait_share_before=cpu_wait_share(log, *before_window),
+        cpu_wait_share_during=cpu_wait_share(log, *during_window) if during_window else None,
         void=void_reason(log),
     )
 

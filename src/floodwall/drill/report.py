@@ -118,6 +118,14 @@ def _process(f: Figures) -> str:
     return f"{f.peak_sockets} sock, {f.peak_threads} thr, {rss} MB"
 
 
+def _cpu_wait(f: Figures) -> str:
+    """Run-queue wait in the worst second, before → fault: ``120 → 650 ms/s``."""
+    before, during = f.cpu_wait_share_before, f.cpu_wait_share_during
+    if before is None and during is None:
+        return "—"
+    return f"{_ms(before and before * 1000)} → {_ms(during and during * 1000)} ms/s"
+
+
 def _lag(f: Figures) -> str:
     return "—" if f.peak_loop_lag_ms is None else f"{f.peak_loop_lag_ms:.0f} ms"
 
@@ -142,6 +150,7 @@ ROWS: tuple[tuple[str, Callable[[Figures, int | None], str]], ...] = (
     ("process, peak", lambda f, _: _process(f)),
     ("event-loop lag, peak", lambda f, _: _lag(f)),
     ("load sent late, p99", lambda f, _: _send_lag(f)),
+    ("CPU wait, worst s before → fault", lambda f, _: _cpu_wait(f)),
 )
 """The comparison table: label and formatter per row."""
 
@@ -197,7 +206,8 @@ def print_table(reports: Sequence[ScenarioReport], title: str = "drill results")
 
 def verdict(report: ScenarioReport) -> str:
     """One line on what the runs compare to, or why there is no verdict: a run whose load
-    generator or event loop fell behind, or whose healthy routes failed before the fault, voids
+    generator or event loop fell behind, that waited for a core, or whose healthy routes failed
+    before the fault, voids
     the comparison (its figures measured the machine), and the line says so instead."""
     void = [f"{run.mode}: {run.figures.void}" for run in report.runs if run.figures.void]
     if void:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from floodwall.drill import faults as fault_schedule
+from floodwall.drill._cpu_wait import CpuWait
 from floodwall.drill._record import Recorder
 from floodwall.drill.edge import ExternalEdge, LocalEdge
 from floodwall.drill.load import LoadGenerator, arrivals
@@ -124,13 +125,15 @@ def _resources() -> tuple[int, int, float]:
 
 async def _sample(recorder: Recorder, edge: LocalEdge | ExternalEdge) -> None:
     pool = edge.pool if isinstance(edge, LocalEdge) else None
+    waits = CpuWait()
     lag = 0.0
     while True:
         threads, sockets, rss_mb = _resources()
         busy = pool.busy if pool is not None else 0
         queued = pool.queued if pool is not None else 0
         now = recorder.now()
-        recorder.sample(Sample(now, threads, sockets, rss_mb, busy, queued, lag))
+        sample = Sample(now, threads, sockets, rss_mb, busy, queued, lag, waits.read())
+        recorder.sample(sample)
         await asyncio.sleep(SAMPLE_EVERY)
         lag = max(0.0, recorder.now() - now - SAMPLE_EVERY)
 
