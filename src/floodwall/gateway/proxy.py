@@ -537,7 +537,7 @@ class Proxy:
 
     # -- the protected exchange ----------------------------------------------------------------
 
-    async def _exchange(
+    async def _exchange(  # noqa: PLR0912 - the first pass inline: no coroutine of its own
         self,
         request: Request,
         *,
@@ -573,8 +573,13 @@ class Proxy:
                     out.headers.append(("Content-Length", str(length)))
         out.client_deadline = shortened
         degraded_before = DEGRADED.get()
+        policy = route.resource
+        call, attempt = self._attempt(route.pool, policy, out)
         try:
-            result = await self._forward(route.pool, route.resource, out)
+            try:  # (the first pass awaited here: no coroutine of its own per request)
+                result = await call.run_async(attempt)
+            except Exception as error:  # noqa: BLE001 - raised again unless tried elsewhere
+                result = await self._elsewhere(error, call, attempt, policy)
         except RejectedError as error:
             outcome = rejection_outcome(error)
             if error.kind in {"rate_limited", "store_unavailable"}:  # the limit's, not upstream's
@@ -609,15 +614,11 @@ class Proxy:
         answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
         return _answer(answer)
 
-    async def _forward(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> object:
-        """``out`` sent to ``pool`` under ``policy``: an upstream answer (its ``endpoint``
-        noted), a failed
-        :class:`Answer` once retries gave up, or a resource fallback's value.
-
-        A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
-        yet when the resource's retry refused it only because a retry "as long as the last try"
-        would not fit in the deadline (:func:`_try_elsewhere`): the next endpoint gets what is
-        left of the deadline, not a whole try's length."""
+    def _attempt(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> tuple[Call, _Attempt]:
+        """The call that sends ``out`` to ``pool`` under ``policy``, and its tries: awaited as
+        ``call.run_async(attempt)``, which gives an upstream answer (its ``endpoint`` noted), a
+        failed :class:`Answer` once retries gave up, or a resource fallback's value; what it
+        raises goes to :meth:`_elsewhere`."""
         call = _new(Call)
         _init_call(call, self.outbound, out.method, pool.name, policy, out.key)
         if isinstance(out.body, _Body):
@@ -626,20 +627,30 @@ class Proxy:
         try_timeout = timeout.seconds if timeout is not None else None
         attempt = _new(_Attempt)
         _init_attempt(attempt, pool, call, out, try_timeout, self.table.error_body_limit)
-        try:
-            return await call.run_async(attempt)
-        except Exception as error:
-            made = _try_elsewhere(error, attempt, policy, 0, self.clock.monotonic())
-            if not made:
-                raise
-        while True:  # on to endpoints not tried yet, with the time the deadline has left
+        return call, attempt
+
+    async def _elsewhere(
+        self, error: Exception, call: Call, attempt: _Attempt, policy: Any
+    ) -> object:
+        """After the first pass of ``call`` failed with ``error``: the tries on endpoints not
+        tried yet, with the time the deadline has left, else ``error`` raised again.
+
+        A try that failed at the gateway (timeout, connect, reset) goes to an endpoint not tried
+        yet when the resource's retry refused it only because a retry "as long as the last try"
+        would not fit in the deadline (:func:`_try_elsewhere`): the next endpoint gets what is
+        left of the deadline, not a whole try's length."""
+        made = _try_elsewhere(error, attempt, policy, 0, self.clock.monotonic())
+        if not made:
+            raise error
+        pool = attempt.pool
+        while True:
             pool.retries_elsewhere += 1
             attempt.failed = None
             try:
                 with retry_marker(made + 1, f"gateway:{pool.name}"):
                     return await call.run_async(attempt)
-            except Exception as error:
-                made = _try_elsewhere(error, attempt, policy, made, self.clock.monotonic())
+            except Exception as again:
+                made = _try_elsewhere(again, attempt, policy, made, self.clock.monotonic())
                 if not made:
                     raise
 
@@ -705,8 +716,13 @@ class Proxy:
         backup = route.backup
         if backup is None or isinstance(out.body, _Body):
             return None  # a streamed body is gone: there is nothing to send the backup
+        policy = route.backup_resource
+        call, attempt = self._attempt(backup, policy, out)
         try:
-            result = await self._forward(backup, route.backup_resource, out)
+            try:
+                result = await call.run_async(attempt)
+            except Exception as error:  # noqa: BLE001 - raised again unless tried elsewhere
+                result = await self._elsewhere(error, call, attempt, policy)
         except (RejectedError, *_FAILURES) as exc:
             log.debug("route %s: backup upstream failed too: %r", route.name, exc)
             return None
