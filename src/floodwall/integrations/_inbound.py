@@ -340,6 +340,7 @@ class Admission(Hop):
     """
 
     __slots__ = (
+        "_deadline_token",
         "_extra",
         "_guard",
         "_token",
@@ -378,6 +379,7 @@ class Admission(Hop):
         call.degraded_by = None
         call.degraded_reason = None
         self._token: contextvars.Token[Hop | None] | None = None
+        self._deadline_token: contextvars.Token[Deadline | None] | None = None
         self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
 
     @property
@@ -407,19 +409,20 @@ class Admission(Hop):
     def __enter__(self) -> Admission:
         # One variable: current_call() finds self.call through the request record.
         self._token = _HOP.set(self)
-        deadline, attempt, level = self.deadline, self.attempt, self.priority
-        if deadline is not None or attempt is not None or level is not None:
-            self._extra = self._set_extra(deadline, attempt, level)
+        deadline = self.deadline
+        if deadline is not None:  # (the usual case behind a gateway route with a timeout:
+            self._deadline_token = _DEADLINE.set(deadline)  # no helper call, no tuple)
+        attempt, level = self.attempt, self.priority
+        if attempt is not None or level is not None:
+            self._extra = self._set_extra(attempt, level)
         return self
 
     @staticmethod
     def _set_extra(
-        deadline: Deadline | None, attempt: int | None, level: tuple[int, int] | None
+        attempt: int | None, level: tuple[int, int] | None
     ) -> tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...]:
-        """Set the ambient values the request brought (most requests bring none)."""
+        """Set the retry marker and priority the request brought (most requests bring none)."""
         extra: list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]] = []
-        if deadline is not None:
-            extra.append((_DEADLINE, _DEADLINE.set(deadline)))
         if attempt is not None:
             extra.append((_RETRY, _RETRY.set(RetryMarker(attempt, UPSTREAM))))
         if level is not None:
@@ -434,6 +437,10 @@ class Admission(Hop):
             self._extra = ()
             for var, set_token in extra:
                 var.reset(set_token)
+        deadline_token = self._deadline_token
+        if deadline_token is not None:
+            self._deadline_token = None
+            _DEADLINE.reset(deadline_token)
         token = self._token
         if token is not None:
             self._token = None
