@@ -315,6 +315,10 @@ class Outbound:
         return Call(self, method, service, self.resolve(host, port, path), key)
 
 
+_ADMISSION_LEVEL: Final = ADMISSION_LEVEL.lower()
+"""The field read from every answer, lower-cased once (not a new string per answer)."""
+
+
 class Call(CallContext):
     """One outbound request through its policy (see [Integrations][guide-integrations]).
 
@@ -396,7 +400,8 @@ class Call(CallContext):
     ) -> _AttemptError | None:
         levels = self.core.levels
         if levels is not None:
-            level = parse_level(header(ADMISSION_LEVEL.lower()))
+            raw_level = header(_ADMISSION_LEVEL)
+            level = None if raw_level is None else parse_level(raw_level)
             if level is not None:
                 levels.update(self.service, level)
         if status not in self.core.failure_statuses:
