@@ -40,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Final
 
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
@@ -449,7 +450,9 @@ class Proxy:
             if rid is None or not (trusted and valid_request_id(rid)):
                 rid = new_request_id()
             client = client_address(peer, headers, table.trusted) if trusted else peer
-            admitted = route.guard.admit(_inbound((request.method, request.path, headers, peer)))
+            reads = route.guard_reads
+            shown = headers if reads is None or not reads.isdisjoint(headers) else _NO_HEADERS
+            admitted = route.guard.admit(_inbound((request.method, request.path, shown, peer)))
             if isinstance(admitted, Refusal):
                 stats.count(admitted.error.kind)
                 stats.settle(rejection_outcome(admitted.error), "error")
@@ -606,7 +609,10 @@ class Proxy:
             outcome = "timeout" if timeout else "error"
             return await self._failed(request, route, out, kind, outcome, error=error)
         if isinstance(result, UpstreamResponse):
-            return await self._live(request, route, result, table)
+            live = self._live(request, route, result, table)
+            if live is None:
+                live = await self._whole(request, route, result, table)
+            return live
         if isinstance(result, Answer):
             if result.status >= 500:
                 return await self._failed(
@@ -756,14 +762,20 @@ class Proxy:
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def _live(
-        self, request: Request, route: Route, upstream: UpstreamResponse, table: Table
-    ) -> Response:
-        endpoint: Endpoint = upstream.endpoint
+    def _live(
+        self,
+        request: Request,
+        route: Route,
+        upstream: UpstreamResponse,
+        table: Table,
+        data: bytes | None = None,
+    ) -> Response | None:
+        """The answer to send for an upstream answer: whole (a ``HEAD``, no body, a small or a
+        cached one: ``data``, its body read by :meth:`_whole`, or the body when it is all here
+        already) or streamed; ``None`` when a whole body is still on its way (the caller then
+        reads it with :meth:`_whole`). No coroutine of its own: the usual answer, small and
+        complete, needs no wait."""
         status = upstream.status
-        headers = _copy_response_headers(upstream, route.answer_dropped)
-        if table.via:
-            headers.append(("Via", "1.1 floodwall"))
         length = upstream.content_length
         method = request.method
         small = length is not None and length <= SMALL_BODY
@@ -773,45 +785,62 @@ class Proxy:
             and cacheable_request(method, request.headers)
             and cacheable_response(status, upstream.headers, cache.config)
         )
-        if method == "HEAD" or status in (204, 304) or small or keep:
-            try:
-                if method == "HEAD":
-                    data = b""
-                elif upstream.complete:  # all here already: no timer to arm
-                    data = upstream.take()
-                else:
-                    async with asyncio.timeout(route.pool.read_timeout):
-                        data = await upstream.read()
-            except (UpstreamError, TimeoutError) as exc:
-                route.stats.count("upstream_unavailable")
-                route.stats.settle("error", "error")
-                return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
-            finally:
-                upstream.release()
-                endpoint.in_flight -= 1
-            route.stats.answered += 1
-            if keep and cache is not None:
-                cache.put(
-                    self._cache_key(request),
-                    Answer(status, list(headers), data),
-                    self.clock.monotonic(),
-                )
-            if method == "HEAD" and length is not None:
-                headers.append(("Content-Length", str(length)))
-            response = _new(Response)
-            _init_response(response, status, headers, data, reason=upstream.reason)
-            response.clean = True  # (no field the route adds came through from the upstream)
-            return response
+        whole = method == "HEAD" or status in (204, 304) or small or keep
+        if whole and data is None and method != "HEAD" and not upstream.complete:
+            return None  # (the body is read first, without a timer when it is all here)
+        endpoint: Endpoint = upstream.endpoint
+        headers = _copy_response_headers(upstream, route.answer_dropped)
+        if table.via:
+            headers.append(("Via", "1.1 floodwall"))
         route.stats.answered += 1
-        return _Streaming(
-            upstream,
-            endpoint,
-            status=status,
-            headers=headers,
-            length=length,
-            limits=table.limits,
-            read_timeout=route.pool.read_timeout,
-        )
+        if not whole:
+            return _Streaming(
+                upstream,
+                endpoint,
+                status=status,
+                headers=headers,
+                length=length,
+                limits=table.limits,
+                read_timeout=route.pool.read_timeout,
+            )
+        if method == "HEAD":
+            data = b""
+        elif data is None:
+            data = upstream.take()
+        upstream.release()
+        endpoint.in_flight -= 1
+        if keep and cache is not None:
+            cache.put(
+                self._cache_key(request),
+                Answer(status, list(headers), data),
+                self.clock.monotonic(),
+            )
+        if method == "HEAD" and length is not None:
+            headers.append(("Content-Length", str(length)))
+        response = _new(Response)
+        _init_response(response, status, headers, data, reason=upstream.reason)
+        response.clean = True  # (no field the route adds came through from the upstream)
+        return response
+
+    async def _whole(
+        self, request: Request, route: Route, upstream: UpstreamResponse, table: Table
+    ) -> Response:
+        """:meth:`_live` for an answer whose whole body is still arriving: read first, within
+        the pool's ``read_timeout`` (a 502 if it breaks or takes longer)."""
+        try:
+            async with asyncio.timeout(route.pool.read_timeout):
+                data = await upstream.read()
+        except BaseException as exc:
+            upstream.release()
+            upstream.endpoint.in_flight -= 1
+            if not isinstance(exc, UpstreamError | TimeoutError):
+                raise
+            route.stats.count("upstream_unavailable")
+            route.stats.settle("error", "error")
+            return _problem(502, "upstream_unavailable", f"upstream answer broke: {exc!r}")
+        response = self._live(request, route, upstream, table, data)
+        assert response is not None
+        return response
 
 
 class _Streaming(Response):
@@ -1093,6 +1122,9 @@ def _tag(  # noqa: PLR0917 - one per request, from Proxy.handle only
         _with(response, rid_name, rid, [*fields, *guard_fields])
 
 
+_NO_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
+"""What the guard is shown of a request that has none of the headers it reads (it then parses
+none: about 1.5 k instructions per request)."""
 _inbound = partial(tuple.__new__, Inbound)
 """``Inbound`` from a tuple, without a Python-level ``__new__`` per request."""
 

@@ -563,7 +563,8 @@ class InboundGuard:
     fingerprint) for ``idempotency_methods`` (default: the unsafe ones). ``registry``: the
     dependencies handlers may ask :meth:`Admission.degraded` about. ``deadline``: seconds given
     to a request that brings none (default: none); ``max_deadline``: cap on a received one.
-    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``).
+    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``);
+    like a key function it may list the headers it reads in a ``headers`` attribute.
     ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
     Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
     ``answer_rejections``: answer a :class:`~floodwall.RejectedError` the app raised (an open
@@ -630,9 +631,12 @@ class InboundGuard:
         key or priority function that does not list its headers)."""
 
     def _wanted(self) -> frozenset[str] | None:
-        if self.priority is not None:
-            return None
         names = set(GUARD_HEADERS)
+        if self.priority is not None:
+            listed = getattr(self.priority, "headers", None)
+            if listed is None:
+                return None
+            names.update(listed)
         for limit in self.limits:
             if limit.key is not None:
                 listed = getattr(limit.key, "headers", None)
