@@ -661,7 +661,9 @@ class InboundGuard:
             if seconds <= 0:
                 return self._refuse(_expired(), [])
             clock = self.clock
-            deadline = Deadline(clock.monotonic() + seconds, clock)
+            deadline = _new(Deadline)  # (Deadline(...) without a class call: see Admission)
+            deadline.at = clock.monotonic() + seconds
+            deadline.clock = clock
         rate_headers: Headers = []
         for limit in self._quiet_limits:  # the common case, inline: no figures unless refused
             if limit.everywhere or limit.matches(request.method, request.path):
