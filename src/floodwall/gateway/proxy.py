@@ -290,7 +290,7 @@ class _Attempt:
         client = pool.client
         assert client is not None
         data = body.chunks() if isinstance(body, _Body) else body
-        limit = self._head_limit()
+        limit = None if self.head_in_try and call.retryable else self._head_limit()
         endpoint.in_flight += 1
         try:
             if limit is None:
@@ -324,7 +324,8 @@ class _Attempt:
         with an error the retry leaves alone."""
         call = self.call
         if self.head_in_try and call.retryable:
-            return None  # (what the lines below find, without reading the deadline)
+            return None  # (what the lines below find, without reading the deadline; the
+            # caller tests this first: no call for it per try)
         limit: float = self.pool.read_timeout
         left = call.attempt_timeout()
         if left is None or left > limit:

@@ -384,10 +384,17 @@ class Call(CallContext):
         self, status: int, header: Callable[[str], str | None], answer: Any
     ) -> _AttemptError | None:
         """``None`` if the answer is handed back as is, else the failure to raise (the caller
-        reads or releases the answer's body first, so a retry does not hold its connection)."""
+        reads or releases the answer's body first, so a retry does not hold its connection).
+        Notes the dependency's admission level the answer carries, if any."""
+        levels = self.core.levels
+        if levels is not None:
+            raw_level = header(_ADMISSION_LEVEL)
+            level = None if raw_level is None else parse_level(raw_level)
+            if level is not None:
+                levels.update(self.service, level)
+        if status not in self.core.failure_statuses:
+            return None  # (the usual answer: no call past this one)
         failure = self._status_failure(status, header, answer)
-        if failure is None:
-            return None
         return self._failed(failure, "upstream_5xx" if status >= 500 else f"upstream_{status}")
 
     def _failed(self, failure: _AttemptError, reason: str) -> _AttemptError:
@@ -397,15 +404,8 @@ class Call(CallContext):
 
     def _status_failure(
         self, status: int, header: Callable[[str], str | None], answer: Any
-    ) -> _AttemptError | None:
-        levels = self.core.levels
-        if levels is not None:
-            raw_level = header(_ADMISSION_LEVEL)
-            level = None if raw_level is None else parse_level(raw_level)
-            if level is not None:
-                levels.update(self.service, level)
-        if status not in self.core.failure_statuses:
-            return None
+    ) -> _AttemptError:
+        """The failure of an answer whose ``status`` is a failure status."""
         text = f"HTTP {status} from {self.service}"
         pushback = parse_pushback(header(RETRY_PUSHBACK.lower()))
         if pushback is not None and pushback < 0:
