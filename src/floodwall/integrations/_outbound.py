@@ -50,6 +50,7 @@ from floodwall.context import (
     _RETRY,
     CallContext,
     current_call,
+    idempotency_key,
     remaining,
 )
 from floodwall.integrations._wire import (
@@ -490,7 +491,7 @@ class Call(CallContext):
                 levels.check(self.service, level)
         key = self.key
         if key is not None and _IDEMPOTENCY_KEY.get() != key:
-            return _IDEMPOTENCY_KEY.set(key)
+            return _IDEMPOTENCY_KEY.set(idempotency_key(key).key)  # (validated as in a `with`)
         return None
 
     def run(self, attempt: Callable[[], R]) -> R | Any:
