@@ -93,8 +93,7 @@ class Timebox(Scope):
         if task is None:
             raise RuntimeError(f"Timeout {policy.name!r}: call_async must run inside a task")
         # the entry under watch is the call's deadline: benchmark group "timeout box, common case"
-        entry = _new_entry(_Entry)  # (_Entry(...) without a class call: see _init_entry)
-        _init_entry(entry, start + budget, policy.clock, task, task.cancelling())
+        entry = _Entry(start + budget, policy.clock, task, task.cancelling())
         dogs = policy._watchdogs
         loop = task.get_loop()
         if inherited or loop is not dogs._loop:
@@ -228,12 +227,6 @@ class _Entry(Deadline):
 
     def __lt__(self, other: _Entry) -> bool:
         return self.at < other.at
-
-
-_new_entry = object.__new__
-_init_entry = _Entry.__init__
-"""An entry built in two calls from Python: on CPython 3.11 a class call with a Python
-``__init__`` re-enters the interpreter from C (about 0.6 k instructions more per call)."""
 
 
 class _Watch:
