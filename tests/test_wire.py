@@ -409,6 +409,19 @@ def test_shells_decode_only_the_headers_the_guard_reads() -> None:
     assert unknown.wanted_headers is None
 
 
+def test_a_priority_function_may_list_the_headers_it_reads() -> None:
+    def tier(request: Inbound) -> tuple[int, int] | None:
+        return (0, 1) if request.headers.get("x-tier") == "gold" else None
+
+    assert InboundGuard(priority=tier).wanted_headers is None  # unlisted: every header
+    tier.headers = ("x-tier",)  # type: ignore[attr-defined]
+    listed = InboundGuard(priority=tier)
+    assert listed.wanted_headers is not None
+    assert {"x-tier", "x-request-deadline"} <= listed.wanted_headers
+    admitted = listed.admit(Inbound("GET", "/", {"x-tier": "gold"}))
+    assert not isinstance(admitted, Refusal) and admitted.priority == (0, 1)
+
+
 def test_guard_options_are_validated() -> None:
     with pytest.raises(fw.ConfigError, match="deadline must be"):
         InboundGuard(deadline=math.inf)

@@ -457,6 +457,20 @@ BAD_ANSWERS = {
 }
 
 
+def test_a_small_answer_whose_body_ends_short_is_a_502(
+    raw_upstream: Callable[..., RawUpstream],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    """A small answer is read whole before its head goes out: an upstream that closes before
+    the declared length gets the client a 502, never the cut body under a 200."""
+    upstream = raw_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    gw = gateways(_config(upstream))
+    answer = raw_http(gw.port, _get(b"/x", b"Host: api.example.com"))
+    assert _status(answer) == 502, answer[:300]
+    assert _kind(answer) == "upstream_unavailable"
+    assert b"abc" not in answer
+
+
 @pytest.mark.parametrize("reply", list(BAD_ANSWERS.values()), ids=list(BAD_ANSWERS))
 def test_an_answer_head_the_parser_let_through_is_a_502_with_a_logged_reason(
     raw_upstream: Callable[..., RawUpstream],

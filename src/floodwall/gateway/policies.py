@@ -303,6 +303,9 @@ class Route:
         self.pool = pool
         self.backup = backup
         self.guard = guard
+        self.guard_reads = guard.wanted_headers
+        """The request headers the guard reads (``None``: any): a request with none of them is
+        admitted without the guard parsing its headers."""
         self.limiter = limiter
         self.global_limit = isinstance(limiter, GlobalLimiter)
         self.key = _key_func(config.rate_limit) if config.rate_limit is not None else None
@@ -442,6 +445,7 @@ def _trusted_priority(
             return None
         return parse_level(request.headers.get("x-request-priority"))
 
+    priority.headers = ("x-request-priority",)  # type: ignore[attr-defined]
     return priority
 
 

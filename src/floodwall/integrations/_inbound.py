@@ -340,6 +340,7 @@ class Admission(Hop):
     """
 
     __slots__ = (
+        "_deadline_token",
         "_extra",
         "_guard",
         "_token",
@@ -378,6 +379,7 @@ class Admission(Hop):
         call.degraded_by = None
         call.degraded_reason = None
         self._token: contextvars.Token[Hop | None] | None = None
+        self._deadline_token: contextvars.Token[Deadline | None] | None = None
         self._extra: tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...] = ()
 
     @property
@@ -407,19 +409,20 @@ class Admission(Hop):
     def __enter__(self) -> Admission:
         # One variable: current_call() finds self.call through the request record.
         self._token = _HOP.set(self)
-        deadline, attempt, level = self.deadline, self.attempt, self.priority
-        if deadline is not None or attempt is not None or level is not None:
-            self._extra = self._set_extra(deadline, attempt, level)
+        deadline = self.deadline
+        if deadline is not None:  # (the usual case behind a gateway route with a timeout:
+            self._deadline_token = _DEADLINE.set(deadline)  # no helper call, no tuple)
+        attempt, level = self.attempt, self.priority
+        if attempt is not None or level is not None:
+            self._extra = self._set_extra(attempt, level)
         return self
 
     @staticmethod
     def _set_extra(
-        deadline: Deadline | None, attempt: int | None, level: tuple[int, int] | None
+        attempt: int | None, level: tuple[int, int] | None
     ) -> tuple[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]], ...]:
-        """Set the ambient values the request brought (most requests bring none)."""
+        """Set the retry marker and priority the request brought (most requests bring none)."""
         extra: list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]] = []
-        if deadline is not None:
-            extra.append((_DEADLINE, _DEADLINE.set(deadline)))
         if attempt is not None:
             extra.append((_RETRY, _RETRY.set(RetryMarker(attempt, UPSTREAM))))
         if level is not None:
@@ -434,6 +437,10 @@ class Admission(Hop):
             self._extra = ()
             for var, set_token in extra:
                 var.reset(set_token)
+        deadline_token = self._deadline_token
+        if deadline_token is not None:
+            self._deadline_token = None
+            _DEADLINE.reset(deadline_token)
         token = self._token
         if token is not None:
             self._token = None
@@ -556,7 +563,8 @@ class InboundGuard:
     fingerprint) for ``idempotency_methods`` (default: the unsafe ones). ``registry``: the
     dependencies handlers may ask :meth:`Admission.degraded` about. ``deadline``: seconds given
     to a request that brings none (default: none); ``max_deadline``: cap on a received one.
-    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``).
+    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``);
+    like a key function it may list the headers it reads in a ``headers`` attribute.
     ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
     Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
     ``answer_rejections``: answer a :class:`~floodwall.RejectedError` the app raised (an open
@@ -623,9 +631,12 @@ class InboundGuard:
         key or priority function that does not list its headers)."""
 
     def _wanted(self) -> frozenset[str] | None:
-        if self.priority is not None:
-            return None
         names = set(GUARD_HEADERS)
+        if self.priority is not None:
+            listed = getattr(self.priority, "headers", None)
+            if listed is None:
+                return None
+            names.update(listed)
         for limit in self.limits:
             if limit.key is not None:
                 listed = getattr(limit.key, "headers", None)
@@ -650,7 +661,9 @@ class InboundGuard:
             if seconds <= 0:
                 return self._refuse(_expired(), [])
             clock = self.clock
-            deadline = Deadline(clock.monotonic() + seconds, clock)
+            deadline = _new(Deadline)  # (Deadline(...) without a class call: see Admission)
+            deadline.at = clock.monotonic() + seconds
+            deadline.clock = clock
         rate_headers: Headers = []
         for limit in self._quiet_limits:  # the common case, inline: no figures unless refused
             if limit.everywhere or limit.matches(request.method, request.path):

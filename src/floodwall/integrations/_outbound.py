@@ -32,6 +32,7 @@ own was retried below, so its failure answer says so upstream.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
@@ -43,16 +44,18 @@ from floodwall._core.policy import Policy
 from floodwall.classify import parse_retry_after
 from floodwall.context import (
     _CALL,
+    _DEADLINE,
+    _IDEMPOTENCY_KEY,
     _REQUEST,
+    _RETRY,
     CallContext,
     current_call,
-    current_idempotency_key,
-    current_retry,
     idempotency_key,
     remaining,
 )
 from floodwall.integrations._wire import (
     _HOP,
+    _PRIORITY,
     ADMISSION_LEVEL,
     DEADLINE,
     DEADLINE_MARGIN,
@@ -60,7 +63,6 @@ from floodwall.integrations._wire import (
     PRIORITY,
     RETRY_ATTEMPT,
     RETRY_PUSHBACK,
-    current_priority,
     format_deadline,
     format_degraded,
     format_level,
@@ -314,9 +316,8 @@ class Outbound:
         return Call(self, method, service, self.resolve(host, port, path), key)
 
 
-_NOTHING: Final = contextlib.nullcontext()
-"""The context of a call that sets nothing (one shared object: a ``nullcontext`` holds no
-state, and building one per request cost a class call)."""
+_ADMISSION_LEVEL: Final = ADMISSION_LEVEL.lower()
+"""The field read from every answer, lower-cased once (not a new string per answer)."""
 
 
 class Call(CallContext):
@@ -345,7 +346,9 @@ class Call(CallContext):
         self.service = service
         self.policy = policy
         self.key = key
-        ambient = current_idempotency_key() if key is None else None
+        # (the ambient values read from their variables, here and below: a Python call less
+        # each, per outbound request)
+        ambient = _IDEMPOTENCY_KEY.get() if key is None else None
         unsafe = method not in core.idempotent_methods
         self._ambient_key = ambient if unsafe else None
         self.retryable = not unsafe or key is not None or self._ambient_key is not None
@@ -358,13 +361,13 @@ class Call(CallContext):
     def headers(self) -> list[tuple[str, str]]:
         """The wire headers for the attempt starting now."""
         out: list[tuple[str, str]] = []
-        left = remaining()
-        if left is not None:
-            out.append((DEADLINE, format_deadline(left - self.core.margin)))
-        marker = current_retry()
+        deadline = _DEADLINE.get()
+        if deadline is not None:
+            out.append((DEADLINE, format_deadline(deadline.remaining() - self.core.margin)))
+        marker = _RETRY.get()
         if marker is not None:
             out.append((RETRY_ATTEMPT, str(marker.attempt)))
-        level = current_priority()
+        level = _PRIORITY.get()
         if level is not None:
             out.append((PRIORITY, format_level(level)))
         if self._ambient_key is not None:
@@ -382,10 +385,17 @@ class Call(CallContext):
         self, status: int, header: Callable[[str], str | None], answer: Any
     ) -> _AttemptError | None:
         """``None`` if the answer is handed back as is, else the failure to raise (the caller
-        reads or releases the answer's body first, so a retry does not hold its connection)."""
+        reads or releases the answer's body first, so a retry does not hold its connection).
+        Notes the dependency's admission level the answer carries, if any."""
+        levels = self.core.levels
+        if levels is not None:
+            raw_level = header(_ADMISSION_LEVEL)
+            level = None if raw_level is None else parse_level(raw_level)
+            if level is not None:
+                levels.update(self.service, level)
+        if status not in self.core.failure_statuses:
+            return None  # (the usual answer: no call past this one)
         failure = self._status_failure(status, header, answer)
-        if failure is None:
-            return None
         return self._failed(failure, "upstream_5xx" if status >= 500 else f"upstream_{status}")
 
     def _failed(self, failure: _AttemptError, reason: str) -> _AttemptError:
@@ -395,14 +405,8 @@ class Call(CallContext):
 
     def _status_failure(
         self, status: int, header: Callable[[str], str | None], answer: Any
-    ) -> _AttemptError | None:
-        levels = self.core.levels
-        if levels is not None:
-            level = parse_level(header(ADMISSION_LEVEL.lower()))
-            if level is not None:
-                levels.update(self.service, level)
-        if status not in self.core.failure_statuses:
-            return None
+    ) -> _AttemptError:
+        """The failure of an answer whose ``status`` is a failure status."""
         text = f"HTTP {status} from {self.service}"
         pushback = parse_pushback(header(RETRY_PUSHBACK.lower()))
         if pushback is not None and pushback < 0:
@@ -451,11 +455,12 @@ class Call(CallContext):
 
     # -- the drivers -----------------------------------------------------------------------------
 
-    def _expired(self) -> bool:
+    @staticmethod
+    def _expired() -> bool:
         """Whether the request's deadline passed before it was sent: it is not sent, and only
         what can answer without the dependency runs (:meth:`_stand_in`)."""
-        left = remaining()
-        return left is not None and left <= 0
+        deadline = _DEADLINE.get()
+        return deadline is not None and deadline.remaining() <= 0
 
     def _stand_in(self) -> Policy:
         """What answers a request that is not sent: the policy's fallback, cache or backup
@@ -474,16 +479,20 @@ class Call(CallContext):
     async def _raise_late_async(self) -> Any:
         raise self._late()
 
-    def _before(self) -> contextlib.AbstractContextManager[Any]:
+    def _before(self) -> contextvars.Token[str | None] | None:
+        """Shed early against the dependency's level; set the call's idempotency key when it
+        is not the ambient one (it lets ``Retry(idempotent=False)`` retry this write): the
+        token to reset after the call, ``None`` when nothing was set (no ``with`` and no
+        context manager per call)."""
         levels = self.core.levels
         if levels is not None:
-            level = current_priority()
+            level = _PRIORITY.get()
             if level is not None:
                 levels.check(self.service, level)
         key = self.key
-        if key is not None and current_idempotency_key() != key:
-            return idempotency_key(key)  # lets Retry(idempotent=False) retry this write
-        return _NOTHING
+        if key is not None and _IDEMPOTENCY_KEY.get() != key:
+            return _IDEMPOTENCY_KEY.set(idempotency_key(key).key)  # (validated as in a `with`)
+        return None
 
     def run(self, attempt: Callable[[], R]) -> R | Any:
         """Send with ``attempt`` under the policy; the answer, a fallback value, or raise.
@@ -496,20 +505,23 @@ class Call(CallContext):
             stand_in = self._stand_in()
             with self._answering():
                 return stand_in.call(self._raise_late)
-        with self._before():
-            policy = self.policy
+        keyed = self._before()
+        policy = self.policy
+        try:
+            if policy is None:
+                return attempt()
+            token = _CALL.set((self, _REQUEST.get()))  # call_context(), with self as it
             try:
-                if policy is None:
-                    return attempt()
-                token = _CALL.set((self, _REQUEST.get()))  # call_context(), with self as it
-                try:
-                    return policy.call(attempt)
-                finally:
-                    _CALL.reset(token)
-                    if self.degraded_by is not None:
-                        self._pass_on()
-            except _AttemptError as failure:
-                return self._settle(failure)
+                return policy.call(attempt)
+            finally:
+                _CALL.reset(token)
+                if self.degraded_by is not None:
+                    self._pass_on()
+        except _AttemptError as failure:
+            return self._settle(failure)
+        finally:
+            if keyed is not None:
+                _IDEMPOTENCY_KEY.reset(keyed)
 
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
@@ -517,20 +529,23 @@ class Call(CallContext):
             stand_in = self._stand_in()
             with self._answering():
                 return await stand_in.call_async(self._raise_late_async)
-        with self._before():
-            policy = self.policy
+        keyed = self._before()
+        policy = self.policy
+        try:
+            if policy is None:
+                return await attempt()
+            token = _CALL.set((self, _REQUEST.get()))
             try:
-                if policy is None:
-                    return await attempt()
-                token = _CALL.set((self, _REQUEST.get()))
-                try:
-                    return await policy.call_async(attempt)
-                finally:
-                    _CALL.reset(token)
-                    if self.degraded_by is not None:
-                        self._pass_on()
-            except _AttemptError as failure:
-                return self._settle(failure)
+                return await policy.call_async(attempt)
+            finally:
+                _CALL.reset(token)
+                if self.degraded_by is not None:
+                    self._pass_on()
+        except _AttemptError as failure:
+            return self._settle(failure)
+        finally:
+            if keyed is not None:
+                _IDEMPOTENCY_KEY.reset(keyed)
 
     @contextlib.contextmanager
     def _answering(self) -> Iterator[None]:

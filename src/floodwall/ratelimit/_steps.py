@@ -402,6 +402,10 @@ class Tat:
         self.tat = tat
 
 
+_new_state = object.__new__
+"""A state made without a class call (a class call with a Python ``__init__`` re-enters the
+interpreter from C on CPython 3.11: about 0.6 k instructions more)."""
+
 _NEVER: Final = -(1 << 62)
 """A TAT that every clock reading is past: the state of a key never seen."""
 
@@ -448,7 +452,9 @@ class GcraStep:
         return st.tat
 
     def unpack(self, packed: int) -> Tat:
-        return Tat(packed)
+        st = _new_state(Tat)  # (Tat(packed) without a class call: once per decision)
+        st.tat = packed
+        return st
 
     def _delay(self, st: Tat, t: int) -> int:
         """``d``: how far the TAT runs ahead of ``t`` (units), 0 when it is past."""
