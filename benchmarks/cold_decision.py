@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from floodwall import Frequency
+from million_keys import baseline_body
 
 
 def main() -> None:
@@ -27,14 +28,7 @@ def main() -> None:
     allow = Frequency(limit=5, per=options.per).allow
     for i in range(150_000):
         allow(f"user-{i}")
-    scratch: dict[str, int] = {}
-
-    def body(key: str) -> None:
-        for j in range(30):
-            name = f"{key}-{j}"
-            scratch[name] = j
-            del scratch[name]
-
+    body, _ = baseline_body()
     source, target = bytearray(32 << 20), bytearray(32 << 20)
     thread = time.thread_time_ns
     cases: list[tuple[str, Callable[[str], object]]] = [("baseline", body), ("frequency", allow)]
