@@ -69,6 +69,14 @@ TIMEOUT = 0.5
 FREEZE = 3.0
 HEALTHY = 1.0
 """Seconds of load before the freeze (the baseline) and after SIGCONT."""
+WARM = 0.2
+"""Seconds after the callers start before their calls count: threads and the loop started."""
+HEALTHY_CALLS = 50
+HEALTHY_MAX = 10.0
+"""The healthy phase lasts :data:`HEALTHY`, and on until :data:`HEALTHY_CALLS` calls ran whole
+in it (at most :data:`HEALTHY_MAX` seconds): under a CPU hog on both cores this process was once
+held off the CPU for the whole first second, which left no healthy call to measure the bounds
+by."""
 AFTER = 1.5
 THREADS = 8
 TASKS = 64
@@ -169,9 +177,9 @@ def frozen(pids: Callable[[], list[int]]) -> Iterator[list[float]]:
 
 
 _HEARTBEAT = """
-import json, sys, time
+import json, select, sys, time
 end, lags = time.monotonic() + float(sys.argv[1]), []
-while (now := time.monotonic()) < end:
+while (now := time.monotonic()) < end and not select.select([sys.stdin], [], [], 0)[0]:
     time.sleep(0.001)
     lag = time.monotonic() - now - 0.001
     if lag > 0.005:
@@ -181,17 +189,21 @@ print(json.dumps(lags))
 
 
 class Heartbeat:
-    """A process of its own that sleeps 1 ms at a time for ``seconds`` and notes how late it
-    woke up (``(monotonic time, seconds late)``, late by more than 5 ms): what the machine
-    itself, other work on it, does to any process, apart from this one's threads and store."""
+    """A process of its own that sleeps 1 ms at a time for at most ``seconds``, until
+    :meth:`lags` is asked, and notes how late it woke up (``(monotonic time, seconds late)``,
+    late by more than 5 ms): what the machine itself, other work on it, does to any process,
+    apart from this one's threads and store."""
 
     def __init__(self, seconds: float) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _HEARTBEAT, str(seconds)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _HEARTBEAT, str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def lags(self) -> list[tuple[float, float]]:
-        out, _ = self._proc.communicate(timeout=60)
+        out, _ = self._proc.communicate(timeout=60)  # closing its stdin stops it
         return [(at, lag) for at, lag in json.loads(out)]
 
 
@@ -247,13 +259,18 @@ def _run_freeze(
     workers.append(
         threading.Thread(target=_async_load, args=(limiter, keys, load, store), daemon=True)
     )
-    heartbeat = Heartbeat(HEALTHY + FREEZE + AFTER + 0.5)
+    heartbeat = Heartbeat(HEALTHY_MAX + FREEZE + AFTER + 0.5)
     began = time.monotonic()
     for worker in workers:
         worker.start()
     try:
         with CollectorPauses() as collector, switch_interval(SWITCH_INTERVAL):
             time.sleep(HEALTHY)
+            while (
+                len(load.healthy(began + WARM, time.monotonic())) < HEALTHY_CALLS
+                and time.monotonic() < began + HEALTHY_MAX
+            ):
+                time.sleep(0.05)
             with frozen(pids) as marks:
                 time.sleep(FREEZE)
             time.sleep(AFTER)
@@ -293,7 +310,7 @@ def _check(
     process's own: every thread waits it out, whatever the store does, so it is added to the
     bound; 810 ms seen once under a CPU hog on both cores)."""
     assert load.escaped == [], load.escaped[:3]
-    warm = began + 0.2  # threads and the loop started, first connections made
+    warm = began + WARM  # threads and the loop started, first connections made
     healthy = sorted(load.healthy(warm, stopped))
     baseline = healthy[-1]
     p99 = healthy[int(0.99 * (len(healthy) - 1))]
