@@ -151,8 +151,16 @@ class MemoryStore(Store):
                 value, expires_at = write
                 if expires_at is None:
                     expires_at = _INF
-                if held is None and len(data) >= self._shard_keys:
-                    self._make_room(data, hand, now)
+                if (  # _make_room, inlined: no frame for the usual eviction
+                    held is None
+                    and len(data) >= self._shard_keys
+                    and (
+                        now < hand.calm_until
+                        or not self._sweep(data, hand, self.ROOM_STEPS, now, room=True)
+                    )
+                ):
+                    data.popitem(last=False)
+                    self.evicted += 1
                 data[full] = _EXPIRY.pack(expires_at) + value
                 if expires_at < hand.soonest:  # hand.wrote(): calm_until <= soonest, always
                     hand.soonest = expires_at
