@@ -53,7 +53,6 @@ from floodwall.shared._global_ops import FIXED, Verdict, encode
 from floodwall.stores import resolve
 from floodwall.stores.base import Arg, Store
 from floodwall.stores.guard import Guarded, StoreErrorMode, StoreGuard, mode_field
-from floodwall.stores.memory import MemoryStore
 
 __all__ = ["Frequency", "FrequencyDecision", "FrequencyOptions"]
 
@@ -161,11 +160,6 @@ class Frequency(Gate):
             clock=clock,
             listeners=self.listeners,
         )
-        direct = self.store.__class__ is MemoryStore and breaker is None
-        self._in_process = self.store if direct else None
-        """The store when :meth:`StoreGuard.apply` may call it directly (plain ``memory://``
-        behind the guard's own breaker, while that breaker's lane is open): :meth:`allow` then
-        calls it itself, without the guard's and ``_decide``'s frames."""
         period = encode(max(1, round(self.per * 1_000_000)))  # the window, in whole µs
         self._params: list[Arg] = [encode(limit), period]
         self._local_params: list[Arg] = [encode(self.local_limit), period]
@@ -258,7 +252,7 @@ class Frequency(Gate):
         # a decision on memory://, benchmarks/million_keys.py)
         if key.__class__ is str and cost.__class__ is PLAIN_INT and cost == 1:  # _request, inlined
             full = f"freq:{self.name}:{key}"
-            store = self._in_process
+            store = self.guard.in_process  # StoreGuard.apply's own rule, without its frame
             if store is not None and self.guard.breaker.lane is not None:
                 # StoreGuard.apply's shortcut and _decide's hot path, inlined: two frames less
                 # per decision, for the cold ones that make the tail (docs/distributed.md)
