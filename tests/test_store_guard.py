@@ -230,3 +230,17 @@ def test_a_memory_store_is_called_directly_until_its_breaker_is_forced_open(
     guard.breaker.reset()
     assert guard.apply(ONCE, "k", once(1000)).value == (False, 1000)
     assert guard.short_circuits == 1 and guard.failures == 0
+
+
+def test_a_store_assigned_later_is_the_one_called(
+    clock: FakeClock, switch: SwitchableStore
+) -> None:
+    first, second = MemoryStore(clock=clock), MemoryStore(clock=clock)
+    guard = StoreGuard(first, on_store_error="fail_closed", clock=clock)
+    guard.store = second  # a policy sharing another's store, as tests and users do
+    assert guard.apply(ONCE, "k", once(1000)).value == (True, 1000)
+    assert second.apply(ONCE, "k", once(1000)) == (False, 1000), "the op ran on the new store"
+    assert first.apply(ONCE, "k", once(1000)) == (True, 1000), "the old store never saw it"
+    guard.store = switch  # not in-process: calls go through the breaker again
+    switch.down = True
+    assert guard.apply(ONCE, "k", once(1000)).down is not None and guard.failures == 1

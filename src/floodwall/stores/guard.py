@@ -131,6 +131,13 @@ class StoreGuard:
     :meth:`apply_async` are the two drivers' shells around it.
     """
 
+    in_process: MemoryStore | None
+    """The store when it is a plain ``memory://``, which cannot be down, behind the guard's own
+    breaker: while that breaker's lane is open (nobody forced it open), :meth:`apply` calls it
+    directly, and so may a caller on its hot path (``Frequency.allow``): about 3 µs of a 9 µs
+    ``Frequency.allow`` on it (``benchmarks/million_keys.py``). Kept in step with :attr:`store`
+    by its setter."""
+
     def __init__(
         self,
         store: Store,
@@ -142,6 +149,7 @@ class StoreGuard:
         clock: Clock = SYSTEM_CLOCK,
         listeners: Listeners | Iterable[EventListener] = (),
     ) -> None:
+        self._own_breaker = breaker is None
         self.store = validate.instance("store", store, Store, "a Store")
         self.mode = check_mode(on_store_error)
         self.name = validate.text("name", name)
@@ -151,13 +159,6 @@ class StoreGuard:
         if local is not None:
             validate.instance("local", local, Store, "a Store or None")
         self.breaker = breaker if breaker is not None else default_breaker(f"{name}.store", clock)
-        self.in_process: MemoryStore | None = (
-            store if store.__class__ is MemoryStore and breaker is None else None
-        )
-        """The store when it is a plain ``memory://``, which cannot be down, behind the guard's
-        own breaker: while that breaker's lane is open (nobody forced it open), :meth:`apply`
-        calls it directly, and so may a caller on its hot path (``Frequency.allow``): about
-        3 µs of a 9 µs ``Frequency.allow`` on it (``benchmarks/million_keys.py``)."""
         self.local: Store = (
             local if local is not None else MemoryStore(prefix=store.prefix, clock=clock)
         )
@@ -263,6 +264,16 @@ class StoreGuard:
             local = yield Apply(self.local, op, key, args if local_args is None else local_args)
             return _new(Guarded, (local, down))
         return _new(Guarded, (None, down))
+
+    @property
+    def store(self) -> Store:
+        """The guarded store; assigning another one also re-derives :attr:`in_process`."""
+        return self._store
+
+    @store.setter
+    def store(self, store: Store) -> None:
+        self._store = store
+        self.in_process = store if store.__class__ is MemoryStore and self._own_breaker else None
 
     def apply(
         self,
