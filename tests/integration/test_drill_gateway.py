@@ -152,7 +152,13 @@ def test_a_drill_through_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyP
     busy = ("event loop fell", "(last: TimeoutError)")
     assert [n for n in result.notes if not any(b in n for b in busy)] == []
     assert figures.healthy_routes == ("/api/product/1",)
-    assert figures.healthy_success_rate is not None and figures.healthy_success_rate >= 0.99
+    # A void run (the machine, not the system, set the pace: arrivals sent late, the loop
+    # lagging, the run queue full) has no verdict on rates, as in the other drill tests; seen
+    # in CI with arrivals 1.1 s late at p99 and 94 % healthy success.
+    if figures.void:
+        print(f"void on this machine, healthy success not judged: {figures.void}")
+    else:
+        assert figures.healthy_success_rate is not None and figures.healthy_success_rate >= 0.99
     # Detection: the breaker needs as many failures as its 5 s window holds successes from
     # before the fault (1.5 s of them: 1.80 s after the fault starts, 1.86 to 2.10 s seen
     # with the polls under a CPU hog, past the fixed 2.0 s this used to be). So the bound is
