@@ -112,6 +112,10 @@ async def _hammer(url: str, prefix: str) -> dict[str, Any]:
         "decided": decided,
         "errors": errors,
         "batches": {kind: lim.batches for kind, lim in limiters.items()},
+        "store": {  # calls the store failed, decisions given without it (on_store_error)
+            kind: {k: lim.snapshot()[k] for k in ("failures", "degraded")}
+            for kind, lim in limiters.items()
+        },
         "replies": replies,
     }
 
@@ -194,9 +198,16 @@ def test_four_processes_hammering_one_global_limit(redis_url: str) -> None:
         grants = [v for v in verdicts if v[1]]
         admitted = sum(v[2] for v in grants)
         allowed = sum(r["allowed"][kind] for r in results)
-        assert admitted == allowed, ("decisions match the store", kind, admitted, allowed)
+        store = [r["store"][kind] for r in results]
+        assert admitted == allowed, ("decisions match the store", kind, admitted, allowed, store)
         decided = sum(r["decided"][kind] for r in results)
-        assert len(verdicts) == decided, ("every verdict recorded", kind, len(verdicts), decided)
+        assert len(verdicts) == decided, (
+            "every verdict recorded",
+            kind,
+            len(verdicts),
+            decided,
+            store,
+        )
         batches = sum(r["batches"][kind] for r in results)
         span = (grants[-1][0] - grants[0][0]) / 1_000_000
         if kind in {"gcra", "token_bucket"}:
