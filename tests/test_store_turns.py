@@ -4,8 +4,13 @@ server longer than the timeout.
 The rule itself (:meth:`Progress.until`) is checked on plain numbers; the first-come,
 first-served queue (:class:`Turns`) against a reference model, its arrivals, releases and
 give-ups (including a give-up racing the hand-over of its slot) interleaved by hypothesis in one
-thread; the two waits on real locks with a bound of a few milliseconds (the locks' own timed
-waits are the system under test). Against real frozen servers:
+thread. The waits run on a :class:`~floodwall.FakeClock`: the test sets the time and the
+successes, and the clock decides when a waiter gives up, to the exact instant. Between two
+re-checks of the rule a waiter is in a real timed wait (a lock's acquire, an event loop timer) as
+long as the clock says it has left, so a test that needs a re-check at the time it set waits for
+the waiter to read the clock again (:class:`ReadClock`), never for a duration; the fake bound is
+small so each such re-check comes within 20 ms. Real time is left only to the hand-off between
+threads (:func:`test_threads_get_their_turns_in_arrival_order`). Against real frozen servers:
 ``tests/integration/test_store_freeze.py``; against a saturated one:
 ``tests/integration/test_store_faults_postgres.py``.
 """
@@ -16,27 +21,121 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Awaitable
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from floodwall import FakeClock
 from floodwall.stores._turns import Progress, Turns, deadline, take_turn, take_turn_async
 
 BOUND = 0.02
-BUSY_BOUND = 0.2
-"""The bound while other calls keep succeeding every ``BUSY_BOUND / 10``: a tenth of the bound
-between successes leaves room for a scheduler that is late by up to nine tenths of it (seen:
-10 ms sleeps late past a 20 ms bound at load 15)."""
+"""A store's timeout, in the fake clock's seconds; a waiter's real wait between two re-checks is
+at most this long."""
+SECONDS = 10.0
+"""Real seconds a test waits for a thread or a re-check before calling it lost."""
+
+
+class ReadClock(FakeClock):
+    """A :class:`FakeClock` that counts its reads, so a test can wait for a waiter to re-check
+    the rule at the time the test set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self._read = threading.Condition()
+
+    def monotonic(self) -> float:
+        with self._read:
+            self.reads += 1
+            self._read.notify_all()
+        return super().monotonic()
+
+    def read_again(self, waiter: Waiter) -> None:
+        """Block until ``waiter`` re-checks (someone else reads the clock) or has ended."""
+        with self._read:
+            seen = self.reads
+            woke = self._read.wait_for(lambda: self.reads > seen or waiter.ended(), SECONDS)
+        assert woke, "no re-check"
+
+
+class Waiter:
+    """A wait for a turn on a :class:`ReadClock`: what it returned, and when on the clock."""
+
+    def __init__(self, clock: ReadClock) -> None:
+        self.clock = clock
+        self.outcome: list[tuple[bool, float]] = []
+        self.thread: threading.Thread | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def ended(self) -> bool:
+        return bool(self.outcome)
+
+    def end(self, taken: bool) -> None:
+        self.outcome.append((taken, self.clock.monotonic()))
+        self.clock.monotonic()  # a read after the outcome: wakes read_again
+
+    @classmethod
+    def in_thread(
+        cls, clock: ReadClock, turns: Turns, timeout: float, progress: Progress, **cold: float
+    ) -> Waiter:
+        """:func:`take_turn` in a thread of its own, once it has begun and queued."""
+        waiter = cls(clock)
+        waiter.thread = threading.Thread(
+            target=lambda: waiter.end(take_turn(turns, timeout, progress, **cold)), daemon=True
+        )
+        waiter.thread.start()
+        while turns.waiting < 1 and not waiter.ended():  # a hand-off, not a duration
+            time.sleep(0.001)
+        return waiter
+
+    @classmethod
+    async def in_task(cls, clock: ReadClock, wait: Awaitable[bool]) -> Waiter:
+        """``wait`` in a task, once it has begun and queued (one loop turn: nothing else runs)."""
+        waiter = cls(clock)
+
+        async def run() -> None:
+            waiter.end(await wait)
+
+        waiter.task = asyncio.create_task(run())
+        await asyncio.sleep(0)
+        return waiter
+
+    def still_waiting(self) -> None:
+        """Re-checked at the clock's time and still waiting."""
+        self.clock.read_again(self)
+        assert not self.ended(), f"gave up at {self.outcome[0][1]:g} s on the clock"
+
+    def answered(self, progress: Progress, times: int) -> None:
+        """A call succeeds every half bound, ``times`` times; the waiter re-checks at each one
+        and keeps waiting (load, not an outage)."""
+        for _ in range(times):
+            self.clock.advance(BOUND / 2)
+            progress.succeeded()
+            self.still_waiting()
+
+    async def outcome_async(self) -> tuple[bool, float]:
+        """:meth:`result` of a wait in a task, once it ended."""
+        assert self.task is not None
+        await asyncio.wait_for(self.task, SECONDS)
+        return self.result()
+
+    def result(self) -> tuple[bool, float]:
+        if self.thread is not None:
+            self.thread.join(SECONDS)
+        assert self.outcome, "still waiting"
+        return self.outcome[0]
 
 
 def test_the_rule_on_numbers() -> None:
-    progress = Progress()
+    progress = Progress(FakeClock(100.3))
     assert progress.until(100.0, 0.5) == math.inf, "before a first success: connecting, not stuck"
     progress.at = 99.0
     assert progress.until(100.0, 0.5) == 100.5, "a success before the wait began: its own bound"
-    progress.at = 100.3
+    progress.succeeded()
+    assert progress.at == 100.3, "a success is stamped by the progress's clock"
     assert progress.until(100.0, 0.5) == pytest.approx(100.8), "a success meanwhile: load"
     assert deadline(100.0, 0.5, progress) == pytest.approx(100.8), "answering: from its answer"
     progress.at = 99.0
@@ -46,65 +145,63 @@ def test_the_rule_on_numbers() -> None:
 
 
 def test_a_free_slot_is_taken_at_once_and_a_stuck_one_gives_up() -> None:
-    slots = Turns(1)
-    progress = Progress()
+    clock = ReadClock()
+    slots, progress = Turns(1), Progress(clock)
     progress.succeeded()
     assert take_turn(slots, BOUND, progress)
-    began = time.monotonic()
-    assert not take_turn(slots, BOUND, progress), "nothing succeeds: give up after the bound"
-    assert BOUND <= time.monotonic() - began < BOUND + 0.5
+    waiter = Waiter.in_thread(clock, slots, BOUND, progress)
+    clock.advance(BOUND / 2)
+    waiter.still_waiting()  # half the bound without a success
+    clock.advance(BOUND / 2)
+    assert waiter.result() == (False, BOUND), "nothing succeeds: gives up at the bound"
 
 
 def test_a_busy_store_that_keeps_answering_is_waited_for() -> None:
-    slots = Turns(1)
-    progress = Progress()
+    clock = ReadClock()
+    slots, progress = Turns(1), Progress(clock)
     progress.succeeded()
-    assert take_turn(slots, BUSY_BOUND, progress)
-    done = threading.Event()
-
-    def busy() -> None:  # other calls keep succeeding for 5 bounds, then the slot frees
-        for _ in range(50):
-            time.sleep(BUSY_BOUND / 10)
-            progress.succeeded()
-        slots.release()
-        done.set()
-
-    threading.Thread(target=busy, daemon=True).start()
-    began = time.monotonic()
-    assert take_turn(slots, BUSY_BOUND, progress)
-    assert time.monotonic() - began >= 2 * BUSY_BOUND and done.is_set()
+    assert take_turn(slots, BOUND, progress)
+    waiter = Waiter.in_thread(clock, slots, BOUND, progress)
+    waiter.answered(progress, 10)  # 5 bounds
+    slots.release()
+    taken, at = waiter.result()
+    assert taken and at == pytest.approx(5 * BOUND)
 
 
 def test_before_a_first_success_the_wait_is_bounded_by_cold_or_by_a_free_slot() -> None:
-    slots = Turns(1)
-    progress = Progress()  # nothing succeeded yet: no progress to wait by
+    clock = ReadClock()
+    slots, progress = Turns(1), Progress(clock)  # nothing succeeded yet: no progress to wait by
     assert take_turn(slots, BOUND, progress)
-    began = time.monotonic()
-    assert not take_turn(slots, BOUND, progress, cold=BOUND), "cold: the caller's own bound"
-    assert BOUND <= time.monotonic() - began < BOUND + 0.5
-    releaser = threading.Timer(BOUND, slots.release)  # no cold bound: until a slot frees
-    releaser.start()
-    assert take_turn(slots, BOUND, progress), "waited for the slot (no infinite timeout)"
-    releaser.join()
+    waiter = Waiter.in_thread(clock, slots, BOUND, progress, cold=BOUND)
+    clock.advance(BOUND)
+    assert waiter.result() == (False, BOUND), "cold: the caller's own bound"
+    waiter = Waiter.in_thread(clock, slots, BOUND, progress)  # no cold bound: until a slot frees
+    clock.advance(1000 * BOUND)
+    slots.release()
+    assert waiter.result() == (True, 1001 * BOUND), "waited for the slot (no infinite timeout)"
 
 
 async def test_the_async_wait_follows_the_same_rule() -> None:
-    slots = asyncio.Semaphore(1)
-    progress = Progress()
+    clock = ReadClock()
+    slots, progress = asyncio.Semaphore(1), Progress(clock)
     progress.succeeded()
     assert await take_turn_async(slots, BOUND, progress)
-    assert not await take_turn_async(slots, BOUND, progress)
+    stuck = await Waiter.in_task(clock, take_turn_async(slots, BOUND, progress))
+    clock.advance(BOUND / 2)
+    await asyncio.to_thread(stuck.still_waiting)  # half the bound without a success
+    clock.advance(BOUND / 2)
+    assert await stuck.outcome_async() == (False, BOUND), "nothing succeeds: gives up at the bound"
 
-    async def busy() -> None:
-        for _ in range(50):
-            await asyncio.sleep(BUSY_BOUND / 10)
-            progress.succeeded()
-        slots.release()
+    busy = await Waiter.in_task(clock, take_turn_async(slots, BOUND, progress))
+    await asyncio.to_thread(busy.answered, progress, 10)
+    slots.release()
+    taken, at = await busy.outcome_async()
+    assert taken and at == pytest.approx(6 * BOUND)
 
-    task = asyncio.create_task(busy())
-    assert await take_turn_async(slots, BUSY_BOUND, progress)
-    await task
-    assert not await take_turn_async(slots, BOUND, Progress(), cold=BOUND), "cold: own bound"
+    cold = await Waiter.in_task(clock, take_turn_async(slots, BOUND, Progress(clock), cold=BOUND))
+    clock.advance(BOUND)
+    taken, at = await cold.outcome_async()
+    assert not taken and at == pytest.approx(7 * BOUND), "cold: the caller's own bound"
 
 
 class TurnsModel(RuleBasedStateMachine):
@@ -194,10 +291,11 @@ TestTurnsModel = TurnsModel.TestCase
 
 
 def test_threads_get_their_turns_in_arrival_order() -> None:
+    """Real threads: the hand-off between them is what is tested (no bound is involved)."""
     turns = Turns(1)
-    progress = Progress()
+    progress = Progress(FakeClock())
     progress.succeeded()
-    assert take_turn(turns, BUSY_BOUND, progress)
+    assert take_turn(turns, BOUND, progress)
     order: list[int] = []
 
     def caller(n: int) -> None:
@@ -212,35 +310,32 @@ def test_threads_get_their_turns_in_arrival_order() -> None:
             time.sleep(0.001)
     turns.release()
     for thread in threads:
-        thread.join(timeout=10)
+        thread.join(timeout=SECONDS)
     assert order == list(range(8))
 
 
 async def test_an_async_waiter_keeps_its_place_while_the_store_answers() -> None:
     """Each re-check of the progress rule used to cancel the wait and queue again, behind
-    every newcomer."""
-    slots = asyncio.Semaphore(1)
-    progress = Progress()
+    every newcomer. The store answers every half bound; the first waiter re-checks the rule at
+    each answer, past its own bound before the newcomer comes and after. The newcomer waits
+    without a bound (nothing succeeded on its clock, no ``cold``), so it never re-checks: every
+    re-check is the first waiter's, and only the first could lose its place."""
+    clock = ReadClock()
+    slots, progress = asyncio.Semaphore(1), Progress(clock)
     progress.succeeded()
-    assert await take_turn_async(slots, BUSY_BOUND, progress)
+    assert await take_turn_async(slots, BOUND, progress)
     order: list[str] = []
 
-    async def caller(name: str) -> None:
-        assert await take_turn_async(slots, BUSY_BOUND, progress)
+    async def caller(name: str, progress: Progress) -> bool:
+        taken = await take_turn_async(slots, BOUND, progress)
         order.append(name)
         slots.release()
+        return taken
 
-    async def busy() -> None:  # calls keep succeeding: waiting is load, not an outage
-        while True:
-            await asyncio.sleep(BUSY_BOUND / 10)
-            progress.succeeded()
-
-    load = asyncio.create_task(busy())
-    first = asyncio.create_task(caller("first"))
-    await asyncio.sleep(BUSY_BOUND / 2)
-    newcomer = asyncio.create_task(caller("newcomer"))
-    await asyncio.sleep(3 * BUSY_BOUND / 4)  # the first waiter re-checked the rule meanwhile
+    first = await Waiter.in_task(clock, caller("first", progress))
+    await asyncio.to_thread(first.answered, progress, 3)
+    newcomer = await Waiter.in_task(ReadClock(), caller("newcomer", Progress(FakeClock())))
+    await asyncio.to_thread(first.answered, progress, 3)
     slots.release()
-    await asyncio.gather(first, newcomer)
-    load.cancel()
+    assert (await first.outcome_async())[0] and (await newcomer.outcome_async())[0]
     assert order == ["first", "newcomer"]

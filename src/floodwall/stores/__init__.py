@@ -90,8 +90,9 @@ def connect(url: str = "memory://", **options: Any) -> Store:
     """The store ``url`` names (see the table above); ``options`` go to its constructor.
 
     Common options: ``prefix`` (default ``"floodwall:"``), ``timeout`` (seconds; default
-    0.5 for servers, 5 for SQLite's write lock). Memory: ``clock``. Redis: any redis-py client
-    option. PostgreSQL: ``pool_size``, ``auto_migrate`` and psycopg connect options. SQLite:
+    0.5 for servers, 5 for SQLite's write lock). Memory: ``clock``. Redis: ``clock`` (times the
+    bounds of async calls) and any redis-py client option. PostgreSQL: ``pool_size``,
+    ``auto_migrate``, ``clock`` (times the calls' bounds) and psycopg connect options. SQLite:
     ``auto_migrate``, ``wall_clock``. Host: ``max_keys``, ``record_bytes``, ``bulkheads``
     (also as URL query parameters). Nothing connects until the first operation.
     """

@@ -20,6 +20,12 @@ waiter keeps its place across the progress rule's re-checks), so a newcomer neve
 a waiter was promised: behind a busy store each wait stays near (callers ahead / connections)
 x the time of a call, where :class:`threading.Semaphore` let a waiter lose to newcomers again
 and again (a 1.3 s fair wait became 3.6-3.8 s in ``test_store_faults_postgres.py``).
+
+Time is injected: every instant here is read from the clock a :class:`Progress` was made with
+(the store's, :data:`~floodwall.SYSTEM_CLOCK` by default), so a :class:`~floodwall.FakeClock`
+decides when a waiter gives up. The waits themselves are real (a lock's timed acquire, an event
+loop timer) and last what that clock says is left: on a fake clock a waiter re-checks the rule
+after that long in real time and sees the time the test set.
 """
 
 from __future__ import annotations
@@ -27,22 +33,25 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from collections import deque
+
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["Progress", "Turns", "deadline", "take_turn", "take_turn_async"]
 
 
 class Progress:
-    """When a call last succeeded on a set of connections (monotonic seconds)."""
+    """When a call last succeeded on a set of connections (seconds on ``clock``, whose
+    ``monotonic()`` every wait on these connections reads too)."""
 
-    __slots__ = ("at",)
+    __slots__ = ("at", "clock")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.at = -math.inf
+        self.clock = clock
 
     def succeeded(self) -> None:
-        self.at = time.monotonic()
+        self.at = self.clock.monotonic()
 
     def until(self, began: float, timeout: float) -> float:
         """When a waiter that began at ``began`` gives up, as things stand: never before a
@@ -130,13 +139,15 @@ class Turns:
 def take_turn(turns: Turns, timeout: float, progress: Progress, cold: float = math.inf) -> bool:
     """Take one of ``turns``, in arrival order; False when nothing succeeded for ``timeout``
     meanwhile, or, before a first success, after ``cold`` seconds (default: as long as it
-    takes). A waiter keeps its place in the queue while the rule lets it wait."""
+    takes). A waiter keeps its place in the queue while the rule lets it wait. Instants are
+    read from ``progress.clock``; the wait begins before the waiter queues."""
     if turns.take():
         return True
+    now = progress.clock.monotonic
+    began = now()
     ticket = turns.join()
-    began = time.monotonic()
     while True:
-        left = _until(progress, began, timeout, cold) - time.monotonic()
+        left = _until(progress, began, timeout, cold) - now()
         if left <= 0:
             turns.leave(ticket)
             return False
@@ -154,7 +165,8 @@ async def take_turn_async(
     if not slots.locked():
         await slots.acquire()
         return True
-    began = time.monotonic()
+    now = progress.clock.monotonic
+    began = now()
     loop = asyncio.get_running_loop()
     timer: asyncio.TimerHandle | None = None
     try:
@@ -162,7 +174,7 @@ async def take_turn_async(
 
             def recheck() -> None:
                 nonlocal timer
-                left = _until(progress, began, bound, cold) - time.monotonic()
+                left = _until(progress, began, bound, cold) - now()
                 if left <= 0:
                     scope.reschedule(loop.time())  # give up now: cancels the acquire
                 elif left < math.inf:

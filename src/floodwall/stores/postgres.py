@@ -64,7 +64,6 @@ import os
 import select
 import socket
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -75,6 +74,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from floodwall._core import defaults, validate
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall.stores import _sql
 from floodwall.stores._turns import Progress, Turns, deadline, take_turn, take_turn_async
@@ -164,14 +164,14 @@ def _shut(conn: _Conn | _AsyncConn) -> None:
             sock.close()
 
 
-def _left(until: float) -> float:
-    """Seconds from now to the monotonic ``until`` (0 once it passed)."""
-    return max(0.0, until - time.monotonic())
+def _left(until: float, clock: Clock) -> float:
+    """Seconds from now to ``until`` on ``clock`` (0 once it passed)."""
+    return max(0.0, until - clock.monotonic())
 
 
-def _check_turn(until: float, url: str, op: str) -> None:
+def _check_turn(until: float, clock: Clock, url: str, op: str) -> None:
     """Fail a call whose turn came after its deadline (its wait took the whole bound)."""
-    if until <= time.monotonic():
+    if until <= clock.monotonic():
         raise StoreTimeoutError(url, op) from TimeoutError("the wait for a connection took it all")
 
 
@@ -180,7 +180,8 @@ class _Deadlines:
     connection of a call still running at its deadline. At most ``pool_size`` calls are
     watched at once, so finding the next deadline scans a handful of entries."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._running: dict[int, tuple[float, _Conn]] = {}
         self._expired: set[int] = set()
@@ -217,7 +218,7 @@ class _Deadlines:
     def _run(self) -> None:
         with self._cond:
             while not self._stopped:
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 for token, (deadline, conn) in list(self._running.items()):
                     if deadline <= now:
                         del self._running[token]
@@ -240,13 +241,15 @@ class _Deadlines:
 class _Pool:
     """At most ``size`` connections; idle ones are reused, failed ones closed."""
 
-    def __init__(self, factory: Callable[[float], _Conn], size: int, url: str) -> None:
+    def __init__(
+        self, factory: Callable[[float], _Conn], size: int, url: str, clock: Clock
+    ) -> None:
         self._factory = factory
         self._url = url
         self._idle: list[_Conn] = []
         self._slots = Turns(size)
         self._lock = threading.Lock()
-        self.progress = Progress()
+        self.progress = Progress(clock)
         self.closed = False
 
     @contextlib.contextmanager
@@ -259,7 +262,7 @@ class _Pool:
         idle one is left) is made by that deadline. ``None``: no bound."""
         if self.closed:
             raise StoreClosedError(self._url, op)
-        began = time.monotonic()
+        began = self.progress.clock.monotonic()
         if bound is None:
             take_turn(self._slots, math.inf, self.progress)  # no bound: as long as it takes
         elif not take_turn(self._slots, bound, self.progress, cold=bound):
@@ -267,7 +270,7 @@ class _Pool:
         until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _Conn | None = None
         try:
-            _check_turn(until, self._url, op)
+            _check_turn(until, self.progress.clock, self._url, op)
             while True:
                 with self._lock:
                     conn = self._idle.pop() if self._idle else None
@@ -306,13 +309,15 @@ class _Pool:
 class _AsyncPool:
     """:class:`_Pool` for one event loop."""
 
-    def __init__(self, url: str, options: dict[str, Any], size: int, redacted: str) -> None:
+    def __init__(
+        self, url: str, options: dict[str, Any], size: int, redacted: str, clock: Clock
+    ) -> None:
         self._url = url
         self._redacted = redacted
         self._options = options
         self._idle: list[_AsyncConn] = []
         self._slots = asyncio.Semaphore(size)
-        self.progress = Progress()
+        self.progress = Progress(clock)
         self.closed = False
 
     @contextlib.asynccontextmanager
@@ -322,7 +327,8 @@ class _AsyncPool:
         """:meth:`_Pool.connection` for async callers (cancelling a connect is safe)."""
         if self.closed:
             raise StoreClosedError(self._redacted, op)
-        began = time.monotonic()
+        clock = self.progress.clock
+        began = clock.monotonic()
         if bound is None:
             await self._slots.acquire()
         elif not await take_turn_async(self._slots, bound, self.progress, cold=bound):
@@ -330,13 +336,13 @@ class _AsyncPool:
         until = math.inf if bound is None else deadline(began, bound, self.progress)
         conn: _AsyncConn | None = None
         try:
-            _check_turn(until, self._redacted, op)
+            _check_turn(until, clock, self._redacted, op)
             conn = self._idle.pop() if self._idle else None
             while conn is not None and _hung_up(conn):
                 await conn.close()
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                async with asyncio.timeout(None if until == math.inf else _left(until)):
+                async with asyncio.timeout(None if until == math.inf else _left(until, clock)):
                     conn = await psycopg.AsyncConnection.connect(self._url, **self._options)
             yield conn, until
             self.progress.succeeded()
@@ -407,7 +413,8 @@ def _connect_options(options: dict[str, Any]) -> dict[str, Any]:
 
 class PostgresStore(Store):
     """A store in PostgreSQL (see [Distributed state][guide-distributed]). ``connect_options`` go
-    to psycopg."""
+    to psycopg. ``clock`` (monotonic seconds) times the calls' bounds: the wait for a
+    connection's turn and each call's deadline."""
 
     timeout: float
 
@@ -420,6 +427,7 @@ class PostgresStore(Store):
         pool_size: int = defaults.STORE_POOL_SIZE,
         auto_migrate: bool = True,
         purge_every: int = defaults.STORE_SQL_PURGE_EVERY,
+        clock: Clock = SYSTEM_CLOCK,
         **connect_options: Any,
     ) -> None:
         super().__init__(url, prefix=prefix)
@@ -429,6 +437,7 @@ class PostgresStore(Store):
         self.pool_size = pool_size
         self.auto_migrate = auto_migrate
         self.purge_every = purge_every
+        self.clock = clock
         self._url = url
         self._options: dict[str, Any] = {
             "autocommit": True,
@@ -436,8 +445,8 @@ class PostgresStore(Store):
             **_server_bounds(url, connect_options, self.timeout),
             **_connect_options(connect_options),
         }
-        self._pool = _Pool(self._connect, pool_size, self.url)
-        self._deadlines = _Deadlines()
+        self._pool = _Pool(self._connect, pool_size, self.url, clock)
+        self._deadlines = _Deadlines(clock)
         self._connector = ThreadPoolExecutor(pool_size, thread_name_prefix="floodwall-pg-connect")
         self._apools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncPool] = (
             weakref.WeakKeyDictionary()
@@ -455,7 +464,7 @@ class PostgresStore(Store):
         except RuntimeError as exc:  # the store was closed meanwhile
             raise StoreClosedError(self.url, "connect") from exc
         try:
-            return future.result(timeout=None if until == math.inf else _left(until))
+            return future.result(timeout=None if until == math.inf else _left(until, self.clock))
         except TimeoutError as exc:
             future.add_done_callback(_close_late)
             raise StoreTimeoutError(self.url, "connect") from exc
@@ -467,7 +476,7 @@ class PostgresStore(Store):
         pool = self._apools.get(loop)
         if pool is None:
             pool = self._apools[loop] = _AsyncPool(
-                self._url, self._options, self.pool_size, self.url
+                self._url, self._options, self.pool_size, self.url, self.clock
             )
         return pool
 
@@ -520,7 +529,7 @@ class PostgresStore(Store):
 
         try:
             async with self._apool().connection(bound, op) as (conn, until):
-                timer = loop.call_later(_left(until), expire, conn)
+                timer = loop.call_later(_left(until, self.clock), expire, conn)
                 try:
                     yield conn
                     self._answered = True

@@ -64,7 +64,6 @@ import inspect
 import logging
 import math
 import threading
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -86,6 +85,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from floodwall._core import defaults, validate
+from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError
 from floodwall._core.events import Event, Listeners
 from floodwall.stores._redis_deadline import begin, bounded_class, end, within
@@ -292,7 +292,8 @@ def _client_options(options: dict[str, Any]) -> dict[str, Any]:
 
 class RedisStore(Store):
     """A store on one Redis server or a Redis Cluster (see
-    [Distributed state][guide-distributed])."""
+    [Distributed state][guide-distributed]). ``clock`` (monotonic seconds) times an async
+    call's bound (its wait for a turn on the connections and its deadline) and stamps events."""
 
     timeout: float
 
@@ -304,6 +305,7 @@ class RedisStore(Store):
         timeout: float = defaults.STORE_TIMEOUT,
         max_connections: int = defaults.STORE_REDIS_MAX_CONNECTIONS,
         check_persistence: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
         **client_options: Any,
     ) -> None:
         super().__init__(url, prefix=prefix)
@@ -314,13 +316,14 @@ class RedisStore(Store):
         self.timeout = float(timeout)
         self.max_connections = max_connections
         self.check_persistence = check_persistence
+        self.clock = clock
         self.cluster = scheme.endswith("+cluster")
         self._url = url
         self._target = _parse_cluster(url) if self.cluster else None
         self._options = _client_options(client_options)
         self._lock = threading.Lock()
         self._closed = False
-        self._progress = Progress()
+        self._progress = Progress(clock)
         """When an async op last succeeded: a turn is waited for as long as ops succeed."""
         self._answered = False
         """Whether a sync op succeeded: from then on each is bounded as a whole."""
@@ -539,7 +542,7 @@ class RedisStore(Store):
                         kind="store_volatile",
                         source="store",
                         name=name,
-                        time=time.monotonic(),
+                        time=self.clock.monotonic(),
                         reason=reason,
                         figures={"store": self.url, "volatile_nodes": lost},
                     )
@@ -573,7 +576,7 @@ class RedisStore(Store):
 
     async def apply_async(self, op: Op[R], key: str, args: Sequence[Arg] = ()) -> R:
         keys = self.keys(op, key)
-        began = time.monotonic()
+        began = self.clock.monotonic()
         try:
             if self._closed:
                 raise StoreClosedError(self.url, op.script)
@@ -591,7 +594,7 @@ class RedisStore(Store):
                 # once a call succeeded (the first connections are bounded step by step)
                 cold = progress.at == -math.inf
                 until = deadline(began, self.timeout, progress)
-                async with asyncio.timeout(None if cold else until - time.monotonic()):
+                async with asyncio.timeout(None if cold else until - self.clock.monotonic()):
                     raw = await run(keys, args)
             finally:
                 slots.release()
