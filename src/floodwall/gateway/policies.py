@@ -328,11 +328,17 @@ class Route:
         self.retry_body_limit = config.retry_body_limit
         self.resource: Resource | None = None
         self.backup_resource: Resource | None = None
+        self.call_record = True
+        """Whether an outbound call opens its own call record (see ``bind``)."""
 
     def bind(self, registry: Registry) -> None:
         """Point the route at the registry's (live) resources after a (re)load."""
         config = self.config
         self.resource = registry.get(config.resource) if config.resource else None
+        # Only the resource's answering policies (fallback, cache, backup source) note a
+        # degradation on the call record: without one, an outbound call need not open its own
+        # (the Call's `record`; a degradation would land on the request's record all the same)
+        self.call_record = self.resource is not None and len(self.resource.answering()) > 0
         backup = config.fallback.backup if config.fallback is not None else None
         self.backup_resource = (
             registry.get(backup.resource) if backup is not None and backup.resource else None

@@ -589,6 +589,7 @@ class Proxy:
         degraded_before = DEGRADED.get()
         policy = route.resource
         call, attempt = self._attempt(route.pool, policy, out)
+        call.record = route.call_record
         try:
             try:  # (the first pass awaited here: no coroutine of its own per request)
                 result = await call.run_async(attempt)
