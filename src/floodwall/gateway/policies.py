@@ -442,9 +442,12 @@ class Route:
 
 
 def _trusted_priority(
-    trusted: Callable[[str | None], bool],
+    trusted: Callable[[str | None], bool], anyone: bool
 ) -> Callable[[Inbound], tuple[int, int] | None]:
-    """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only."""
+    """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only
+    (``anyone``: whether any proxy is trusted; else no priority, and no header to read)."""
+    if not anyone:
+        return _no_priority
 
     def priority(request: Inbound) -> tuple[int, int] | None:
         if not trusted(request.client):
@@ -453,6 +456,14 @@ def _trusted_priority(
 
     priority.headers = ("x-request-priority",)  # type: ignore[attr-defined]
     return priority
+
+
+def _no_priority(request: Inbound) -> None:
+    """No priority: no proxy is trusted to send one (and the guard must not read the header)."""
+    return
+
+
+_no_priority.headers = ()  # type: ignore[attr-defined]
 
 
 def build_route(
@@ -496,7 +507,7 @@ def build_route(
         registry=registry,
         deadline=timeout,
         max_deadline=max_deadline,
-        priority=_trusted_priority(trusted),
+        priority=_trusted_priority(trusted, bool(doc.proxy.trusted_proxies)),
         rate_limit_headers=False,
         clock=clock,
     )

@@ -536,11 +536,13 @@ class Call(CallContext):
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
         deadline = _DEADLINE.get()  # (self._expired() and self._before(), inline when they
-        if deadline is not None and deadline.at - deadline.clock.monotonic() <= 0:  # do
-            stand_in = self._stand_in()  # nothing: two calls less per outbound request)
+        if deadline is not None and deadline.at - deadline.clock.monotonic() <= 0:  # have
+            stand_in = self._stand_in()  # nothing to do: two calls less per outbound request)
             with self._answering():
                 return await stand_in.call_async(self._raise_late_async)
-        keyed = None if self.key is None and self.core.levels is None else self._before()
+        key, levels = self.key, self.core.levels
+        quiet = key is None and (levels is None or _PRIORITY.get() is None)  # (nothing to check)
+        keyed = None if quiet else self._before()
         policy = self.policy
         try:
             if policy is None:
