@@ -277,6 +277,9 @@ class Retry(Attempts):
         self.deadline = options.deadline
         self.retry_on = options.retry_on
         self.retry_on_result = options.retry_on_result
+        # `begin` gives a bare start time when it set nothing; then a success stands without
+        # `after` (unless results are judged) and `end` has nothing to reset
+        self.settled = float if options.retry_on_result is None else None
         self.business = options.business
         self.classifier = options.classifier
         self.retry_overload = options.retry_overload
