@@ -507,8 +507,8 @@ class Retry(Attempts):
                 budget.deposit(start)
         if self.deadline is not None:
             limit = self._own_deadline(start, self.deadline)
-        if self.listeners:
-            self._attempt_event(1, start)
+        if self.listeners._items:  # (not `if self.listeners`: its Python __bool__, run per
+            self._attempt_event(1, start)  # call, would re-enter the interpreter from C)
         if charged is None and limit is None:
             return start
         return _Begun(start, charged, limit)
