@@ -200,3 +200,60 @@ def test_a_subclass_with_its_own_call_async_keeps_it() -> None:
     clock = fw.FakeClock()
     mine = Mine(_Logged("g", clock, []), fw.Retry("r", clock=clock))
     assert asyncio.run(mine.call_async(_work(clock, [], 0, 0.0), 1)) == "mine"
+
+
+class _Hooked(fw.Retry):
+    """A retry whose ``after`` and ``end`` calls are written to ``log``."""
+
+    def __init__(self, log: Log, **options: Any) -> None:
+        super().__init__(attempts=2, backoff=Fixed(0), budget=None, **options)
+        self.log = log
+
+    def after(self, begun: Any, error: BaseException | None, result: Any) -> Any:
+        self.log.append(("after", type(error).__name__ if error is not None else result))
+        return super().after(begun, error, result)
+
+    def end(self, begun: Any) -> None:
+        self.log.append(("end",))
+        super().end(begun)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_settled_begin_skips_after_and_end_for_a_success_only(fused: bool) -> None:
+    """``Attempts.settled``: a retry begun with a bare start time and no ``retry_on_result``
+    needs neither ``after`` for a success nor ``end``; a failure still goes to ``after``, and a
+    retry judging results or begun with a deadline gets every hook."""
+
+    async def run(policy: fw.Retry, fn: Callable[[], Awaitable[int]]) -> int:
+        if fused:
+            plan = Fused(None, None, policy, None)
+            return await fused_async(plan, fn)
+        return await attempts_async(policy, fn)
+
+    async def ok() -> int:
+        return 7
+
+    tries = [0]
+
+    async def flaky() -> int:
+        tries[0] += 1
+        if tries[0] == 1:
+            raise ConnectionError("first")
+        return 8
+
+    log: Log = []
+    plain = _Hooked(log)
+    assert plain.settled is float
+    assert asyncio.run(run(plain, ok)) == 7
+    assert log == []
+    assert asyncio.run(run(plain, flaky)) == 8
+    assert log == [("after", "ConnectionError")]
+    log.clear()
+    judged = _Hooked(log, retry_on_result=lambda value: False)
+    assert judged.settled is None
+    assert asyncio.run(run(judged, ok)) == 7
+    assert log == [("after", 7), ("end",)]
+    log.clear()
+    bounded = _Hooked(log, deadline=5.0)  # begun with a deadline to reset: not settled
+    assert asyncio.run(run(bounded, ok)) == 7
+    assert log == [("after", 7), ("end",)]

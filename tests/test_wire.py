@@ -557,6 +557,42 @@ def _fail() -> int:
     raise RuntimeError("down")
 
 
+def test_a_call_without_its_own_record_leaves_marks_to_the_request() -> None:
+    """``Call.record = False`` (the gateway's, for a resource with nothing answering): no call
+    record opened, so what the policy inside sees is the request's, in both worlds."""
+    guard = InboundGuard()
+    admitted = guard.admit(_request())
+    assert isinstance(admitted, Admission)
+    seen: list[object] = []
+
+    def attempt() -> int:
+        seen.append(fw.current_call())
+        return 1
+
+    async def attempt_async() -> int:
+        return attempt()
+
+    policy = fw.Pipeline(fw.Retry(attempts=1), name="recs")
+    with admitted:
+        own = Outbound(policy).begin("GET", "recs", None, "/")
+        assert own.run(attempt) == 1
+        quiet = Outbound(policy).begin("GET", "recs", None, "/")
+        quiet.record = False
+        assert quiet.run(attempt) == 1
+        assert asyncio.run(_run_async(quiet, attempt_async)) == 1
+        # a degradation noted inside (a sampled drop's, say) lands on the request's record
+        marked = Outbound(fw.Fallback(2, name="fb")).begin("GET", "recs", None, "/")
+        marked.record = False
+        assert marked.run(_fail) == 2
+    assert seen == [own, admitted.call, admitted.call]
+    assert marked.degraded_by is None
+    assert (admitted.call.degraded_by, admitted.call.degraded_reason) == ("fb", "RuntimeError")
+
+
+async def _run_async(call: Any, attempt: Callable[[], Any]) -> Any:
+    return await call.run_async(attempt)
+
+
 def test_one_degraded_vocabulary_formats_and_parses_back() -> None:
     """Inbound middleware, outbound clients and the gateway write ``X-Degraded`` alike."""
     assert wire.DEGRADED == "X-Degraded"

@@ -156,6 +156,10 @@ class Bulkhead(Gate):
         self._max_wait = _wait_seconds("max_wait", self.options.max_wait)
         self._never_waits = self.options.max_queue == 0 or self._max_wait == 0
         self._lock = threading.Lock()
+        # admit and release take the lock with these (bound once), not `with self._lock`:
+        # a `with` looks up and binds __enter__ and __exit__ on every call
+        self._lock_acquire = self._lock.acquire
+        self._lock_release = self._lock.release
         self._lot = Lot(self._lock, self.options.max_queue, "fifo")
         self._in_flight = 0
         self._rejections = Tally()
@@ -172,11 +176,14 @@ class Bulkhead(Gate):
         """
         if self._bypass is not None and kwargs is not _NO_CALL and self._bypass(*args, **kwargs):
             return _BYPASSED
-        with self._lock:
+        self._lock_acquire()
+        try:
             if self._in_flight < self._max_concurrent:
                 self._in_flight += 1
                 return None
             error = self._full("full") if self._never_waits else None
+        finally:
+            self._lock_release()
         if error is not None:
             raise self._reject(error)
         raise Wait(Park(self, self._lot, self.clock, self._budget()))
@@ -217,12 +224,15 @@ class Bulkhead(Gate):
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter if there is one, else to the pool."""
-        with self._lock:
+        self._lock_acquire()
+        try:
             lot = self._lot
             while lot.waiters:
                 if lot.hand(lot.waiters[0], None):
                     return
             self._in_flight -= 1
+        finally:
+            self._lock_release()
 
     def _budget(self) -> float:
         """How long a caller may wait: ``max_wait``, cut by the ambient deadline."""

@@ -277,6 +277,9 @@ class Retry(Attempts):
         self.deadline = options.deadline
         self.retry_on = options.retry_on
         self.retry_on_result = options.retry_on_result
+        # `begin` gives a bare start time when it set nothing; then a success stands without
+        # `after` (unless results are judged) and `end` has nothing to reset
+        self.settled = float if options.retry_on_result is None else None
         self.business = options.business
         self.classifier = options.classifier
         self.retry_overload = options.retry_overload
@@ -504,8 +507,8 @@ class Retry(Attempts):
                 budget.deposit(start)
         if self.deadline is not None:
             limit = self._own_deadline(start, self.deadline)
-        if self.listeners:
-            self._attempt_event(1, start)
+        if self.listeners._items:  # (not `if self.listeners`: its Python __bool__, run per
+            self._attempt_event(1, start)  # call, would re-enter the interpreter from C)
         if charged is None and limit is None:
             return start
         return _Begun(start, charged, limit)

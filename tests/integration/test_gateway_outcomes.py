@@ -219,3 +219,34 @@ def test_a_deadline_the_client_chose_does_not_count_against_the_endpoint(
     assert patient == [200] * 4
     late, fine = _endpoints(gw, "pool")
     assert late["failures"] == 0 and fine["failures"] == 0
+
+
+def test_only_a_resource_that_can_answer_opens_a_call_record_per_request(
+    upstreams: Callable[..., list[Upstream]], gateways: Start
+) -> None:
+    """A resource with a fallback: the outbound call is the open call record, so the answer
+    names the fallback with the gateway's reason; without one, no record is opened per request
+    (a context variable less), and answers are the same."""
+    (svc,) = upstreams("svc")
+    svc.state.status = 500
+    gw = gateways(
+        {
+            "upstreams": {"svc": {"endpoints": [svc.url], **NO_OUTLIERS}},
+            "resources": {
+                "kept": {"retry": False, "fallback": {"value": []}},
+                "plain": {"retry": False},
+            },
+            "routes": [
+                {"match": {"path_prefix": "/kept"}, "upstream": "svc", "resource": "kept"},
+                {"match": {"path_prefix": "/plain"}, "upstream": "svc", "resource": "plain"},
+            ],
+        }
+    )
+    records = {route.name: route.call_record for route in gw.gateway.routes()}
+    assert records == {"/kept": True, "/plain": False}
+    with httpx.Client(base_url=gw.url, timeout=5) as client:
+        kept = client.get("/kept/1")
+        plain = client.get("/plain/1")
+    assert kept.status_code == 200 and kept.json() == []
+    assert "kept.fallback; reason=upstream_5xx" in kept.headers.get_list("X-Degraded"), kept.headers
+    assert plain.status_code == 500 and "X-Degraded" not in plain.headers

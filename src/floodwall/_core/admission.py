@@ -105,6 +105,12 @@ class Attempts(Policy):
     call = drivers.attempts_sync
     call_async = drivers.attempts_async
 
+    settled: type | None = None
+    """The type of a :meth:`begin` value after which a returned first attempt stands as it is
+    and :meth:`end` has nothing to close (a retry without ``retry_on_result``, begun without a
+    deadline or a shared budget to reset): the drivers then skip ``after`` for a success and
+    ``end`` (two calls fewer per call). ``None`` (the default): they always call both."""
+
     @abstractmethod
     def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Before the first attempt: what ``after`` and ``end`` need to know of this call."""

@@ -356,6 +356,7 @@ async def drive_async(steps: FlowSteps, call: Callable[[], Awaitable[Any]]) -> A
 def attempts_sync(policy: Attempts, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """``begin``, the first attempt, ``after``; the rest as steps only if ``after`` asks."""
     begun = policy.begin(args, kwargs)
+    settled = begun.__class__ is policy.settled
     try:
         try:
             result = fn(*args, **kwargs)
@@ -364,12 +365,13 @@ def attempts_sync(policy: Attempts, fn: Callable[P, R], /, *args: P.args, **kwar
             if rest is None:
                 raise
         else:
-            rest = policy.after(begun, None, result)
+            rest = None if settled else policy.after(begun, None, result)
             if rest is None:
                 return result
         return drive_sync(rest, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
     finally:
-        policy.end(begun)
+        if not settled:
+            policy.end(begun)
 
 
 async def attempts_async(
@@ -377,6 +379,7 @@ async def attempts_async(
 ) -> R:
     """:func:`attempts_sync` for coroutine functions."""
     begun = policy.begin(args, kwargs)
+    settled = begun.__class__ is policy.settled
     try:
         try:
             result = await fn(*args, **kwargs)
@@ -385,12 +388,13 @@ async def attempts_async(
             if rest is None:
                 raise
         else:
-            rest = policy.after(begun, None, result)
+            rest = None if settled else policy.after(begun, None, result)
             if rest is None:
                 return result
         return await drive_async(rest, partial(fn, *args, **kwargs))  # type: ignore[no-any-return]
     finally:
-        policy.end(begun)
+        if not settled:
+            policy.end(begun)
 
 
 # -- scoped policies (timeout, hedge) ---------------------------------------------------------
@@ -508,6 +512,7 @@ async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as o
                 result = await scoped.scope.arun(fn, args, kwargs)
         else:
             begun = attempts.begin(args, kwargs)
+            settled = begun.__class__ is attempts.settled
             try:
                 try:
                     if scoped is None:
@@ -519,7 +524,7 @@ async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as o
                     if rest is None:
                         raise
                 else:
-                    rest = attempts.after(begun, None, result)
+                    rest = None if settled else attempts.after(begun, None, result)
                 if rest is not None:
                     again = (
                         partial(fn, *args, **kwargs)
@@ -528,7 +533,8 @@ async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as o
                     )
                     result = await drive_async(rest, again)
             finally:
-                attempts.end(begun)
+                if not settled:
+                    attempts.end(begun)
     except BaseException as exc:
         if inside:
             end = gate_now()

@@ -328,11 +328,17 @@ class Route:
         self.retry_body_limit = config.retry_body_limit
         self.resource: Resource | None = None
         self.backup_resource: Resource | None = None
+        self.call_record = True
+        """Whether an outbound call opens its own call record (see ``bind``)."""
 
     def bind(self, registry: Registry) -> None:
         """Point the route at the registry's (live) resources after a (re)load."""
         config = self.config
         self.resource = registry.get(config.resource) if config.resource else None
+        # Only the resource's answering policies (fallback, cache, backup source) note a
+        # degradation on the call record: without one, an outbound call need not open its own
+        # (the Call's `record`; a degradation would land on the request's record all the same)
+        self.call_record = self.resource is not None and len(self.resource.answering()) > 0
         backup = config.fallback.backup if config.fallback is not None else None
         self.backup_resource = (
             registry.get(backup.resource) if backup is not None and backup.resource else None
@@ -436,9 +442,12 @@ class Route:
 
 
 def _trusted_priority(
-    trusted: Callable[[str | None], bool],
+    trusted: Callable[[str | None], bool], anyone: bool
 ) -> Callable[[Inbound], tuple[int, int] | None]:
-    """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only."""
+    """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only
+    (``anyone``: whether any proxy is trusted; else no priority, and no header to read)."""
+    if not anyone:
+        return _no_priority
 
     def priority(request: Inbound) -> tuple[int, int] | None:
         if not trusted(request.client):
@@ -447,6 +456,14 @@ def _trusted_priority(
 
     priority.headers = ("x-request-priority",)  # type: ignore[attr-defined]
     return priority
+
+
+def _no_priority(request: Inbound) -> None:
+    """No priority: no proxy is trusted to send one (and the guard must not read the header)."""
+    return
+
+
+_no_priority.headers = ()  # type: ignore[attr-defined]
 
 
 def build_route(
@@ -490,7 +507,7 @@ def build_route(
         registry=registry,
         deadline=timeout,
         max_deadline=max_deadline,
-        priority=_trusted_priority(trusted),
+        priority=_trusted_priority(trusted, bool(doc.proxy.trusted_proxies)),
         rate_limit_headers=False,
         clock=clock,
     )

@@ -492,7 +492,10 @@ class Proxy:
                     if declared and request.connection is not None:
                         request.connection.write_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
                 try:
-                    with admitted:
+                    # `with admitted`, written out: __enter__ and __exit__ called from here run
+                    # in this frame's interpreter, not in a new one entered from C
+                    admitted.__enter__()
+                    try:
                         answer = await self._exchange(
                             request,
                             table=table,
@@ -502,6 +505,8 @@ class Proxy:
                             trusted=trusted,
                             shortened=shortened,
                         )
+                    finally:
+                        admitted.__exit__(None, None, None)
                 except _BodyError as error:
                     answer = _problem(error.status, "request_body", str(error), close=True)
                 status = answer.status
@@ -589,6 +594,7 @@ class Proxy:
         degraded_before = DEGRADED.get()
         policy = route.resource
         call, attempt = self._attempt(route.pool, policy, out)
+        call.record = route.call_record
         try:
             try:  # (the first pass awaited here: no coroutine of its own per request)
                 result = await call.run_async(attempt)

@@ -334,6 +334,7 @@ class Call(CallContext):
         "key",
         "method",
         "policy",
+        "record",
         "retryable",
         "service",
     )
@@ -355,6 +356,12 @@ class Call(CallContext):
         self.degraded_by: str | None = None
         self.degraded_reason: str | None = None
         self.failure: _AttemptError | None = None  # the last attempt's failure
+        self.record = True
+        """Whether the call is the open call record while its policy runs (the default). A
+        caller that knows nothing inside notes a degradation (no fallback, cache or backup
+        source in the policy, no code of the user's in the attempt) may clear it: then the
+        policy runs without a context variable set and reset, and
+        :func:`~floodwall.current_call` inside finds the inbound request's record."""
 
     # -- what an attempt sends -------------------------------------------------------------------
 
@@ -362,8 +369,9 @@ class Call(CallContext):
         """The wire headers for the attempt starting now."""
         out: list[tuple[str, str]] = []
         deadline = _DEADLINE.get()
-        if deadline is not None:
-            out.append((DEADLINE, format_deadline(deadline.remaining() - self.core.margin)))
+        if deadline is not None:  # (deadline.remaining(), inline)
+            left = deadline.at - deadline.clock.monotonic()
+            out.append((DEADLINE, format_deadline(left - self.core.margin)))
         marker = _RETRY.get()
         if marker is not None:
             out.append((RETRY_ATTEMPT, str(marker.attempt)))
@@ -510,6 +518,8 @@ class Call(CallContext):
         try:
             if policy is None:
                 return attempt()
+            if not self.record:
+                return policy.call(attempt)
             token = _CALL.set((self, _REQUEST.get()))  # call_context(), with self as it
             try:
                 return policy.call(attempt)
@@ -525,15 +535,20 @@ class Call(CallContext):
 
     async def run_async(self, attempt: Callable[[], Awaitable[R]]) -> R | Any:
         """:meth:`run` for coroutines."""
-        if self._expired():
-            stand_in = self._stand_in()
+        deadline = _DEADLINE.get()  # (self._expired() and self._before(), inline when they
+        if deadline is not None and deadline.at - deadline.clock.monotonic() <= 0:  # have
+            stand_in = self._stand_in()  # nothing to do: two calls less per outbound request)
             with self._answering():
                 return await stand_in.call_async(self._raise_late_async)
-        keyed = self._before()
+        key, levels = self.key, self.core.levels
+        quiet = key is None and (levels is None or _PRIORITY.get() is None)  # (nothing to check)
+        keyed = None if quiet else self._before()
         policy = self.policy
         try:
             if policy is None:
                 return await attempt()
+            if not self.record:
+                return await policy.call_async(attempt)
             token = _CALL.set((self, _REQUEST.get()))
             try:
                 return await policy.call_async(attempt)
