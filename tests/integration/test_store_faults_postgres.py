@@ -35,6 +35,7 @@ from floodwall.stores import StoreErrorMode, StoreGuard, StoreUnavailableError, 
 from floodwall.stores.base import Record, Write
 from floodwall.stores.postgres import PostgresStore
 from servers import FAULT_OPEN, RestartablePostgres, store_breaker
+from stalls import CollectorPauses, HeldOff
 
 pytestmark = pytest.mark.integration
 
@@ -378,7 +379,14 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
     only while no call succeeds: see ``floodwall.stores._turns``), so the guard sees no failure
     and its breaker never opens. The timeout is 8 x the median of lone ops measured first (so
     each op fits in it on a busy machine); 48 threads over 2 connections queue about 24 ops'
-    time each, and with turns taken first come, first served none waits much past that."""
+    time each, and with turns taken first come, first served none waits much past that.
+
+    A run during which this process itself stood still for longer than the timeout leaves
+    room for (the timeout less two ops: a garbage collection or the scheduler, measured with
+    :class:`~stalls.HeldOff` and :class:`~stalls.CollectorPauses`) is not judged, since no
+    call can succeed while the process stands still and the waiters' rule then rightly gives
+    up: in CI under a CPU hog one such run opened the guard's breaker. It is run again, up to
+    three times; a machine that stalls every run fails the test."""
     op = _SlowOnce()
     probe = PostgresStore(postgres_dsn, prefix=f"solo-{uuid.uuid4().hex[:8]}:", pool_size=1)
     try:
@@ -391,6 +399,57 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
         probe.close()
     lone = statistics.median(solo[1:])  # the first one connected and migrated
     timeout = 8 * lone
+    stalls: list[float] = []
+    for _ in range(3):
+        with CollectorPauses() as collector, HeldOff() as held_off:
+            run = _saturate(postgres_dsn, op, timeout)
+        stall = max([lag for _, lag in held_off.lags] + [p for _, p in collector.pauses] + [0.0])
+        print(
+            f"\nsaturated pool: lone op {1000 * lone:.0f} ms, timeout {1000 * timeout:.0f} ms;"
+            f" {run}; this process stood still {1000 * stall:.0f} ms at most"
+        )
+        if stall <= timeout - 2 * lone:
+            break
+        stalls.append(stall)
+    else:
+        pytest.fail(f"this process stood still past the timeout's room in every run: {stalls}")
+    waits, guard, answers = run.waits, run.guard, run.answers
+    assert len(waits) == 3 * SATURATING_THREADS
+    assert run.over > 0, "no caller queued past the timeout: the pool was not saturated"
+    worst = max(waits)
+    assert worst <= run.fair + FAIR_MARGIN_OPS * run.held, (
+        "a caller waited while newcomers went first"
+    )
+    assert answers == [None] * len(answers), "a caller got its on_store_error answer"
+    assert guard.failures == 0 and guard.outages == 0 and guard.breaker.state.name == "CLOSED"
+
+
+@dataclass
+class _Saturated:
+    """One run of :func:`_saturate`."""
+
+    waits: list[float]
+    answers: list[object]
+    guard: StoreGuard
+    held: float
+    """Seconds per op in the run."""
+    fair: float
+    """The worst wait a first come, first served queue gives."""
+    over: int
+    """Calls that waited longer than the timeout."""
+
+    def __str__(self) -> str:
+        worst, p99 = max(self.waits), statistics.quantiles(self.waits, n=100)[98]
+        return (
+            f"{len(self.waits)} calls, {1000 * self.held:.0f} ms per op in the run, worst wait"
+            f" {1000 * worst:.0f} ms (p99 {1000 * p99:.0f} ms) against a fair queue's"
+            f" {1000 * self.fair:.0f} ms; {self.over} longer than the timeout;"
+            f" guard {self.guard.snapshot()}"
+        )
+
+
+def _saturate(postgres_dsn: str, op: _SlowOnce, timeout: float) -> _Saturated:
+    """48 threads, 3 calls each, over a pool of 2 with ``timeout``."""
     store = PostgresStore(
         postgres_dsn,
         prefix=f"saturated-{uuid.uuid4().hex[:8]}:",
@@ -416,20 +475,9 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
         thread.join(timeout=60)
     held = (time.monotonic() - began) * SATURATED_POOL / len(waits)
     store.close()
-    over = sum(wait > timeout for wait in waits)
     fair = (math.ceil((SATURATING_THREADS - 1) / SATURATED_POOL) + 1) * held
-    worst, p99 = max(waits), statistics.quantiles(waits, n=100)[98]
-    print(
-        f"\nsaturated pool: lone op {1000 * lone:.0f} ms, timeout {1000 * timeout:.0f}"
-        f" ms; {len(waits)} calls, {1000 * held:.0f} ms per op in the run, worst wait"
-        f" {1000 * worst:.0f} ms (p99 {1000 * p99:.0f} ms) against a fair queue's"
-        f" {1000 * fair:.0f} ms; {over} longer than the timeout; guard {guard.snapshot()}"
-    )
-    assert len(waits) == 3 * SATURATING_THREADS
-    assert over > 0, "no caller queued past the timeout: the pool was not saturated"
-    assert worst <= fair + FAIR_MARGIN_OPS * held, "a caller waited while newcomers went first"
-    assert answers == [None] * len(answers), "a caller got its on_store_error answer"
-    assert guard.failures == 0 and guard.outages == 0 and guard.breaker.state.name == "CLOSED"
+    over = sum(wait > timeout for wait in waits)
+    return _Saturated(waits, answers, guard, held, fair, over)
 
 
 def test_callers_queued_before_the_store_first_answered_are_answered(postgres_dsn: str) -> None:

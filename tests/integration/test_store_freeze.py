@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import signal
@@ -76,6 +75,7 @@ from servers import (
     redis_command,
     store_breaker,
 )
+from stalls import CollectorPauses, HeldOff
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("store_freeze")]
 
@@ -220,58 +220,6 @@ class Heartbeat:
     def lags(self) -> list[tuple[float, float]]:
         out, _ = self._proc.communicate(timeout=60)  # closing its stdin stops it
         return [(at, lag) for at, lag in json.loads(out)]
-
-
-class HeldOff:
-    """A thread of this process that sleeps 1 ms at a time while in use and notes how late it
-    woke up (``(monotonic time, seconds late)``, late by more than 5 ms): how long a thread of the
-    callers' own process, its timed wait over, waits to run again, for the interpreter lock
-    among the busy caller threads and the event loop, for a garbage collection, or for a core
-    under a CPU hog. A store call whose read has timed out waits as long before it can return;
-    the :class:`Heartbeat` process beside this one cannot see it."""
-
-    def __init__(self) -> None:
-        self.lags: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self) -> None:
-        while not self._stop.is_set():
-            now = time.monotonic()
-            time.sleep(0.001)
-            lag = time.monotonic() - now - 0.001
-            if lag > 0.005:
-                self.lags.append((now, lag))
-
-    def __enter__(self) -> HeldOff:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-class CollectorPauses:
-    """The garbage collector's pauses in this process while in use (``gc.callbacks``): the
-    process's own stalls, which a heartbeat beside it cannot see."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float]] = []
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._start = time.monotonic()
-        else:
-            self.pauses.append((self._start, time.monotonic() - self._start))
-
-    def __enter__(self) -> CollectorPauses:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
 
 
 def _run_freeze(
