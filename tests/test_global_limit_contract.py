@@ -23,7 +23,7 @@ import pytest
 
 import floodwall as fw
 from conftest import StoreCase
-from floodwall.ratelimit import Rate
+from floodwall.ratelimit import Rate, StoreDownDecision
 from floodwall.shared._global_ops import Batch, plan
 from floodwall.shared.global_limit import GlobalLimiter
 from floodwall.shared.leasing import LeasedLimiter
@@ -80,12 +80,33 @@ def test_threads_never_get_more_than_the_quota(store_case: StoreCase, kind: str)
     assert len(allowed) == 32 and allowed.count(True) == 10
 
 
+async def _forty_at_once(case: StoreCase, kind: str) -> tuple[GlobalLimiter, list[fw.Decision]]:
+    """40 concurrent acquisitions of a ``10/h`` quota, all answered by the store.
+
+    The limiter fails closed so that an answer the store did not give shows: a request queued
+    behind a batch for longer than the store's timeout takes the ``on_store_error`` answer, and
+    the default (``"local"``) admits it in process up to the whole quota, beside what the store
+    admitted. In CI under a CPU hog on both cores PostgreSQL admitted 11: the first request's
+    batch answered by the store and, by all signs, the 39 queued behind it admitted in process
+    (1 + 10; with a 3 ms store timeout, every answer local, the count is 10). Such a run tests
+    the outage path, not the quota: it is redone on a new key (at most five times), after one
+    call that opens the store's connection outside the measured batch."""
+    for attempt in range(5):
+        limiter = _limiter(
+            case, kind, "10/h", name=f"{kind}-{attempt}", on_store_error="fail_closed"
+        )
+        await limiter.try_acquire_async("warm-up")
+        decisions = await asyncio.gather(*(limiter.acquire_async() for _ in range(40)))
+        if not any(isinstance(d, StoreDownDecision) for d in decisions):
+            return limiter, decisions
+    pytest.fail(f"five batches of {kind} in a row outlived the store's timeout")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_concurrent_tasks_are_batched_and_get_exactly_the_quota(
     async_store_case: StoreCase, kind: str
 ) -> None:
-    limiter = _limiter(async_store_case, kind, "10/h")
-    decisions = await asyncio.gather(*(limiter.acquire_async() for _ in range(40)))
+    limiter, decisions = await _forty_at_once(async_store_case, kind)
     assert [d.allowed for d in decisions].count(True) == 10
     if async_store_case.kind not in ("memory", "host"):  # no server: answers without suspending
         assert limiter.batches < 40 / 4, "coalesced into a few round trips"
