@@ -7,17 +7,17 @@ tests. Nothing is shared with other processes: a limit kept here is per worker.
 **Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000; a record
 with a 40-character full key takes about 170 bytes, 16 MB at the default bound, measured with
 tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in plain
-dicts, in the order they were written (shards of at most :attr:`MemoryStore.SHARD_KEYS`
-records, chosen by the key's hash, each holding at most its share of ``max_keys``), that a
-sweeping hand walks two steps per op: an expired record it reaches is dropped, a live one is
-taken out and put back at the end of the line (a CLOCK sweep), so no op ever scans a table. Expired records are also dropped when touched. A pass of the hand
-over a whole shard learns the soonest expiry in it, and every write lowers that bound: until
-then no record of the shard can have expired, so the hand rests (no steps at all). A new key
-arriving at a full shard evicts the record at the front of the line (roughly the shard's
-oldest) at once while the hand rests, else first gives the hand up to
-:attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; an evicted live record is
-counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
-``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
+dicts, in the order they were written (shards of at most :attr:`MemoryStore.SHARD_KEYS` records,
+chosen by the key's hash, each holding at most its share of ``max_keys``), that a sweeping hand
+walks two steps per op: an expired record it reaches is dropped, a live one is taken out and put
+back at the end of the line (a CLOCK sweep), so no op ever scans a table. Expired records are
+also dropped when touched. A pass of the hand over a whole shard learns the soonest expiry in
+it, and every write lowers that bound: until then no record of the shard can have expired, so
+the hand rests (no steps at all). A new key arriving at a full shard evicts the record at the
+front of the line (roughly the shard's oldest) at once while the hand rests, else first gives
+the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; an evicted
+live record is counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so
+size ``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
 
 **No long rebuilds.** Python rebuilds a dict whose keys come and go after about as many new
 keys as it holds, copying what it holds in one go, so a shard holds at most
