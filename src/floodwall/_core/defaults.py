@@ -178,7 +178,7 @@ STORE_POOL_SIZE = 10
 STORE_REDIS_MAX_CONNECTIONS = 50
 """Redis: connections per async client (per node on a cluster)."""
 STORE_MEMORY_MAX_KEYS = 100_000
-"""Memory store: records held at most (about 21 MB); a new key past it evicts (see memory.py)."""
+"""Memory store: records held at most (about 16 MB); a new key past it evicts (see memory.py)."""
 STORE_HOST_MAX_KEYS = 4096
 """``host://``: records in the shared segment (fixed size, ``max_keys x record_bytes``)."""
 STORE_HOST_RECORD_BYTES = 1024

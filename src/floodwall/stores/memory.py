@@ -5,26 +5,32 @@ injected clock (monotonic seconds), so a :class:`~floodwall.FakeClock` drives ev
 tests. Nothing is shared with other processes: a limit kept here is per worker.
 
 **Bounded, in O(1) per op.** At most ``max_keys`` records are held (default 100 000; a record
-with a 40-character full key takes about 220 bytes, 21 MB at the default bound, measured with
-tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in ordered
-tables (shards of at most :attr:`MemoryStore.SHARD_KEYS` records, chosen by the key's hash,
-each holding at most its share of ``max_keys``) that a sweeping hand walks two steps per op: an
-expired record it reaches is dropped, a live one goes to the back of the line (a CLOCK sweep),
-so no op ever scans a table. Expired records are also dropped when touched. A pass of the hand
-over a whole shard learns the soonest expiry in it, and every write lowers that bound: until
-then no record of the shard can have expired, so the hand rests (no steps at all). A new key
-arriving at a full shard evicts the record at the front of the line (roughly the shard's
-oldest) at once while the hand rests, else first gives the hand up to
-:attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; an evicted live record is
-counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so size
-``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
+with a 40-character full key takes about 170 bytes, 16 MB at the default bound, measured with
+tracemalloc; ``benchmarks/million_keys.py`` measures latency and RSS). Records sit in plain
+dicts, in the order they were written (shards of at most :attr:`MemoryStore.SHARD_KEYS` records,
+chosen by the key's hash, each holding at most its share of ``max_keys``), that a sweeping hand
+walks two steps per op: an expired record it reaches is dropped, a live one is taken out and put
+back at the end of the line (a CLOCK sweep), so no op ever scans a table. Expired records are
+also dropped when touched. A pass of the hand over a whole shard learns the soonest expiry in
+it, and every write lowers that bound: until then no record of the shard can have expired, so
+the hand rests (no steps at all). A new key arriving at a full shard evicts the record at the
+front of the line (roughly the shard's oldest) at once while the hand rests, else first gives
+the hand up to :attr:`MemoryStore.ROOM_STEPS` more steps to find an expired record; an evicted
+live record is counted in :attr:`MemoryStore.evicted`: a limit kept for that key starts over, so
+size ``max_keys`` above the keys live at once (``evicted`` staying 0 says it is).
 
 **No long rebuilds.** Python rebuilds a dict whose keys come and go after about as many new
 keys as it holds, copying what it holds in one go, so a shard holds at most
 :attr:`MemoryStore.SHARD_KEYS` (256) records and a rebuild copies at most that many (an
 ``OrderedDict`` of 440 records rebuilt in 15 µs here under load, one of 4 096 in 0.5 ms, one of
 65 536 in 6.7 ms), whatever the bound and however many records are live; up to
-:attr:`MemoryStore.MAX_SHARDS` shards (a bound past a million records makes them larger).
+:attr:`MemoryStore.MAX_SHARDS` shards (a bound past a million records makes them larger). A
+shard is a plain dict, not an ``OrderedDict``: an ``OrderedDict``'s rebuild also walks its
+linked list of records to index them again, one dependent memory read per record in a table
+last touched a shard's worth of keys ago; at a million keys through the default bound that
+took 42-65 µs (median), against 8-18 µs for a dict of as many records, and was two thirds of
+the slowest 0.1 % of ``Frequency`` decisions. Its front record is the dict's first key (the
+deleted slots before it are skipped in C, a few hundred at most).
 
 **No work for the garbage collector.** A record is held as one ``bytes`` object (its expiry
 packed in front of its value), which the collector never tracks, and full keys are built per
@@ -37,7 +43,6 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -115,13 +120,13 @@ class MemoryStore(Store):
         shards = min(self.MAX_SHARDS, -(-self.max_keys // self.SHARD_KEYS))
         self._shard_keys = self.max_keys // shards
         """Records one shard holds at most: shards x this <= ``max_keys``."""
-        self._shards: list[OrderedDict[str, bytes]] = [OrderedDict() for _ in range(shards)]
+        self._shards: list[dict[str, bytes]] = [{} for _ in range(shards)]
         self._hands = [_Hand() for _ in range(shards)]
         self._lock = threading.Lock()
         self.evicted = 0
         """Live records dropped to make room for a new key (0 when ``max_keys`` is enough)."""
 
-    def _shard(self, full: str) -> OrderedDict[str, bytes]:
+    def _shard(self, full: str) -> dict[str, bytes]:
         shards = self._shards
         return shards[hash(full) % len(shards)]
 
@@ -159,7 +164,7 @@ class MemoryStore(Store):
                         or not self._sweep(data, hand, self.ROOM_STEPS, now, room=True)
                     )
                 ):
-                    data.popitem(last=False)
+                    del data[next(iter(data))]  # the front record
                     self.evicted += 1
                 data[full] = _EXPIRY.pack(expires_at) + value
                 if expires_at < hand.soonest:  # hand.wrote(): calm_until <= soonest, always
@@ -208,7 +213,7 @@ class MemoryStore(Store):
         return [base + suffix for suffix in op.suffixes]
 
     def _put(
-        self, data: OrderedDict[str, bytes], hand: _Hand, full: str, write: Write, now: float
+        self, data: dict[str, bytes], hand: _Hand, full: str, write: Write, now: float
     ) -> None:
         """Carry out one write of an op (lock held)."""
         if write is None:
@@ -226,7 +231,7 @@ class MemoryStore(Store):
 
     @staticmethod
     def _sweep(
-        data: OrderedDict[str, bytes], hand: _Hand, steps: int, now: float, room: bool = False
+        data: dict[str, bytes], hand: _Hand, steps: int, now: float, room: bool = False
     ) -> bool:
         """Move a shard's hand ``steps`` records on (lock held, shard not empty), dropping the
         expired ones; True when it dropped one. Each step drops the record at the front if
@@ -243,12 +248,12 @@ class MemoryStore(Store):
                 left, soonest = len(data), _INF
             left -= 1
             full = next(iter(data))
-            expires_at: float = _expiry(data[full])[0]
+            held = data.pop(full)
+            expires_at: float = _expiry(held)[0]
             if expires_at <= now:
-                del data[full]
                 dropped = True
             else:
-                data.move_to_end(full)  # live: back of the line (no new dict entry, no resize)
+                data[full] = held  # live: back of the line
                 soonest = min(soonest, expires_at)
             if left <= 0:
                 hand.calm_until = soonest
@@ -257,13 +262,13 @@ class MemoryStore(Store):
         hand.left, hand.soonest = left, soonest
         return dropped
 
-    def _make_room(self, data: OrderedDict[str, bytes], hand: _Hand, now: float) -> None:
+    def _make_room(self, data: dict[str, bytes], hand: _Hand, now: float) -> None:
         """Free one slot of a full shard: an expired record if the hand meets one within
         :attr:`ROOM_STEPS` (it does not look while no record can have expired), else the
         record at the front of the line."""
         if now >= hand.calm_until and self._sweep(data, hand, self.ROOM_STEPS, now, room=True):
             return
-        data.popitem(last=False)
+        del data[next(iter(data))]
         self.evicted += 1
 
     def sweep(self) -> int:
@@ -275,7 +280,7 @@ class MemoryStore(Store):
             now = self.clock.monotonic()
             gone = 0
             for i, data in enumerate(self._shards):
-                live = OrderedDict((k, h) for k, h in data.items() if _expiry(h)[0] > now)
+                live = {k: h for k, h in data.items() if _expiry(h)[0] > now}
                 gone += len(data) - len(live)
                 self._shards[i] = live
                 soonest = min((_expiry(h)[0] for h in live.values()), default=math.inf)
@@ -297,7 +302,7 @@ class MemoryStore(Store):
     def clear(self) -> None:
         """Drop every record."""
         with self._lock:
-            self._shards = [OrderedDict() for _ in self._shards]
+            self._shards = [{} for _ in self._shards]
             self._hands = [_Hand() for _ in self._shards]
 
     def describe(self) -> dict[str, Any]:
