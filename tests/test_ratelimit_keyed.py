@@ -418,3 +418,29 @@ def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle(
     kept = sum(sys.getsizeof(table) for table in limiter._tables)
     assert kept < full / 8  # every table rebuilt at its size: dicts never shrink on their own
     assert all(limiter.peek(i).remaining == 0 for i in range(19_000, 20_000))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.sampled_from(["3/s", "10/s", "7/2s", "1000000/s"]),
+    burst=st.integers(0, 4),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3_000_000), st.sampled_from([0, 1, 1, 2, 5, 40])), max_size=40
+    ),
+)
+def test_gcra_decides_on_a_packed_state_as_its_four_steps_do(
+    rate: str, burst: int, steps: list[tuple[int, int]]
+) -> None:
+    """``_decide_packed`` (what a keyed GCRA calls for a tracked key) keeps the state and
+    gives the decision that unpacking, deciding, the figures and packing give."""
+    limiter = GCRA(rate, burst=burst, clock=fw.FakeClock())
+    now = 1000.0
+    fused = stepwise = limiter._pack(limiter._new_state(now))
+    for dt_us, cost in steps:
+        now += dt_us / 1_000_000
+        fused, decision = limiter._decide_packed(fused, now, cost)
+        state = limiter._unpack(stepwise)
+        expected = limiter._figures(state, now, cost, limiter._decide(state, now, cost))
+        stepwise = limiter._pack(state)
+        assert (fused, decision) == (stepwise, expected)
+        assert type(decision) is type(expected)

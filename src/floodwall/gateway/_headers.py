@@ -100,11 +100,15 @@ def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
     return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
 
 
+_NOBODY: Final[Callable[[str | None], bool]] = frozenset().__contains__
+"""The predicate when no proxy is trusted: ``False`` for every address."""
+
+
 def trust_check(trusted_proxies: Iterable[str]) -> Callable[[str | None], bool]:
     """A predicate: is this peer address one of ``trusted_proxies`` (addresses or networks)?"""
     nets = tuple(ipaddress.ip_network(t, strict=False) for t in trusted_proxies)
     if not nets:
-        return lambda address: False
+        return _NOBODY  # (a C predicate: no Python frame per request)
     cache: dict[str, bool] = {}
 
     def trusted(address: str | None) -> bool:

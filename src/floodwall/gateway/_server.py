@@ -300,16 +300,20 @@ def problem_response(refusal: EdgeRefusal) -> Response:
 class _Date:
     """The ``Date`` field's value, formatted once a second."""
 
-    __slots__ = ("second", "value")
+    __slots__ = ("second", "until", "value")
 
     def __init__(self) -> None:
         self.second = 0
+        self.until = 1
+        """The end of :attr:`second`: a time in ``[second, until)`` needs no new value (two
+        float comparisons per answer, not an ``int()`` call)."""
         self.value = ""
 
     def now(self) -> str:
         second = int(time.time())
         if second != self.second:
             self.second = second
+            self.until = second + 1
             self.value = formatdate(second, usegmt=True)
         return self.value
 
@@ -807,7 +811,7 @@ class Connection(asyncio.Protocol):
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
         date = _DATE
-        if int(time.time()) != date.second:
+        if not date.second <= time.time() < date.until:
             date.now()
         text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n{framing}\r\n"
         try:

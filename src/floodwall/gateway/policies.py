@@ -174,12 +174,20 @@ class RouteStats:
         }
 
 
+def client_ip_key(
+    ip: str | None, headers: Mapping[str, str], params: Mapping[str, str]
+) -> str | None:
+    """The ``client_ip`` key: the client's address (the proxy tests for this function and
+    takes the address itself, without a call)."""
+    return ip
+
+
 def _key_func(config: RouteRateLimitConfig) -> KeyFunc | None:
     key = config.key
     if key is None:
         return None
     if key == "client_ip":
-        return lambda ip, headers, params: ip
+        return client_ip_key
     kind, _, name = key.partition(":")
     if kind == "header":
         lower = name.lower()

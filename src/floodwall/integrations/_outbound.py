@@ -37,25 +37,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
 
+from floodwall import context as _context
 from floodwall._core import validate
 from floodwall._core.clock import SYSTEM_CLOCK, Clock
 from floodwall._core.errors import ConfigError, OverloadedError, TimeoutExceeded
 from floodwall._core.policy import Policy
 from floodwall.classify import parse_retry_after
 from floodwall.context import (
-    _CALL,
-    _DEADLINE,
-    _IDEMPOTENCY_KEY,
-    _REQUEST,
-    _RETRY,
     CallContext,
     current_call,
     idempotency_key,
     remaining,
 )
+from floodwall.integrations import _wire
 from floodwall.integrations._wire import (
-    _HOP,
-    _PRIORITY,
     ADMISSION_LEVEL,
     DEADLINE,
     DEADLINE_MARGIN,
@@ -71,6 +66,18 @@ from floodwall.integrations._wire import (
 )
 from floodwall.pipeline import answering
 from floodwall.retry import _RECORD, gave_up
+
+# Context variables assigned here rather than imported by name: CPython 3.11 compiles
+# `NAME.get()` on a name an import bound as an attribute load and a call (a bound method
+# made and freed per call, about 0.47 k instructions more than the method call it
+# compiles for an assigned name). See docs/gateway.md, "A fifth pass".
+_CALL = _context._CALL
+_DEADLINE = _context._DEADLINE
+_IDEMPOTENCY_KEY = _context._IDEMPOTENCY_KEY
+_REQUEST = _context._REQUEST
+_RETRY = _context._RETRY
+_HOP = _wire._HOP
+_PRIORITY = _wire._PRIORITY
 
 __all__ = [
     "FAILURE_STATUSES",

@@ -331,6 +331,11 @@ class RateLimiter(Gate, Generic[S]):
         """The state :meth:`_pack` packed (a new object, or ``packed`` itself by default)."""
         return packed  # type: ignore[no-any-return]
 
+    _decide_packed: Callable[[Any, float, float], tuple[Any, Decision]] | None = None
+    """``_unpack``, ``_decide``, ``_figures`` and ``_pack`` at once on a packed state, where
+    the algorithm has it (the packed state to keep and the decision): what a
+    :class:`~floodwall.ratelimit.Keyed` calls for a tracked key."""
+
     # -- keys -------------------------------------------------------------------------------
 
     def _state_for(self, key: Hashable, now: float) -> S | None:

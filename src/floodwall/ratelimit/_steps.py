@@ -521,6 +521,30 @@ class GcraStep:
         reset = -(-d // scale) / per
         return _new(Decision, (allowed, int(spare) if spare > 0 else 0, reset, retry, self.limit))
 
+    def decide_packed(self, tat: int, now: float, cost: float) -> tuple[int, Decision]:
+        """:meth:`unpack`, :meth:`decide`, :meth:`figures` and :meth:`pack` in one call, on the
+        packed state: the state to keep and the decision (a keyed limiter's hot path: three
+        calls and a state object fewer per decision)."""
+        per, scale, tolerance = self.us_per_now, self.scale, self.tolerance
+        ts = _floor(now * per + 0.5) * scale
+        start = tat
+        if start < ts:  # noqa: PLR1730 - a comparison costs less than calling max()
+            start = ts
+        increment = self.emission_interval * cost
+        new = start + increment
+        allowed = new - ts <= tolerance
+        if allowed:  # the TAT moves on; refused, the state stays as it was
+            tat = new  # type: ignore[assignment]
+            d = new - ts
+            retry = 0.0
+        else:
+            d = start - ts
+            late = -((tolerance - d - increment) // scale)  # ceil, in whole ticks
+            retry = INF if increment > tolerance else late / per
+        spare = (tolerance - d) // self.emission_interval
+        figures = (allowed, int(spare) if spare > 0 else 0, -(-d // scale) / per, retry, self.limit)
+        return tat, _new(Decision, figures)
+
     def idle_at(self, st: Tat) -> float:
         if st.tat == _NEVER:
             return -INF

@@ -113,6 +113,7 @@ class GCRA(RateLimiter[Tat], GcraStep):
     _idle_at = GcraStep.idle_at
     _pack = GcraStep.pack
     _unpack = GcraStep.unpack
+    _decide_packed = GcraStep.decide_packed
 
     def describe(self) -> str:
         return f"GCRA({self.name!r}, {self.rate}, burst={self.burst})"

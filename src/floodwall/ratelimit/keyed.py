@@ -165,6 +165,7 @@ class Keyed(RateLimiter[S], Generic[S]):
         self._fresh = limiter._new_state
         self._packs = limiter._pack
         self._unpacks = limiter._unpack
+        self._decides_packed = limiter._decide_packed
         self.evicted = 0
         """Idle keys forgotten since the limiter was built."""
         super().__init__(
@@ -355,13 +356,17 @@ class Keyed(RateLimiter[S], Generic[S]):
             i = hash(key) % len(tables)
             table = tables[i]
             packed = table.get(key)
-            st = self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
-            if st is None:
-                result = self._no_room(now)
+            fused = self._decides_packed
+            if packed is not None and fused is not None:  # (a tracked key: one call)
+                table[key], result = fused(packed, now, cost)
             else:
-                result = self._inner_figures(st, now, cost, self._inner_decide(st, now, cost))
-                if st is not self._state:
-                    table[key] = self._packs(st)
+                st = self._admit_key(key, now, i) if packed is None else self._unpacks(packed)
+                if st is None:
+                    result = self._no_room(now)
+                else:
+                    result = self._inner_figures(st, now, cost, self._inner_decide(st, now, cost))
+                    if st is not self._state:
+                        table[key] = self._packs(st)
         finally:
             self._lock_release()
         if not result[0]:
