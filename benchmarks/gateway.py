@@ -598,12 +598,15 @@ def run(seconds: float, rounds: int, options: Options, pin: bool) -> str:
         for index in range(rounds):
             for target in rotated(targets, index):
                 outside.append(wait_quiet())
-                before = sum(target_ticks(target))
+                user, system = target_ticks(target)
                 p50, p99 = latency_round(target.port, half, seconds)
-                ticks = sum(target_ticks(target)) - before
+                after = target_ticks(target)
                 sent = half * (seconds + 1.0)  # with the warm-up
-                cpu = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / sent if target.pid else math.nan
-                data[target.name].setdefault("cpu_fixed", []).append(cpu)
+                tick_us = 1e6 / os.sysconf("SC_CLK_TCK") / sent if target.pid else math.nan
+                row = data[target.name]
+                row.setdefault("user_fixed", []).append((after[0] - user) * tick_us)
+                row.setdefault("sys_fixed", []).append((after[1] - system) * tick_us)
+                row.setdefault("cpu_fixed", []).append(row["user_fixed"][-1] + row["sys_fixed"][-1])
                 data[target.name].setdefault("p50", []).append(p50)
                 data[target.name].setdefault("p99", []).append(p99)
             loads.append(os.getloadavg()[0])
@@ -642,18 +645,24 @@ def report(  # noqa: PLR0917 - one figure per argument, from run() only
         f"{max(loads):.1f}.",
         "",
         "| target | req/s (saturation) | CPU µs/req | user + system µs | CPU µs/req at the fixed "
-        "rate | p50 ms | p99 ms | added p50 ms | added p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "rate | user + system µs | p50 ms | p99 ms | added p50 ms | added p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, fig in med.items():
         cpu = "–" if math.isnan(fig["cpu_us"]) else f"{fig['cpu_us']:.0f}"
         split = "–" if math.isnan(fig["cpu_us"]) else f"{fig['user_us']:.0f} + {fig['sys_us']:.0f}"
         fixed = "–" if math.isnan(fig["cpu_fixed"]) else f"{fig['cpu_fixed']:.0f}"
+        fixed_split = (
+            "–"
+            if math.isnan(fig["cpu_fixed"])
+            else f"{fig['user_fixed']:.0f} + {fig['sys_fixed']:.0f}"
+        )
         first = name == "direct (no proxy)"
         added50 = "–" if first else f"{fig['added50']:+.2f}"
         added99 = "–" if first else f"{fig['added99']:+.2f}"
         lines.append(
-            f"| {name} | {fig['rps']:.0f} | {cpu} | {split} | {fixed} | {fig['p50']:.2f} "
+            f"| {name} | {fig['rps']:.0f} | {cpu} | {split} | {fixed} | {fixed_split} "
+            f"| {fig['p50']:.2f} "
             f"| {fig['p99']:.2f} | {added50} | {added99} |"
         )
     lines += ["", *_verdicts(data, med, half)]
@@ -685,6 +694,16 @@ def _verdicts(data: Rounds, med: dict[str, dict[str, float]], half: float) -> li
     if "HAProxy" in data:
         ratio = med["floodwall gateway"]["cpu_us"] / med["HAProxy"]["cpu_us"]
         out.append(f"* CPU per request, floodwall / HAProxy: {ratio:.2f} x")
+    fixed = [  # every target at one request rate: a slower proxy's peers wait idle more often
+        f"{other} {med['floodwall gateway']['cpu_fixed'] / med[name]['cpu_fixed']:.2f} x"
+        for name, other in ((OLD, "its old revision"), ("nginx", "nginx"), ("HAProxy", "HAProxy"))
+        if name in med
+    ]
+    if fixed:
+        out.append(
+            f"* CPU per request at the fixed rate ({half:.0f} req/s for every target), "
+            f"floodwall / {', / '.join(fixed)}"
+        )
     added = med["floodwall gateway"]["added99"]
     rounds_added = ", ".join(f"{a:+.2f}" for a in gateway["added99"])
     out.append(
