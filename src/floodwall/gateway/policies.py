@@ -50,7 +50,7 @@ from floodwall.gateway.config import GatewayDocument, RouteConfig, RouteRateLimi
 from floodwall.gateway.fallbacks import Answer, LastGood, static_answer
 from floodwall.gateway.routing import Matcher
 from floodwall.gateway.upstream import UpstreamPool
-from floodwall.integrations._inbound import Inbound, InboundGuard
+from floodwall.integrations._inbound import Inbound, InboundGuard, no_priority
 from floodwall.integrations._wire import parse_level
 from floodwall.ratelimit import Keyed, RateLimiter
 from floodwall.ratelimit._base import Decision
@@ -455,7 +455,7 @@ def _trusted_priority(
     """DAGOR priority from ``X-Request-Priority``, believed from trusted proxies only
     (``anyone``: whether any proxy is trusted; else no priority, and no header to read)."""
     if not anyone:
-        return _no_priority
+        return no_priority  # (no proxy is trusted to send one: the header is not read)
 
     def priority(request: Inbound) -> tuple[int, int] | None:
         if not trusted(request.client):
@@ -464,14 +464,6 @@ def _trusted_priority(
 
     priority.headers = ("x-request-priority",)  # type: ignore[attr-defined]
     return priority
-
-
-def _no_priority(request: Inbound) -> None:
-    """No priority: no proxy is trusted to send one (and the guard must not read the header)."""
-    return
-
-
-_no_priority.headers = ()  # type: ignore[attr-defined]
 
 
 def build_route(

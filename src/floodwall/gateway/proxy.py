@@ -526,7 +526,10 @@ class Proxy:
                     answer = _problem(error.status, "request_body", str(error), close=True)
                 status = answer.status
                 guard_fields = admitted.response_headers(status)
-                _tag(answer, table.request_id, rid, extra, block, guard_fields)
+                if answer.clean and not guard_fields:  # (the usual answer: lines made once)
+                    answer.tail = f"{block}{table.request_id}: {rid}\r\n"
+                else:  # the route's fields, the guard's and the request id
+                    _with(answer, table.request_id, rid, [*extra, *guard_fields])
                 if isinstance(answer, _Streaming):
                     await answer.stream(request)
                 response = answer
@@ -1126,22 +1129,6 @@ def _with(
         headers.extend(fields)
     headers.append((rid_name, rid))
     return response
-
-
-def _tag(  # noqa: PLR0917 - one per request, from Proxy.handle only
-    response: Response,
-    rid_name: str,
-    rid: str,
-    fields: Sequence[tuple[str, str]],
-    block: str,
-    guard_fields: Sequence[tuple[str, str]],
-) -> None:
-    """Add the route's ``fields`` (``block``: the same as head lines), the guard's and the
-    request id to an admitted answer."""
-    if response.clean and not guard_fields:  # (the usual answer: lines made once per value)
-        response.tail = f"{block}{rid_name}: {rid}\r\n"
-    else:
-        _with(response, rid_name, rid, [*fields, *guard_fields])
 
 
 _NO_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})

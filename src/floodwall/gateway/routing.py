@@ -151,8 +151,8 @@ class Router(Generic[T]):
             methods = matcher.methods
             if methods is not None and method not in methods:
                 continue
-            if not matcher.host_ok(host):
-                continue
+            if (matcher.hosts or matcher.suffixes) and not matcher.host_ok(host):
+                continue  # (a route for any host: no call)
             params = matcher.path_params(path)
             if params is None:
                 continue

@@ -345,9 +345,10 @@ class UpstreamPool:
             endpoint.streak += 1
             endpoint.last_failure = kind
         else:
-            endpoint.streak = 0
-            if outliers is not None:  # (OutlierDetector.record of an answer below 500, inline)
-                outliers.answered(endpoint.index)
+            if endpoint.streak:  # (the detector's runs count the failures reported here: they
+                endpoint.streak = 0  # are 0 when the streak is, and the usual answer no call)
+                if outliers is not None:  # (OutlierDetector.record of an answer below 500)
+                    outliers.answered(endpoint.index)
             return
         if outliers is None:
             return

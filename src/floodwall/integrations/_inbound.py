@@ -123,6 +123,7 @@ __all__ = [
     "by_header",
     "client_ip",
     "current_admission",
+    "no_priority",
 ]
 
 UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -178,6 +179,15 @@ def _peer(request: Inbound) -> Hashable | None:
 
 
 _peer.headers = ()  # type: ignore[attr-defined]
+
+
+def no_priority(request: Inbound) -> None:
+    """A guard's ``priority`` that gives no request a priority, not even from its
+    ``X-Request-Priority`` (``priority=None`` reads that header); the guard never calls it."""
+    return
+
+
+no_priority.headers = ()  # type: ignore[attr-defined]
 
 
 def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:
@@ -570,8 +580,9 @@ class InboundGuard:
     fingerprint) for ``idempotency_methods`` (default: the unsafe ones). ``registry``: the
     dependencies handlers may ask :meth:`Admission.degraded` about. ``deadline``: seconds given
     to a request that brings none (default: none); ``max_deadline``: cap on a received one.
-    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``);
-    like a key function it may list the headers it reads in a ``headers`` attribute.
+    ``priority``: picks ``(business, user)`` for a request (default: ``X-Request-Priority``;
+    :func:`no_priority`: none); like a key function it may list the headers it reads in a
+    ``headers`` attribute.
     ``rate_limit_headers``: add ``RateLimit-*`` to admitted answers too (default off, as in
     Envoy and slowapi: refusals always carry them; on success they cost a few µs per answer).
     ``answer_rejections``: answer a :class:`~floodwall.RejectedError` the app raised (an open
@@ -689,8 +700,9 @@ class InboundGuard:
             reported = self._rate_limits(request, rate_headers)
             if reported is not None:
                 return reported
-        if self.priority is not None:
-            level = self.priority(request)
+        priority = self.priority
+        if priority is not None and priority is not no_priority:
+            level = priority(request)
         ticket = None
         shedder = self.shedder
         if shedder is not None:
