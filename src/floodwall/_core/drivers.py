@@ -24,10 +24,8 @@ from floodwall._core import meter as _meter
 from floodwall._core.meter import EDGES, Metering
 from floodwall._core.steps import CALL, FlowSteps, Wait
 
-# Context variables assigned here rather than imported by name: CPython 3.11 compiles
-# `NAME.get()` on a name an import bound as an attribute load and a call (a bound method
-# made and freed per call, about 0.47 k instructions more than the method call it
-# compiles for an assigned name). See docs/gateway.md, "A fifth pass".
+# Assigned, not imported by name: CPython 3.11 calls a method of an import-bound name through
+# a bound method made per call (docs/gateway.md, "A fifth pass").
 DEGRADED = _meter.DEGRADED
 
 if TYPE_CHECKING:

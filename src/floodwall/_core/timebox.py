@@ -35,10 +35,8 @@ from floodwall._core.errors import ConfigError, TimeoutExceeded
 from floodwall._core.steps import Scope
 from floodwall.context import Deadline
 
-# Context variables assigned here rather than imported by name: CPython 3.11 compiles
-# `NAME.get()` on a name an import bound as an attribute load and a call (a bound method
-# made and freed per call, about 0.47 k instructions more than the method call it
-# compiles for an assigned name). See docs/gateway.md, "A fifth pass".
+# Assigned, not imported by name: CPython 3.11 calls a method of an import-bound name through
+# a bound method made per call (docs/gateway.md, "A fifth pass").
 _DEADLINE = _context._DEADLINE
 
 __all__ = ["Boxed", "Timebox", "Watchdogs", "can_signal"]

@@ -300,20 +300,18 @@ def problem_response(refusal: EdgeRefusal) -> Response:
 class _Date:
     """The ``Date`` field's value, formatted once a second."""
 
-    __slots__ = ("second", "until", "value")
+    __slots__ = ("second", "value")
 
     def __init__(self) -> None:
         self.second = 0
-        self.until = 1
-        """The end of :attr:`second`: a time in ``[second, until)`` needs no new value (two
-        float comparisons per answer, not an ``int()`` call)."""
+        """The whole second :attr:`value` is for: a time in ``[second, second + 1)`` needs no
+        new value (tested with float comparisons per answer, not an ``int()`` call)."""
         self.value = ""
 
     def now(self) -> str:
         second = int(time.time())
         if second != self.second:
             self.second = second
-            self.until = second + 1
             self.value = formatdate(second, usegmt=True)
         return self.value
 
@@ -811,7 +809,8 @@ class Connection(asyncio.Protocol):
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
         date = _DATE
-        if not date.second <= time.time() < date.until:
+        second = date.second
+        if not second <= time.time() < second + 1:
             date.now()
         text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n{framing}\r\n"
         try:

@@ -67,10 +67,8 @@ from floodwall.integrations._wire import (
 from floodwall.pipeline import answering
 from floodwall.retry import _RECORD, gave_up
 
-# Context variables assigned here rather than imported by name: CPython 3.11 compiles
-# `NAME.get()` on a name an import bound as an attribute load and a call (a bound method
-# made and freed per call, about 0.47 k instructions more than the method call it
-# compiles for an assigned name). See docs/gateway.md, "A fifth pass".
+# Assigned, not imported by name: CPython 3.11 calls a method of an import-bound name through
+# a bound method made per call (docs/gateway.md, "A fifth pass").
 _CALL = _context._CALL
 _DEADLINE = _context._DEADLINE
 _IDEMPOTENCY_KEY = _context._IDEMPOTENCY_KEY

@@ -524,7 +524,9 @@ class GcraStep:
     def decide_packed(self, tat: int, now: float, cost: float) -> tuple[int, Decision]:
         """:meth:`unpack`, :meth:`decide`, :meth:`figures` and :meth:`pack` in one call, on the
         packed state: the state to keep and the decision (a keyed limiter's hot path: three
-        calls and a state object fewer per decision)."""
+        calls and a state object fewer per decision, measured by ``benchmarks/bench_ratelimit.py``'s
+        keyed GCRA row). It repeats :meth:`decide` and :meth:`figures` for that;
+        ``tests/test_ratelimit_keyed.py`` holds the two to the same states and decisions."""
         per, scale, tolerance = self.us_per_now, self.scale, self.tolerance
         ts = _floor(now * per + 0.5) * scale
         start = tat
