@@ -268,6 +268,26 @@ def test_the_whole_head_is_capped_at_32_kib_by_default(
     assert sum(line.startswith(b"X-Pad-") for line in head) == 7
 
 
+def test_bytes_sent_after_a_refused_head_do_not_reset_its_answer(
+    edge: tuple[GatewayThread, RawUpstream],
+) -> None:
+    """A client still sending when its head is refused (431) gets the answer whole, then the
+    end of the connection: the gateway half-closes after the answer and reads away what comes
+    (a socket closed with unread bytes is reset, and the reset may reach the client before it
+    read the answer: CI once saw ``ConnectionResetError`` instead of the 431 under a CPU hog)."""
+    gw, upstream = edge
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(_get(b"/x", b"Host: a", *_fields(9, 4096)))  # past the 32 KiB cap
+        assert sock.recv(1, socket.MSG_PEEK)  # the answer is here, unread
+        sock.sendall(b"X-Late: " + b"a" * 65536 + b"\r\n")  # arrives after the answer
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert (_status(answer), _kind(answer)) == (431, "request_head_too_large")
+    assert upstream.received == []
+
+
 def test_a_head_still_arriving_is_cut_off_at_the_cap(
     raw_upstream: Callable[..., RawUpstream],
     gateways: Callable[[dict[str, Any]], GatewayThread],

@@ -377,6 +377,11 @@ FRESH_GRACE: Final = 1.0
 IDLE_DRAIN: Final = 1.0
 """Seconds a keep-alive connection idle at a shutdown stays open for the client's next request
 (answered, then closed); a client that sends none in that time is not using it."""
+LINGER: Final = 2.0
+"""Seconds a connection refused for its head keeps reading (and dropping) what the client still
+sends after the answer, at most (and never past ``head_timeout``): closed with unread bytes, the
+kernel resets it, and the reset can reach the client before it read the answer (nginx's
+lingering close)."""
 
 
 class Connection(asyncio.Protocol):
@@ -416,6 +421,8 @@ class Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._chunked = False
         self._close_after = False
+        self._refused = False
+        """Whether the edge refused a head here: the connection then closes lingering."""
         self.served = 0
         """Requests answered on this connection."""
         self.born = self.loop.time()
@@ -640,6 +647,7 @@ class Connection(asyncio.Protocol):
             try:
                 if refusal is not None:
                     quiet.debug("refusing a request (%d): %s", refusal.status, refusal.detail)
+                    self._refused = True
                     response = problem_response(refusal)
                 else:
                     response = await self.server.handler(request)
@@ -678,7 +686,10 @@ class Connection(asyncio.Protocol):
         if transport is None:
             return
         if not request.keep_alive or self._close_after or self.server.closing:
-            transport.close()
+            if self._refused:
+                self._linger(transport)
+            else:
+                transport.close()
             return
         body = request.body
         if self._receiving is request and body is not None:  # answered before its body ended
@@ -763,17 +774,38 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _refuse(self, refusal: EdgeRefusal) -> None:
-        """Answer a head the parser or the size cap refused, and close."""
+        """Answer a head the parser or the size cap refused, and close (lingering, when the
+        answer is this one: see :data:`LINGER`)."""
+        if isinstance(self.parser, _Refused):
+            return  # (refused already: later bytes are only read away)
         quiet.debug("refusing a request (%d): %s", refusal.status, refusal.detail)
         transport = self.transport
         self._state = _BUSY
         self.parser = _Refused()  # type: ignore[assignment]
         if transport is None:
             return
-        if self.task is None:
-            answer = problem_response(refusal)
-            transport.write(self._head(answer, True, len(answer.body)) + answer.body)
-        transport.close()
+        if self.task is not None:
+            transport.close()  # (the task's answer still to come: no byte of this one is sent)
+            return
+        answer = problem_response(refusal)
+        transport.write(self._head(answer, True, len(answer.body)) + answer.body)
+        self._linger(transport)
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after the answer written, reading away (and dropping) what the client still
+        sends until it closes its side or :data:`LINGER` passes (see there); TLS, which has no
+        half-close, closes at once."""
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self.parser = _Refused()  # type: ignore[assignment]
+        transport.write_eof()  # the answer, then FIN
+        self._state = _DRAIN  # until eof_received closes it, or the timer does
+        self._deadline = self.loop.time() + min(LINGER, self.server.head_timeout)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._arm(self._deadline)
+        self.resume_reading()
 
     # -- answers ----------------------------------------------------------------------------
 
