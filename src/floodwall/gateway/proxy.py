@@ -279,8 +279,9 @@ class _Attempt:
         if isinstance(body, _Body) and body.started:
             raise call.io_error(ConnectionError("the streamed request body was already sent"))
         self.tried.append(endpoint)
-        host = self.client_host if self.client_host is not None else endpoint.authority
-        headers = [*self.headers, ("Host", host), *call.headers()]
+        client_host = self.client_host
+        host = endpoint.host_field if client_host is None else ("Host", client_host)
+        headers = [*self.headers, host, *call.headers()]
         client = pool.client
         assert client is not None
         data = body.chunks() if isinstance(body, _Body) else body
@@ -299,7 +300,10 @@ class _Attempt:
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
         status = answer.status
-        pool.report(endpoint, status)
+        if status < 500 and not endpoint.streak:  # (UpstreamPool.report of an answer below 500
+            endpoint.requests += 1  # after another, inline: the usual answer, no call)
+        else:
+            pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
         if failure is None:
             answer.endpoint = endpoint
