@@ -498,13 +498,7 @@ class Proxy:
                     admitted.__enter__()
                     try:
                         answer = await self._exchange(
-                            request,
-                            table=table,
-                            route=route,
-                            rid=rid,
-                            client=client,
-                            trusted=trusted,
-                            shortened=shortened,
+                            request, table, route, rid, client, trusted, shortened
                         )
                     finally:
                         admitted.__exit__(None, None, None)
@@ -560,10 +554,9 @@ class Proxy:
 
     # -- the protected exchange ----------------------------------------------------------------
 
-    async def _exchange(  # noqa: PLR0912, PLR0915 - the first pass inline: no coroutine of its own
+    async def _exchange(  # noqa: PLR0912, PLR0915, PLR0917 - the first pass inline; positional
         self,
         request: Request,
-        *,
         table: Table,
         route: Route,
         rid: str,
@@ -1014,7 +1007,7 @@ def _upstream_headers(
     headers = request.headers
     dropped = REQUEST_DROPPED
     named = connection_tokens(headers) if "connection" in headers else None
-    rid_name = table.request_id.lower()
+    rid_name = table.request_id_lower
     out: list[tuple[str, str]] = []
     for name, value in request.raw_headers:
         lower = name.lower()
