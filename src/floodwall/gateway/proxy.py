@@ -276,15 +276,20 @@ class _Attempt:
                 pool.name, f"no available endpoint in upstream {pool.name!r}", None
             )
         body = self.body
-        if isinstance(body, _Body) and body.started:
-            raise call.io_error(ConnectionError("the streamed request body was already sent"))
+        data: bytes | AsyncIterator[bytes] | None
+        if isinstance(body, _Body):
+            if body.started:
+                error = ConnectionError("the streamed request body was already sent")
+                raise call.io_error(error)
+            data = body.chunks()
+        else:
+            data = body
         self.tried.append(endpoint)
         client_host = self.client_host
         host = endpoint.host_field if client_host is None else ("Host", client_host)
         headers = [*self.headers, host, *call.headers()]
         client = pool.client
         assert client is not None
-        data = body.chunks() if isinstance(body, _Body) else body
         limit = None if self.head_in_try and call.retryable else self._head_limit()
         endpoint.in_flight += 1
         try:
