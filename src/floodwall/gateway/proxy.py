@@ -192,76 +192,62 @@ async def _read_body(request: Request, limit: int, idle: float) -> bytes:
     return b"".join([chunk async for chunk in body.chunks()])
 
 
-class _Outgoing:
-    """The request as it goes upstream (the same for every try and for a backup)."""
+class _Attempt:
+    """The request as it goes upstream (the same for every try; a backup copies it) and its
+    tries on a pool: the function the pipeline calls (and retries). Picks an endpoint the
+    request has not tried yet (while there is one), bounds the wait for the answer's head,
+    reports every outcome to the pool (outlier detection and the endpoint's figures), and
+    raises the failures the pipeline must see. (One object for both: a second one, its
+    ``__init__`` and the tuple handing both back cost about 1 k instructions per request.)"""
 
     __slots__ = (
         "body",
-        "client_deadline",
-        "fixed",
-        "forwarded_host",
-        "headers",
-        "key",
-        "method",
-        "path_qs",
-    )
-
-    def __init__(  # noqa: PLR0917 - built per request: positional arguments cost less
-        self,
-        method: str,
-        path_qs: str,
-        headers: list[tuple[str, str]],
-        body: bytes | _Body | None,
-        key: str | None,
-        fixed: str = "",
-        forwarded_host: str = "",
-    ) -> None:
-        self.method = method
-        self.path_qs = path_qs
-        self.headers = headers
-        """The fields sent upstream but ``fixed``'s."""
-        self.body = body
-        self.key = key
-        self.fixed = fixed
-        """This hop's forwarding fields as head lines (made once per peer and host, checked
-        for CR and LF when they were made), written after :attr:`headers`."""
-        self.forwarded_host = forwarded_host
-        """The ``X-Forwarded-Host`` sent (the client's host, for ``host_header: client``)."""
-        self.client_deadline: Deadline | None = None
-        """The request's deadline when the client chose it shorter than the route's own: a
-        try it ends is not held against the endpoint (else any client could eject endpoints
-        by sending tiny deadlines)."""
-
-
-class _Attempt:
-    """One try of an :class:`_Outgoing` on a pool: the function the pipeline calls (and
-    retries). Picks an endpoint the request has not tried yet (while there is one), bounds the
-    wait for the answer's head, reports every outcome to the pool (outlier detection and the
-    endpoint's figures), and raises the failures the pipeline must see."""
-
-    __slots__ = (
         "bounded",
         "call",
+        "client_deadline",
         "client_host",
         "error_limit",
         "failed",
+        "fixed",
+        "forwarded_host",
         "head_in_try",
-        "out",
+        "headers",
+        "method",
+        "path_qs",
         "pool",
         "tried",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built per request: positional arguments cost less
         self,
         pool: UpstreamPool,
         call: Call,
-        out: _Outgoing,
+        method: str,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes | _Body | None,
+        fixed: str,
+        forwarded_host: str,
+        client_deadline: Deadline | None,
         try_timeout: float | None,
         error_limit: int,
     ) -> None:
         self.pool = pool
         self.call = call
-        self.out = out
+        self.method = method
+        self.path_qs = path_qs
+        self.headers = headers
+        """The fields sent upstream but ``fixed``'s."""
+        self.body = body
+        self.fixed = fixed
+        """This hop's forwarding fields as head lines (made once per peer and host, checked
+        for CR and LF when they were made), written after :attr:`headers`."""
+        self.forwarded_host = forwarded_host
+        """The ``X-Forwarded-Host`` sent (the client's host, for ``host_header: client``)."""
+        self.client_deadline = client_deadline
+        """The request's deadline when the client chose it shorter than the route's own: a
+        try it ends is not held against the endpoint (else any client could eject endpoints
+        by sending tiny deadlines)."""
         self.bounded = try_timeout is not None
         """Whether the resource's Timeout bounds each try (else the deadline does, here)."""
         # (max(try_timeout, MIN_ATTEMPT_TIMEOUT) <= read_timeout, without max(): a builtin
@@ -279,42 +265,50 @@ class _Attempt:
         self.failed: bool | None = None
         """After a try that ended in a gateway failure (timeout, connect, reset): whether it
         may be sent again (``None``: the last try did not fail that way)."""
-        client = pool.client_host
-        self.client_host = out.forwarded_host if client else None
+        self.client_host = forwarded_host if pool.client_host else None
 
     async def __call__(self) -> UpstreamResponse:
-        pool, call, out = self.pool, self.call, self.out
+        pool, call = self.pool, self.call
         self.failed = None
         endpoint = pool.pick(self.tried)
         if endpoint is None:
             raise UpstreamUnavailableError(
                 pool.name, f"no available endpoint in upstream {pool.name!r}", None
             )
-        body = out.body
-        if isinstance(body, _Body) and body.started:
-            raise call.io_error(ConnectionError("the streamed request body was already sent"))
+        body = self.body
+        data: bytes | AsyncIterator[bytes] | None
+        if isinstance(body, _Body):
+            if body.started:
+                error = ConnectionError("the streamed request body was already sent")
+                raise call.io_error(error)
+            data = body.chunks()
+        else:
+            data = body
         self.tried.append(endpoint)
-        host = self.client_host if self.client_host is not None else endpoint.authority
-        headers = [*out.headers, ("Host", host), *call.headers()]
+        client_host = self.client_host
+        host = endpoint.host_field if client_host is None else ("Host", client_host)
+        headers = [*self.headers, host, *call.headers()]
         client = pool.client
         assert client is not None
-        data = body.chunks() if isinstance(body, _Body) else body
         limit = None if self.head_in_try and call.retryable else self._head_limit()
         endpoint.in_flight += 1
         try:
             if limit is None:
                 answer = await client.request(
-                    endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
+                    endpoint.origin, self.method, self.path_qs, headers, data, fixed=self.fixed
                 )
             else:
                 async with asyncio.timeout(limit):
                     answer = await client.request(
-                        endpoint.origin, out.method, out.path_qs, headers, data, fixed=out.fixed
+                        endpoint.origin, self.method, self.path_qs, headers, data, fixed=self.fixed
                     )
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
         status = answer.status
-        pool.report(endpoint, status)
+        if status < 500 and not endpoint.streak:  # (UpstreamPool.report of an answer below 500
+            endpoint.requests += 1  # after another, inline: the usual answer, no call)
+        else:
+            pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
         if failure is None:
             answer.endpoint = endpoint
@@ -356,7 +350,7 @@ class _Attempt:
                 self._count(endpoint, "timeout")
             return call.timeout_error(exc)
         if isinstance(exc, _IO_ERRORS):
-            body = self.out.body
+            body = self.body
             if isinstance(body, _Body) and body.error is not None:
                 return body.error  # the client's body broke a limit, not the upstream
             why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
@@ -379,17 +373,16 @@ class _Attempt:
 
     def _client_ended(self) -> bool:
         """Whether the deadline the client chose (shorter than the route's) ended the try."""
-        shortened = self.out.client_deadline
+        shortened = self.client_deadline
         return shortened is not None and shortened.remaining() <= CLIENT_DEADLINE_SLACK
 
     def _count(self, endpoint: Endpoint, reason: str) -> None:
         self.pool.report(endpoint, None, reason)
         if self.failed is None:
-            self.failed = self.call.retryable and not _sent_once(self.out)
+            self.failed = self.call.retryable and not _sent_once(self)
 
 
 _new = object.__new__
-_init_outgoing = _Outgoing.__init__
 _init_attempt = _Attempt.__init__
 _init_call = Call.__init__
 _init_response = Response.__init__
@@ -414,7 +407,7 @@ def _client_deadline(admitted: Admission, route_timeout: float | None) -> Deadli
     return shortened if shortened.remaining() < route_timeout - CLIENT_DEADLINE_SLACK else None
 
 
-def _sent_once(out: _Outgoing) -> bool:
+def _sent_once(out: _Attempt) -> bool:
     """Whether the request's body streamed upstream and cannot be sent again."""
     body = out.body
     return isinstance(body, _Body) and body.started
@@ -510,13 +503,7 @@ class Proxy:
                     admitted.__enter__()
                     try:
                         answer = await self._exchange(
-                            request,
-                            table=table,
-                            route=route,
-                            rid=rid,
-                            client=client,
-                            trusted=trusted,
-                            shortened=shortened,
+                            request, table, route, rid, client, trusted, shortened
                         )
                     finally:
                         admitted.__exit__(None, None, None)
@@ -572,10 +559,9 @@ class Proxy:
 
     # -- the protected exchange ----------------------------------------------------------------
 
-    async def _exchange(  # noqa: PLR0912 - the first pass inline: no coroutine of its own
+    async def _exchange(  # noqa: PLR0912, PLR0915, PLR0917 - the first pass inline; positional
         self,
         request: Request,
-        *,
         table: Table,
         route: Route,
         rid: str,
@@ -587,30 +573,42 @@ class Proxy:
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
         fields, fixed, forwarded_host = _upstream_headers(request, rid, trusted, client, table)
-        out = _new(_Outgoing)
-        _init_outgoing(
-            out,
-            request.method,
-            path_qs,
-            fields,
-            None,
-            request.headers.get("idempotency-key"),
-            fixed,
-            forwarded_host,
-        )
+        method = request.method
+        body: bytes | _Body | None = None
         if request.body is not None:  # buffered (a retry can resend it) or streamed once
             length = request.content_length
             if length is not None and length <= route.retry_body_limit:
-                out.body = await _read_body(request, table.max_body, table.body_timeout)
+                body = await _read_body(request, table.max_body, table.body_timeout)
             else:
-                out.body = _Body(request, table.max_body, table.body_timeout)
+                body = _Body(request, table.max_body, table.body_timeout)
                 if length is not None:
-                    out.headers.append(("Content-Length", str(length)))
-        out.client_deadline = shortened
+                    fields.append(("Content-Length", str(length)))
         degraded_before = DEGRADED.get()
         policy = route.resource
-        call, attempt = self._attempt(route.pool, policy, out)
+        pool = route.pool
+        # (the call and its tries built here, each without a class call: see _new)
+        call = _new(Call)
+        key = request.headers.get("idempotency-key")
+        _init_call(call, self.outbound, method, pool.name, policy, key)
+        if body is not None and isinstance(body, _Body):
+            call.retryable = False  # streamed once: nothing to resend
         call.record = route.call_record
+        per_try = getattr(policy, "timeout", None)
+        attempt = _new(_Attempt)
+        _init_attempt(
+            attempt,
+            pool,
+            call,
+            method,
+            path_qs,
+            fields,
+            body,
+            fixed,
+            forwarded_host,
+            shortened,
+            per_try.seconds if per_try is not None else None,
+            table.error_body_limit,
+        )
         try:
             try:  # (the first pass awaited here: no coroutine of its own per request)
                 result = await call.run_async(attempt)
@@ -622,15 +620,15 @@ class Proxy:
                 route.stats.count(error.kind)
                 route.stats.settle(outcome, "error")
                 return _refused(refusal(error))
-            return await self._failed(request, route, out, error.kind, outcome, error=error)
+            return await self._failed(request, route, attempt, error.kind, outcome, error=error)
         except _FAILURES as error:
-            body = out.body
+            body = attempt.body
             if isinstance(body, _Body) and body.error is not None:
                 raise body.error from None
             timeout = isinstance(error, TimeoutError)
             kind = "timeout" if timeout else "upstream_unavailable"
             outcome = "timeout" if timeout else "error"
-            return await self._failed(request, route, out, kind, outcome, error=error)
+            return await self._failed(request, route, attempt, kind, outcome, error=error)
         if isinstance(result, UpstreamResponse):
             live = self._live(request, route, result, table)
             if live is None:
@@ -639,7 +637,7 @@ class Proxy:
         if isinstance(result, Answer):
             if result.status >= 500:
                 return await self._failed(
-                    request, route, out, "upstream_5xx", "error", answer=result
+                    request, route, attempt, "upstream_5xx", "error", answer=result
                 )
             route.stats.settle("error", "error")  # a 408/425/429 the retry gave up on
             return _answer(result)
@@ -653,19 +651,32 @@ class Proxy:
         answer.headers.append((DEGRADED_HEADER, degraded_value("resource", "fallback")))
         return _answer(answer)
 
-    def _attempt(self, pool: UpstreamPool, policy: Any, out: _Outgoing) -> tuple[Call, _Attempt]:
-        """The call that sends ``out`` to ``pool`` under ``policy``, and its tries: awaited as
-        ``call.run_async(attempt)``, which gives an upstream answer (its ``endpoint`` noted), a
-        failed :class:`Answer` once retries gave up, or a resource fallback's value; what it
-        raises goes to :meth:`_elsewhere`."""
+    def _attempt(self, pool: UpstreamPool, policy: Any, out: _Attempt) -> tuple[Call, _Attempt]:
+        """The call that sends the request of ``out`` (another pool's try) to ``pool`` under
+        ``policy``, and its tries: awaited as ``call.run_async(attempt)``, which gives an
+        upstream answer (its ``endpoint`` noted), a failed :class:`Answer` once retries gave
+        up, or a resource fallback's value; what it raises goes to :meth:`_elsewhere`. (The
+        first pass builds its own inline, in :meth:`_exchange`.)"""
         call = _new(Call)
-        _init_call(call, self.outbound, out.method, pool.name, policy, out.key)
+        _init_call(call, self.outbound, out.method, pool.name, policy, out.call.key)
         if isinstance(out.body, _Body):
             call.retryable = False  # streamed once: nothing to resend
         timeout = getattr(policy, "timeout", None)
-        try_timeout = timeout.seconds if timeout is not None else None
         attempt = _new(_Attempt)
-        _init_attempt(attempt, pool, call, out, try_timeout, self.table.error_body_limit)
+        _init_attempt(
+            attempt,
+            pool,
+            call,
+            out.method,
+            out.path_qs,
+            out.headers,
+            out.body,
+            out.fixed,
+            out.forwarded_host,
+            out.client_deadline,
+            timeout.seconds if timeout is not None else None,
+            self.table.error_body_limit,
+        )
         return call, attempt
 
     async def _elsewhere(
@@ -699,7 +710,7 @@ class Proxy:
         self,
         request: Request,
         route: Route,
-        out: _Outgoing,
+        out: _Attempt,
         kind: str,
         outcome: str,
         *,
@@ -732,7 +743,7 @@ class Proxy:
         return _problem(status, kind, detail)
 
     async def _fallback(
-        self, request: Request, route: Route, kind: str, out: _Outgoing
+        self, request: Request, route: Route, kind: str, out: _Attempt
     ) -> Answer | None:
         for source in route.fallback_order:
             if source == "cache" and route.cache is not None:
@@ -751,7 +762,7 @@ class Proxy:
                 return Answer(static.status, [*static.headers, extra], static.body)
         return None
 
-    async def _backup(self, route: Route, kind: str, out: _Outgoing) -> Answer | None:
+    async def _backup(self, route: Route, kind: str, out: _Attempt) -> Answer | None:
         backup = route.backup
         if backup is None or isinstance(out.body, _Body):
             return None  # a streamed body is gone: there is nothing to send the backup
@@ -812,7 +823,14 @@ class Proxy:
         if whole and data is None and method != "HEAD" and not upstream.complete:
             return None  # (the body is read first, without a timer when it is all here)
         endpoint: Endpoint = upstream.endpoint
-        headers = _copy_response_headers(upstream, route.answer_dropped)
+        dropped = route.answer_dropped
+        if upstream.connection is None:  # (_copy_response_headers inline: no call)
+            headers = []
+            for item in upstream.raw_headers:
+                if item[0].lower() not in dropped:
+                    headers.append(item)  # noqa: PERF401 - a comprehension is a call on 3.11
+        else:
+            headers = _copy_response_headers(upstream, dropped)
         if table.via:
             headers.append(("Via", "1.1 floodwall"))
         route.stats.answered += 1
@@ -1001,13 +1019,13 @@ def _upstream_headers(
     headers = request.headers
     dropped = REQUEST_DROPPED
     named = connection_tokens(headers) if "connection" in headers else None
-    rid_name = table.request_id.lower()
+    rid_name = table.request_id_lower
     out: list[tuple[str, str]] = []
-    for name, value in request.raw_headers:
-        lower = name.lower()
+    for item in request.raw_headers:
+        lower = item[0].lower()
         if lower in dropped or lower == rid_name or (named is not None and lower in named):
             continue
-        out.append((name, value))
+        out.append(item)
     host = request.host
     fixed = ""
     if trusted:

@@ -58,9 +58,10 @@ def unsafe_path(path: str, raw_path: str) -> str | None:
         for segment in path.split("/"):
             if segment in (".", ".."):
                 return "dot-segment in the path"
-    raw = raw_path.split("?", 1)[0]
-    if "%" in raw and _ENCODED_SEPARATOR.search(raw):
-        return "encoded '/', '\\' or NUL in the path"
+    if "%" in raw_path:  # (the query cut off only then: no split per request)
+        raw = raw_path.split("?", 1)[0]
+        if "%" in raw and _ENCODED_SEPARATOR.search(raw):
+            return "encoded '/', '\\' or NUL in the path"
     return None
 
 

@@ -82,6 +82,7 @@ class Endpoint:
         "failures",
         "healthy",
         "host",
+        "host_field",
         "in_flight",
         "index",
         "last_failure",
@@ -101,6 +102,8 @@ class Endpoint:
         self.host = parsed.host or ""
         self.port = parsed.port
         self.authority = parsed.raw_authority
+        self.host_field = ("Host", self.authority)
+        """The ``Host`` field of a request to it (made once: the proxy sends it per try)."""
         self.origin = Origin(self.host, parsed.port or 80, parsed.scheme == "https")
         self.in_flight = 0
         self.requests = 0
@@ -308,8 +311,12 @@ class UpstreamPool:
     def pick(self, avoid: Endpoint | Collection[Endpoint] | None = None) -> Endpoint | None:
         """An endpoint for the next request: not one of ``avoid`` (the endpoints a request
         already tried) while another one is available."""
-        now = self.clock.monotonic()
-        candidates = self._available if now < self._recheck_at else self.available(now)
+        recheck = self._recheck_at
+        if recheck == _INF:  # nothing ejected nor due back: no clock read (the usual case)
+            candidates = self._available
+        else:
+            now = self.clock.monotonic()
+            candidates = self._available if now < recheck else self.available(now)
         count = len(candidates)
         if count == 0:
             return None

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol, TypedDict, TypeVar, Unpack
@@ -58,7 +59,6 @@ from floodwall.integrations._wire import (
     PRIORITY,
     RETRY_ATTEMPT,
     RETRY_PUSHBACK,
-    format_deadline,
     format_degraded,
     format_level,
     parse_level,
@@ -375,8 +375,9 @@ class Call(CallContext):
         out: list[tuple[str, str]] = []
         deadline = _DEADLINE.get()
         if deadline is not None:  # (deadline.remaining(), inline)
-            left = deadline.at - deadline.clock.monotonic()
-            out.append((DEADLINE, format_deadline(left - self.core.margin)))
+            left = deadline.at - deadline.clock.monotonic() - self.core.margin
+            millis = math.floor(left * 1000)  # (format_deadline, inline: one call less)
+            out.append((DEADLINE, str(millis) if millis > 0 else "0"))
         marker = _RETRY.get()
         if marker is not None:
             out.append((RETRY_ATTEMPT, str(marker.attempt)))
