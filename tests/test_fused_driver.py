@@ -257,3 +257,42 @@ def test_a_settled_begin_skips_after_and_end_for_a_success_only(fused: bool) -> 
     bounded = _Hooked(log, deadline=5.0)  # begun with a deadline to reset: not settled
     assert asyncio.run(run(bounded, ok)) == 7
     assert log == [("after", 7), ("end",)]
+
+
+class _Untimed(_Logged):
+    """A logged gate that declares it reads no time (as a bulkhead does)."""
+
+    untimed = True
+
+
+class _Counting(fw.FakeClock):
+    """A fake clock that counts its readings."""
+
+    readings = 0
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        return super().monotonic()
+
+
+def test_an_untimed_gate_costs_no_clock_reading_and_gets_zero() -> None:
+    """``Gate.untimed``: the fused driver passes 0.0 for ``now`` and ``duration`` and reads the
+    gate's clock neither before nor after the call; a subclass overriding a hook reads it."""
+    clock = _Counting()
+    log: Log = []
+    gate = _Untimed("u", clock, log)
+    plan = Fused(None, gate, fw.Retry("r", clock=fw.FakeClock(), budget=None), None)
+    assert not plan.timed
+    assert asyncio.run(fused_async(plan, _work(fw.FakeClock(), [], 0, 0.0), 1)) == 1
+    assert clock.readings == 0
+    assert log[0][:3] == ("admit", "u", 0.0)
+    assert log[1] == ("record", "u", "permit-u", 0.0, 0.0, None, 1)
+    assert fw.Bulkhead.untimed
+
+    class Watched(fw.Bulkhead):
+        def record(self, permit: Any, now: float, *rest: Any) -> None:
+            super().record(permit, now, *rest)
+
+    assert not Watched.untimed
+    assert Fused(None, Watched(), None, None).timed
+    assert Fused(None, fw.Bulkhead(), None, None).timed is False

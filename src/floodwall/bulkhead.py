@@ -128,6 +128,7 @@ class Bulkhead(Gate):
     """
 
     kind = "bulkhead"
+    untimed = True  # admit and record never read the time: no clock readings for them
 
     def __init__(
         self,

@@ -59,6 +59,18 @@ class Gate(Policy):
     tuple (or sets ``None``) whenever that stops being true. The breaker's CLOSED state is such
     a lane: two hook calls fewer per call (benchmark groups "gate lane: ...")."""
 
+    untimed = False
+    """Whether :meth:`admit` and :meth:`record` read neither ``now`` nor ``duration`` (a
+    bulkhead's): then :func:`~floodwall._core.drivers.fused_async` passes 0.0 for both instead
+    of reading the clock twice per call. A subclass that overrides either hook without setting
+    it again reads the clock as usual (:meth:`__init_subclass__`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "untimed" not in own and ("admit" in own or "record" in own):
+            cls.untimed = False
+
     call = drivers.gate_sync
     call_async = drivers.gate_async
 
