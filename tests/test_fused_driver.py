@@ -296,3 +296,26 @@ def test_an_untimed_gate_costs_no_clock_reading_and_gets_zero() -> None:
     assert not Watched.untimed
     assert Fused(None, Watched(), None, None).timed
     assert Fused(None, fw.Bulkhead(), None, None).timed is False
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_breaker_lane_counts_the_meters_bin(fused: bool) -> None:
+    """The meter's runners find a duration's bin once; the breaker's lane (``tally_in``)
+    counts the same bin in its window, as its own bisection would."""
+    clock = fw.FakeClock()
+    breaker = fw.CircuitBreaker("b", minimum_calls=20, clock=clock)
+    metering = Metering(Meter(), lambda outcome, error: None)
+    metered = Metered(metering, clock.monotonic, breaker)
+    durations = [0.0, 0.0004, 0.0123, 0.2, 0.2, 0.9]
+    for seconds in durations:
+        work = _work(clock, [], 0, seconds)
+        if fused:
+            asyncio.run(
+                fused_async(Fused(metered, None, fw.Retry("r", clock=clock), None), work, 1)
+            )
+        else:
+            asyncio.run(metered_async(metered, work, 1))
+    assert breaker.lane is not None  # every success went through the lane
+    meter_bins = [tally.value for tally in metering.meter.latency_bins()]
+    assert list(breaker.metrics().histogram) == meter_bins
+    assert breaker.metrics().calls == len(durations) == sum(meter_bins)

@@ -257,13 +257,19 @@ def metered_sync(run: Metered, fn: Callable[P, R], /, *args: P.args, **kwargs: P
         metering.failed(exc, end - first)
         raise
     end = now()
-    if held and (lane is None or lane is not gate.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+    duration = end - first
+    index = _bisect(EDGES, duration)  # the meter's bin, which the gate's lane counts in too
+    if held and (
+        lane is None
+        or lane is not gate.lane  # type: ignore[union-attr]
+        or not (lane[2](end, duration, index) if start == first else lane[1](end, end - start))
+    ):
         gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        next(metering.bins[_bisect(EDGES, end - first)])
+        next(metering.bins[index])
     else:
-        metering.degraded(marker, end - first)
+        metering.degraded(marker, duration)
     return result
 
 
@@ -297,13 +303,19 @@ async def metered_async(
         metering.failed(exc, end - first)
         raise
     end = now()
-    if held and (lane is None or lane is not gate.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+    duration = end - first
+    index = _bisect(EDGES, duration)  # the meter's bin, which the gate's lane counts in too
+    if held and (
+        lane is None
+        or lane is not gate.lane  # type: ignore[union-attr]
+        or not (lane[2](end, duration, index) if start == first else lane[1](end, end - start))
+    ):
         gate.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        next(metering.bins[_bisect(EDGES, end - first)])
+        next(metering.bins[index])
     else:
-        metering.degraded(marker, end - first)
+        metering.degraded(marker, duration)
     return result
 
 
@@ -560,11 +572,17 @@ async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as o
     if metered is None:
         return result
     end = now()
-    if held and (lane is None or lane is not outer.lane or not lane[1](end, end - start)):  # type: ignore[union-attr]
+    duration = end - first
+    index = _bisect(EDGES, duration)  # the meter's bin, which its gate's lane counts in too
+    if held and (
+        lane is None
+        or lane is not outer.lane  # type: ignore[union-attr]
+        or not (lane[2](end, duration, index) if start == first else lane[1](end, end - start))
+    ):
         outer.record(permit, end, end - start, None, result)  # type: ignore[union-attr]
     marker = DEGRADED.get()
     if marker is before or marker is None or marker.claimed:
-        next(metered.metering.bins[_bisect(EDGES, end - first)])
+        next(metered.metering.bins[index])
     else:
-        metered.metering.degraded(marker, end - first)
+        metered.metering.degraded(marker, duration)
     return result
