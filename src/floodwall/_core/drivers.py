@@ -485,7 +485,8 @@ async def fused_async(  # noqa: PLR0912, PLR0915 - four runners written out as o
 ) -> R:
     """:func:`metered_async`, :func:`gate_async`, :func:`attempts_async` and
     :func:`scoped_async` nested as a pipeline nests them, in one coroutine: the same hooks in
-    the same order with the same clock readings, without a coroutine, a frame and a
+    the same order with the same clock readings (none for an untimed gate, which gets 0.0:
+    :attr:`~floodwall._core.admission.Gate.untimed`), without a coroutine, a frame and a
     ``partial`` per stage (benchmark group "fused async stages": 51.0 k -> 40.8 k instructions
     per call; the gateway's typical route, 314 k -> 303 k per request)."""
     metered = plan.metered
