@@ -608,6 +608,7 @@ HOOKS = frozenset(
         "decide",
         "observe",
         "add_success",
+        "add_success_in",
         "refresh",
         "snapshot",
         "deposit",

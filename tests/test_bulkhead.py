@@ -73,6 +73,24 @@ def test_slots_are_released_on_errors_and_work_as_context_managers() -> None:
     assert bulkhead.in_flight == 0
 
 
+def test_a_subclass_release_is_called_when_a_call_ends() -> None:
+    """``record`` writes :meth:`Bulkhead.release` out; a subclass's own ``release`` still runs."""
+    released: list[int] = []
+
+    class Counted(Bulkhead):
+        def release(self) -> None:
+            released.append(self.in_flight)
+            super().release()
+
+    bulkhead = Counted(max_concurrent=1)
+    assert bulkhead.call(lambda: 7) == 7
+    with pytest.raises(ZeroDivisionError):
+        bulkhead.call(lambda: 1 / 0)
+    assert released == [1, 1]
+    assert bulkhead.in_flight == 0
+    assert Counted.untimed
+
+
 async def test_async_context_manager_and_decorator() -> None:
     bulkhead = Bulkhead(max_concurrent=1)
 

@@ -257,3 +257,65 @@ def test_a_settled_begin_skips_after_and_end_for_a_success_only(fused: bool) -> 
     bounded = _Hooked(log, deadline=5.0)  # begun with a deadline to reset: not settled
     assert asyncio.run(run(bounded, ok)) == 7
     assert log == [("after", 7), ("end",)]
+
+
+class _Untimed(_Logged):
+    """A logged gate that declares it reads no time (as a bulkhead does)."""
+
+    untimed = True
+
+
+class _Counting(fw.FakeClock):
+    """A fake clock that counts its readings."""
+
+    readings = 0
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        return super().monotonic()
+
+
+def test_an_untimed_gate_costs_no_clock_reading_and_gets_zero() -> None:
+    """``Gate.untimed``: the fused driver passes 0.0 for ``now`` and ``duration`` and reads the
+    gate's clock neither before nor after the call; a subclass overriding a hook reads it."""
+    clock = _Counting()
+    log: Log = []
+    gate = _Untimed("u", clock, log)
+    plan = Fused(None, gate, fw.Retry("r", clock=fw.FakeClock(), budget=None), None)
+    assert not plan.timed
+    assert asyncio.run(fused_async(plan, _work(fw.FakeClock(), [], 0, 0.0), 1)) == 1
+    assert clock.readings == 0
+    assert log[0][:3] == ("admit", "u", 0.0)
+    assert log[1] == ("record", "u", "permit-u", 0.0, 0.0, None, 1)
+    assert fw.Bulkhead.untimed
+
+    class Watched(fw.Bulkhead):
+        def record(self, permit: Any, now: float, *rest: Any) -> None:
+            super().record(permit, now, *rest)
+
+    assert not Watched.untimed
+    assert Fused(None, Watched(), None, None).timed
+    assert Fused(None, fw.Bulkhead(), None, None).timed is False
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_breaker_lane_counts_the_meters_bin(fused: bool) -> None:
+    """The meter's runners find a duration's bin once; the breaker's lane (``tally_in``)
+    counts the same bin in its window, as its own bisection would."""
+    clock = fw.FakeClock()
+    breaker = fw.CircuitBreaker("b", minimum_calls=20, clock=clock)
+    metering = Metering(Meter(), lambda outcome, error: None)
+    metered = Metered(metering, clock.monotonic, breaker)
+    durations = [0.0, 0.0004, 0.0123, 0.2, 0.2, 0.9]
+    for seconds in durations:
+        work = _work(clock, [], 0, seconds)
+        if fused:
+            asyncio.run(
+                fused_async(Fused(metered, None, fw.Retry("r", clock=clock), None), work, 1)
+            )
+        else:
+            asyncio.run(metered_async(metered, work, 1))
+    assert breaker.lane is not None  # every success went through the lane
+    meter_bins = [tally.value for tally in metering.meter.latency_bins()]
+    assert list(breaker.metrics().histogram) == meter_bins
+    assert breaker.metrics().calls == len(durations) == sum(meter_bins)

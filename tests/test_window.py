@@ -50,6 +50,25 @@ def test_add_success_refuses_outside_the_current_bucket() -> None:
     assert w.totals() == (2, 0, 0, 0, 0)
 
 
+def test_add_success_in_counts_the_bin_it_is_given_as_add_success_does() -> None:
+    """The meter's bisection shared: the same counts as :meth:`add_success`, and the same
+    refusals (slow, outside the current bucket, a count window)."""
+    found, given = (
+        TimeWindow(3, 1.0, slow_call_duration=0.5),
+        TimeWindow(3, 1.0, slow_call_duration=0.5),
+    )
+    for w in (found, given):
+        w.record(0.1, Kind.SUCCESS, 0.2)
+    for duration in (0.0, 0.001, 0.0123, 0.3):
+        assert found.add_success(0.5, duration)
+        assert given.add_success_in(0.5, duration, latency_bin(duration))
+    assert not given.add_success_in(0.6, 0.51, latency_bin(0.51))  # slow: the owner records it
+    assert not given.add_success_in(1.0, 0.0, latency_bin(0.0))  # the next bucket
+    assert found.snapshot(0.9) == given.snapshot(0.9)
+    assert sum(given.snapshot(0.9).histogram) == 5
+    assert not CountWindow(3).add_success_in(0, 0.0, 0)
+
+
 def test_late_records_land_in_their_bucket_while_it_is_live() -> None:
     w = TimeWindow(3, 1.0)
     w.record(2.5, Kind.SUCCESS, 0)

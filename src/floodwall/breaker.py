@@ -386,7 +386,8 @@ class CircuitBreaker(Gate):
         without ``failure_result``: ``(generation, the window's lock-free success count)``;
         close it otherwise (lock held, or the breaker not yet shared)."""
         if self._state is _CLOSED and not self._armed and self._failure_result is None:
-            self.lane = (self._gen, self._window.add_success)
+            window = self._window
+            self.lane = (self._gen, window.add_success, window.add_success_in)
         else:
             self.lane = None
 

@@ -36,8 +36,8 @@ from floodwall._core.steps import FlowSteps, Scope, Step
 
 __all__ = ["Attempts", "Flow", "Gate", "Lane", "Scoped"]
 
-Lane = tuple[Any, Callable[[float, float], bool]]
-"""A gate's open lane: ``(permit, tally)`` (see :attr:`Gate.lane`)."""
+Lane = tuple[Any, Callable[[float, float], bool], Callable[[float, float, int], bool]]
+"""A gate's open lane: ``(permit, tally, tally_in)`` (see :attr:`Gate.lane`)."""
 
 
 class Gate(Policy):
@@ -52,12 +52,27 @@ class Gate(Policy):
 
     lane: Lane | None = None
     """The gate's open lane, or ``None`` (the default: every call runs :meth:`admit` and
-    :meth:`record`). While it is ``(permit, tally)``, the gate would admit any call with
-    ``permit`` without deciding anything, so the drivers skip ``admit``; and when a call so
+    :meth:`record`). While it is ``(permit, tally, tally_in)``, the gate would admit any call
+    with ``permit`` without deciding anything, so the drivers skip ``admit``; and when a call so
     admitted returns while ``lane`` is still the same object, ``tally(now, duration)`` counts
-    the success lock-free (True) or declines (False, and ``record`` runs). A gate replaces the
-    tuple (or sets ``None``) whenever that stops being true. The breaker's CLOSED state is such
-    a lane: two hook calls fewer per call (benchmark groups "gate lane: ...")."""
+    the success lock-free (True) or declines (False, and ``record`` runs). ``tally_in(now,
+    duration, index)`` is the same given the duration's latency bin
+    (``bisect_right(EDGES, duration)``), which a resource's meter found for its own count. A
+    gate replaces the tuple (or sets ``None``) whenever that stops being true. The breaker's
+    CLOSED state is such a lane: two hook calls fewer per call (benchmark groups "gate lane:
+    ...")."""
+
+    untimed = False
+    """Whether :meth:`admit` and :meth:`record` read neither ``now`` nor ``duration`` (a
+    bulkhead's): then :func:`~floodwall._core.drivers.fused_async` passes 0.0 for both instead
+    of reading the clock twice per call. A subclass that overrides either hook without setting
+    it again reads the clock as usual (:meth:`__init_subclass__`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "untimed" not in own and ("admit" in own or "record" in own):
+            cls.untimed = False
 
     call = drivers.gate_sync
     call_async = drivers.gate_async

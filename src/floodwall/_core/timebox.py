@@ -94,8 +94,13 @@ class Timebox(Scope):
         budget = policy.seconds
         inherited = False
         outer = _DEADLINE.get()
-        if outer is not None and outer.at - outer.clock.monotonic() < budget:
-            budget, inherited = policy._budget(start)
+        if outer is not None:
+            # on the policy's own clock, the deadline is compared with this call's start: one
+            # clock reading fewer per call (the two ends, outer.at and start + budget, on one read)
+            clock = outer.clock
+            left = outer.at - (start if clock is policy.clock else clock.monotonic())
+            if left < budget:
+                budget, inherited = policy._budget(start)
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError(f"Timeout {policy.name!r}: call_async must run inside a task")

@@ -137,6 +137,8 @@ class Window(Protocol):
 
     def add_success(self, now: float, duration: float) -> bool: ...
 
+    def add_success_in(self, now: float, duration: float, index: int) -> bool: ...
+
     def record(self, now: float, kind: Kind, duration: float) -> None: ...
 
     def totals(self) -> tuple[int, int, int, int, int]: ...
@@ -237,6 +239,18 @@ class TimeWindow:
         bins = bucket.bins  # type: ignore[union-attr]
         if bins is not None:
             next(bins[_bisect(_EDGES, duration)].counter)
+        return True
+
+    def add_success_in(self, now: float, duration: float, index: int) -> bool:
+        """:meth:`add_success` given the duration's bin (``latency_bin(duration)``) by a caller
+        that found it for a histogram of its own: a resource's meter (one bisection per call)."""
+        if duration > self.slow_call_duration or not self._start <= now < self._end:
+            return False
+        bucket = self._cur
+        next(bucket.calls.counter)  # type: ignore[union-attr] # _cur is set while _start <= _end
+        bins = bucket.bins  # type: ignore[union-attr]
+        if bins is not None:
+            next(bins[index].counter)
         return True
 
     def record(self, now: float, kind: Kind, duration: float) -> None:
@@ -381,6 +395,10 @@ class CountWindow:
 
     def add_success(self, now: float, duration: float) -> bool:
         """A ring has no lock-free path: always False, so the owner uses :meth:`record`."""
+        return False
+
+    def add_success_in(self, now: float, duration: float, index: int) -> bool:
+        """No lock-free path either (see :meth:`add_success`)."""
         return False
 
     def totals(self) -> tuple[int, int, int, int, int]:
