@@ -176,18 +176,6 @@ class UpstreamResponse:
 
     # -- the connection's side --------------------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > BODY_HIGH_WATER and not self._paused:
-            connection = self._connection
-            if connection is not None and connection.transport is not None:
-                self._paused = True
-                connection.transport.pause_reading()
-        waiter = self._waiter  # (_wake, inline: called for every piece of every body)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def _finish(self) -> None:
         self.complete = True
         self._wake()
@@ -320,15 +308,6 @@ class _Connection(asyncio.Protocol):
 
     # -- one exchange -----------------------------------------------------------------------
 
-    def expect(self) -> asyncio.Future[UpstreamResponse]:
-        """A future for the next answer's head."""
-        self.used = True
-        self.answered = False
-        self._response = None
-        self._head_bytes = 0
-        waiter = self._waiter = self.loop.create_future()
-        return waiter
-
     # -- the transport's side ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -452,7 +431,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
 
-    def on_headers_complete(self) -> None:  # noqa: PLR0912 - the usual head without a call
+    def on_headers_complete(self) -> None:  # noqa: PLR0912, PLR0915 - the usual head, no call
         fields, reason_bytes = self._fields, self._reason
         self._fields, self._reason = [], b""
         status = self.parser.get_status_code()
@@ -499,12 +478,24 @@ class _Connection(asyncio.Protocol):
         self._until_eof = until_eof = length is None and not chunked and status not in (204, 304)
         if until_eof and not head_mode:
             self.should_close = True
-        response = _new_response(UpstreamResponse)
-        _init_response(response, self, status, reason, raw, length)
+        # (UpstreamResponse.__init__, inline: a Python call fewer per answer)
+        self._response = response = _new_response(UpstreamResponse)
+        response._pool = None
+        response._connection = self
+        response._writer = None
+        response.status = status
+        response.reason = reason
+        response.raw_headers = raw
+        response._headers = None
+        response.content_length = length
         response.connection = connection
-        self._response = response
-        if head_mode or status in (204, 304):
-            response.complete = True
+        response.complete = head_mode or status in (204, 304)
+        response.endpoint = None
+        response._chunks = deque()
+        response._size = 0
+        response._waiter = None
+        response._error = None
+        response._paused = False
 
     head_mode = False
     """Whether the current exchange answers a ``HEAD`` (no body follows its head)."""
@@ -528,8 +519,17 @@ class _Connection(asyncio.Protocol):
         response = self._response
         if self.head_mode:
             self.should_close = True  # bytes after an answer to HEAD: not HTTP/1.1 as it is
-        elif response is not None:
-            response._feed(body)
+        elif response is not None:  # the answer's body buffered (here: one call per piece)
+            response._chunks.append(body)
+            size = response._size = response._size + len(body)
+            if size > BODY_HIGH_WATER and not response._paused:
+                transport = self.transport  # (not once the answer was released)
+                if response._connection is not None and transport is not None:
+                    response._paused = True
+                    transport.pause_reading()
+            waiter = response._waiter  # (_wake, inline: called for every piece of every body)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         response = self._response
@@ -556,9 +556,8 @@ class _Ignore:
 _IGNORE: Final = _Ignore()
 
 _new_response = object.__new__
-_init_response = UpstreamResponse.__init__
-"""``UpstreamResponse(...)`` in two calls from Python: on CPython 3.11 a class call with a
-Python ``__init__`` re-enters the interpreter from C (``Admission`` is built the same way)."""
+"""An ``UpstreamResponse`` without a class call: on CPython 3.11 a class call with a Python
+``__init__`` re-enters the interpreter from C (its fields are set where it is made)."""
 
 
 class ConnectionPool:
@@ -620,7 +619,14 @@ class ConnectionPool:
         head = _head(method, target, fields, body, streamed, fixed=fixed)
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = self._reuse(origin)
+            connection = None
+            idle = self._idle.get(origin)
+            if idle:  # (_reuse's first look, inline: the last connection idle is usually open)
+                connection = idle.pop()
+                transport = connection.transport
+                if transport is None or transport.is_closing() or connection.should_close:
+                    self._forget(connection)
+                    connection = self._reuse(origin)
             if connection is None:
                 connection = await self._acquire(origin)
             reused = connection.used
@@ -630,7 +636,12 @@ class ConnectionPool:
             try:
                 if transport is None or transport.is_closing():
                     raise UpstreamDisconnectedError("the upstream closed the connection")
-                waiter = connection.expect()
+                connection.used = True  # the exchange begins: a future for its answer head
+                connection.answered = False
+                connection._response = None
+                connection._head_bytes = 0
+                waiter: asyncio.Future[UpstreamResponse] = self._loop.create_future()
+                connection._waiter = waiter
                 if body is None:
                     transport.write(head)
                 elif not streamed:
