@@ -44,6 +44,7 @@ from typing import Any, Final, NamedTuple
 import httptools
 
 from floodwall.gateway._headers import reason_error
+from floodwall.integrations._wire import ADMISSION_LEVEL
 
 __all__ = [
     "BODY_HIGH_WATER",
@@ -56,6 +57,9 @@ __all__ = [
     "UpstreamResponse",
 ]
 
+_LEVEL: Final = ADMISSION_LEVEL.lower()
+"""The one field the outbound call reads from every answer (``x-admission-level``, as long as
+``transfer-encoding``: the head's loop finds it with the framing fields)."""
 BODY_HIGH_WATER: Final = 256 * 1024
 """Answer body bytes buffered before the connection stops reading from the upstream."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
@@ -112,6 +116,7 @@ class UpstreamResponse:
         "_connection",
         "_error",
         "_headers",
+        "_level",
         "_paused",
         "_pool",
         "_size",
@@ -142,6 +147,8 @@ class UpstreamResponse:
         self.raw_headers = raw_headers
         """Every field as received, in order (names as the upstream wrote them)."""
         self._headers: dict[str, str] | None = None
+        self._level = next((v for n, v in raw_headers if n.lower() == _LEVEL), None)
+        """The first ``X-Admission-Level`` value (see :meth:`header`)."""
         self.content_length = content_length
         self.connection: str | None = None
         """The answer's ``Connection`` field, if it has one."""
@@ -169,6 +176,8 @@ class UpstreamResponse:
 
     def header(self, name: str) -> str | None:
         """The first value of field ``name`` (lower-case), without building :attr:`headers`."""
+        if name == _LEVEL:  # (asked of every answer: found while its head was decoded)
+            return self._level
         for field, value in self.raw_headers:
             if len(field) == len(name) and field.lower() == name:
                 return value
@@ -477,6 +486,7 @@ class _Connection(asyncio.Protocol):
         length: int | None = None
         coding: str | None = None
         connection: str | None = None
+        level: str | None = None
         for field_name, field_value in fields:
             name = field_name.decode("latin-1")
             value = field_value.decode("latin-1")
@@ -489,6 +499,8 @@ class _Connection(asyncio.Protocol):
                     coding = value if coding is None else f"{coding}, {value}"
                 elif lower == "connection":
                     connection = value if connection is None else f"{connection}, {value}"
+                elif lower == _LEVEL and level is None:
+                    level = value
         if coding is not None and coding.strip().lower() != "chunked":
             self._error = _CODING  # (only one chunked: see _CODING)
             return
@@ -508,6 +520,7 @@ class _Connection(asyncio.Protocol):
         response.reason = reason
         response.raw_headers = raw
         response._headers = None
+        response._level = level
         response.content_length = length
         response.connection = connection
         response.complete = head_mode or status in (204, 304)
