@@ -861,7 +861,7 @@ class Connection(asyncio.Protocol):
         except UnicodeEncodeError:
             return text.encode("utf-8")
 
-    def send(self, response: Response, request: Request) -> None:
+    def send(self, response: Response, request: Request) -> None:  # noqa: PLR0912 - see below
         """Write ``response`` whole (head and body in one write)."""
         response.sent = True
         transport = self.transport
@@ -883,9 +883,34 @@ class Connection(asyncio.Protocol):
                 ]
                 length = int(given)
             transport.write(self._head(response, close, length, False, version))
-        else:
+        else:  # the usual answer: _head's case with a length, inline (a Python call fewer)
             body = response.body
-            head = self._head(response, close, len(body), False, version)
+            headers = response.headers
+            fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
+            if response.tail:
+                fields += response.tail
+            server = self.rules.server_header
+            if server is not None:
+                fields += f"Server: {server}\r\n"
+            if close:
+                framing = "Connection: close\r\n"
+            elif version == "1.0":
+                framing = "Connection: keep-alive\r\n"
+            else:
+                framing = ""
+            date = _DATE
+            second = date.second
+            if not second <= time.time() < second + 1:
+                date.now()
+            reason = response.reason or _REASONS.get(status, "Unknown")
+            text = (
+                f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n"
+                f"Content-Length: {len(body)}\r\n{framing}\r\n"
+            )
+            try:
+                head = text.encode("latin-1")
+            except UnicodeEncodeError:
+                head = text.encode("utf-8")
             if len(body) < 16384:
                 transport.write(head + body)
             else:
