@@ -557,7 +557,8 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         """The request built and checked (one Python call from C per head: the fields
-        decoded, the size and edge rules applied), then queued for :meth:`_dispatch`."""
+        decoded, the size and edge rules applied), then left for :meth:`data_received` to hand
+        on once the whole read parsed."""
         server = self.server
         fields = self._fields
         parser = self.parser
