@@ -266,3 +266,33 @@ async def test_an_answer_head_that_breaks_the_field_syntax_is_refused(
             await get(client, origin)
         assert client.connects == 2
         await client.close()
+
+
+async def test_header_finds_the_first_value_of_a_field_in_any_case() -> None:
+    """``header`` of the admission level (taken while the head is decoded) and of any other
+    field: the first value, whatever case the upstream wrote the name in; ``None`` if absent."""
+    answers = [
+        b"HTTP/1.1 200 OK\r\nx-ADMISSION-level: 3\r\nX-Admission-Level: 5\r\n"
+        b"Retry-After: 2\r\nContent-Length: 2\r\n\r\nok",
+        OK,
+    ]
+
+    async def two_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await read_head(reader)
+            writer.write(answer)
+        await reader.read()
+
+    client = pool()
+    async with serve(two_answers) as origin:
+        first = await client.request(origin, "GET", "/x", [("Host", "svc")], None)
+        assert first.header("x-admission-level") == "3"
+        assert first.header("retry-after") == "2"
+        assert first.headers["x-admission-level"] == "3, 5"
+        assert await first.read() == b"ok"
+        first.release()
+        second = await client.request(origin, "GET", "/x", [("Host", "svc")], None)
+        assert second.header("x-admission-level") is None
+        assert second.header("retry-after") is None
+        second.release()
+        await client.close()

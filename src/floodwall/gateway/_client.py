@@ -44,6 +44,7 @@ from typing import Any, Final, NamedTuple
 import httptools
 
 from floodwall.gateway._headers import reason_error
+from floodwall.integrations._wire import ADMISSION_LEVEL
 
 __all__ = [
     "BODY_HIGH_WATER",
@@ -56,6 +57,9 @@ __all__ = [
     "UpstreamResponse",
 ]
 
+_LEVEL: Final = ADMISSION_LEVEL.lower()
+"""The one field the outbound call reads from every answer (``x-admission-level``, as long as
+``transfer-encoding``: the head's loop finds it with the framing fields)."""
 BODY_HIGH_WATER: Final = 256 * 1024
 """Answer body bytes buffered before the connection stops reading from the upstream."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
@@ -112,6 +116,7 @@ class UpstreamResponse:
         "_connection",
         "_error",
         "_headers",
+        "_level",
         "_paused",
         "_pool",
         "_size",
@@ -142,6 +147,8 @@ class UpstreamResponse:
         self.raw_headers = raw_headers
         """Every field as received, in order (names as the upstream wrote them)."""
         self._headers: dict[str, str] | None = None
+        self._level = next((v for n, v in raw_headers if n.lower() == _LEVEL), None)
+        """The first ``X-Admission-Level`` value (see :meth:`header`)."""
         self.content_length = content_length
         self.connection: str | None = None
         """The answer's ``Connection`` field, if it has one."""
@@ -169,24 +176,14 @@ class UpstreamResponse:
 
     def header(self, name: str) -> str | None:
         """The first value of field ``name`` (lower-case), without building :attr:`headers`."""
+        if name == _LEVEL:  # (asked of every answer: found while its head was decoded)
+            return self._level
         for field, value in self.raw_headers:
             if len(field) == len(name) and field.lower() == name:
                 return value
         return None
 
     # -- the connection's side --------------------------------------------------------------
-
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > BODY_HIGH_WATER and not self._paused:
-            connection = self._connection
-            if connection is not None and connection.transport is not None:
-                self._paused = True
-                connection.transport.pause_reading()
-        waiter = self._waiter  # (_wake, inline: called for every piece of every body)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def _finish(self) -> None:
         self.complete = True
@@ -276,8 +273,29 @@ class UpstreamResponse:
             if not writer.done():
                 writer.cancel()
         pool = self._pool
-        if pool is not None:
-            pool.release(connection, reusable=sent and self.complete and not self._paused)
+        if pool is None:
+            return
+        transport = connection.transport
+        if (  # ConnectionPool.release's reusable case, inline (a Python call fewer per answer)
+            sent
+            and self.complete
+            and not self._paused
+            and not pool._closed
+            and transport is not None
+            and not transport.is_closing()
+            and not connection.should_close
+        ):
+            connection.idle_since = pool._loop.time()
+            idle = pool._idle.get(connection.origin)
+            if idle is None:
+                idle = pool._idle[connection.origin] = deque()
+            idle.append(connection)
+            if pool._sweeper is None:
+                pool._sweeper = pool._loop.call_later(pool.keepalive, pool._sweep)
+            if pool._waiters:
+                pool._wake()
+            return
+        pool._forget(connection)
 
 
 class _Connection(asyncio.Protocol):
@@ -319,15 +337,6 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     # -- one exchange -----------------------------------------------------------------------
-
-    def expect(self) -> asyncio.Future[UpstreamResponse]:
-        """A future for the next answer's head."""
-        self.used = True
-        self.answered = False
-        self._response = None
-        self._head_bytes = 0
-        waiter = self._waiter = self.loop.create_future()
-        return waiter
 
     # -- the transport's side ---------------------------------------------------------------
 
@@ -452,7 +461,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
 
-    def on_headers_complete(self) -> None:  # noqa: PLR0912 - the usual head without a call
+    def on_headers_complete(self) -> None:  # noqa: PLR0912, PLR0915 - the usual head, no call
         fields, reason_bytes = self._fields, self._reason
         self._fields, self._reason = [], b""
         status = self.parser.get_status_code()
@@ -477,6 +486,7 @@ class _Connection(asyncio.Protocol):
         length: int | None = None
         coding: str | None = None
         connection: str | None = None
+        level: str | None = None
         for field_name, field_value in fields:
             name = field_name.decode("latin-1")
             value = field_value.decode("latin-1")
@@ -489,6 +499,8 @@ class _Connection(asyncio.Protocol):
                     coding = value if coding is None else f"{coding}, {value}"
                 elif lower == "connection":
                     connection = value if connection is None else f"{connection}, {value}"
+                elif lower == _LEVEL and level is None:
+                    level = value
         if coding is not None and coding.strip().lower() != "chunked":
             self._error = _CODING  # (only one chunked: see _CODING)
             return
@@ -499,12 +511,25 @@ class _Connection(asyncio.Protocol):
         self._until_eof = until_eof = length is None and not chunked and status not in (204, 304)
         if until_eof and not head_mode:
             self.should_close = True
-        response = _new_response(UpstreamResponse)
-        _init_response(response, self, status, reason, raw, length)
+        # (UpstreamResponse.__init__, inline: a Python call fewer per answer)
+        self._response = response = _new_response(UpstreamResponse)
+        response._pool = None
+        response._connection = self
+        response._writer = None
+        response.status = status
+        response.reason = reason
+        response.raw_headers = raw
+        response._headers = None
+        response._level = level
+        response.content_length = length
         response.connection = connection
-        self._response = response
-        if head_mode or status in (204, 304):
-            response.complete = True
+        response.complete = head_mode or status in (204, 304)
+        response.endpoint = None
+        response._chunks = deque()
+        response._size = 0
+        response._waiter = None
+        response._error = None
+        response._paused = False
 
     head_mode = False
     """Whether the current exchange answers a ``HEAD`` (no body follows its head)."""
@@ -528,8 +553,17 @@ class _Connection(asyncio.Protocol):
         response = self._response
         if self.head_mode:
             self.should_close = True  # bytes after an answer to HEAD: not HTTP/1.1 as it is
-        elif response is not None:
-            response._feed(body)
+        elif response is not None:  # the answer's body buffered (here: one call per piece)
+            response._chunks.append(body)
+            size = response._size = response._size + len(body)
+            if size > BODY_HIGH_WATER and not response._paused:
+                transport = self.transport  # (not once the answer was released)
+                if response._connection is not None and transport is not None:
+                    response._paused = True
+                    transport.pause_reading()
+            waiter = response._waiter  # (_wake, inline: called for every piece of every body)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         response = self._response
@@ -556,9 +590,8 @@ class _Ignore:
 _IGNORE: Final = _Ignore()
 
 _new_response = object.__new__
-_init_response = UpstreamResponse.__init__
-"""``UpstreamResponse(...)`` in two calls from Python: on CPython 3.11 a class call with a
-Python ``__init__`` re-enters the interpreter from C (``Admission`` is built the same way)."""
+"""An ``UpstreamResponse`` without a class call: on CPython 3.11 a class call with a Python
+``__init__`` re-enters the interpreter from C (its fields are set where it is made)."""
 
 
 class ConnectionPool:
@@ -601,7 +634,7 @@ class ConnectionPool:
 
     # -- one exchange ----------------------------------------------------------------------------
 
-    async def request(
+    async def request(  # noqa: PLR0912, PLR0915 - the usual exchange without helper calls
         self,
         origin: Origin,
         method: str,
@@ -616,11 +649,38 @@ class ConnectionPool:
         ``Content-Length`` for a streamed body) and wait for the answer's head. ``fixed``:
         more fields as head lines (``name: value`` and CRLF each) the caller made once and
         checked for CR and LF itself, written after ``fields``."""
-        streamed = body is not None and not isinstance(body, bytes)
-        head = _head(method, target, fields, body, streamed, fixed=fixed)
+        # The head, built here (a Python call fewer per request); ValueError if a field would
+        # break a line (header injection). The framing last: see _chunked.
+        streamed = False
+        if body is None:
+            framing = "" if method in _NO_BODY_METHODS else "Content-Length: 0\r\n"
+        elif isinstance(body, bytes):
+            framing = f"Content-Length: {len(body)}\r\n"
+        else:
+            streamed = True
+            declared = any(name.lower() == "content-length" for name, _ in fields)
+            framing = "" if declared else "Transfer-Encoding: chunked\r\n"
+        # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
+        lines = _lines(map(_field, fields)) + "\r\n" if fields else ""
+        text = f"{method} {target} HTTP/1.1\r\n{lines}"
+        breaks = len(fields) + 1
+        if text.count("\n") != breaks or text.count("\r") != breaks:
+            raise ValueError("a request field contains CR or LF")
+        text = f"{text}{fixed}{framing}\r\n"
+        try:
+            head = text.encode("latin-1")
+        except UnicodeEncodeError:
+            head = text.encode("utf-8")
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = self._reuse(origin)
+            connection = None
+            idle = self._idle.get(origin)
+            if idle:  # (_reuse's first look, inline: the last connection idle is usually open)
+                connection = idle.pop()
+                transport = connection.transport
+                if transport is None or transport.is_closing() or connection.should_close:
+                    self._forget(connection)
+                    connection = self._reuse(origin)
             if connection is None:
                 connection = await self._acquire(origin)
             reused = connection.used
@@ -630,7 +690,12 @@ class ConnectionPool:
             try:
                 if transport is None or transport.is_closing():
                     raise UpstreamDisconnectedError("the upstream closed the connection")
-                waiter = connection.expect()
+                connection.used = True  # the exchange begins: a future for its answer head
+                connection.answered = False
+                connection._response = None
+                connection._head_bytes = 0
+                waiter: asyncio.Future[UpstreamResponse] = self._loop.create_future()
+                connection._waiter = waiter
                 if body is None:
                     transport.write(head)
                 elif not streamed:
@@ -824,38 +889,6 @@ _field = ": ".join
 _lines = "\r\n".join
 """A field's line and a head's lines, joined in C (bound once: each ``": ".join`` written
 in a function makes a bound method per call)."""
-
-
-def _head(
-    method: str,
-    target: str,
-    fields: list[tuple[str, str]],
-    body: bytes | AsyncIterator[bytes] | None,
-    streamed: bool,
-    *,
-    fixed: str = "",
-) -> bytes:
-    """The request head; ``ValueError`` if a field would break a line (header injection).
-    ``fixed``: lines the caller checked (see :meth:`ConnectionPool.request`)."""
-    framing = ""
-    if isinstance(body, bytes):
-        framing = f"Content-Length: {len(body)}\r\n"
-    elif streamed:
-        if not any(name.lower() == "content-length" for name, _ in fields):
-            framing = "Transfer-Encoding: chunked\r\n"
-    elif method not in _NO_BODY_METHODS:
-        framing = "Content-Length: 0\r\n"
-    # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
-    lines = _lines(map(_field, fields)) + "\r\n" if fields else ""
-    text = f"{method} {target} HTTP/1.1\r\n{lines}"
-    breaks = len(fields) + 1
-    if text.count("\n") != breaks or text.count("\r") != breaks:
-        raise ValueError("a request field contains CR or LF")
-    text = f"{text}{fixed}{framing}\r\n"  # (the framing last: see _chunked)
-    try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:
-        return text.encode("utf-8")
 
 
 def _chunked(head: bytes) -> bool:

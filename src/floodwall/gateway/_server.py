@@ -497,7 +497,15 @@ class Connection(asyncio.Protocol):
         if in_body and self._in_head:  # a body ended and the next head began in this read:
             self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
         if ready:
-            self._dispatch()
+            waiter = self._waiter
+            if len(ready) == 1 and waiter is not None and not waiter.done():
+                # the usual read: one head, and the serving task waits for it (_dispatch and
+                # _start, inline: two Python calls fewer per request)
+                self._waiter = None
+                self.task = self._runner
+                waiter.set_result(ready.popleft())
+            else:
+                self._dispatch()
         if self._head_bytes > self.rules.max_head and not self._in_body:
             quiet.debug("refusing a request head: more than %d bytes", self.rules.max_head)
             self._refuse(self.rules.too_large)
@@ -548,35 +556,9 @@ class Connection(asyncio.Protocol):
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
-        request, refusal = self._request()
-        self._state = _BUSY
-        self._head_bytes = 0
-        self._in_head = False
-        if request.content_length or "transfer-encoding" in request.headers:
-            request.body = RequestBody(self)
-            self._in_body = True
-        self._receiving = request
-        self._ready.append((request, refusal))
-
-    def on_body(self, body: bytes) -> None:
-        receiving = self._receiving
-        if receiving is not None and receiving.body is not None:
-            receiving.body.feed(body)
-
-    def on_message_complete(self) -> None:
-        self._in_body = False
-        receiving = self._receiving
-        if receiving is not None:
-            if receiving.body is not None:
-                receiving.body.feed_eof()
-            self._receiving = None
-        if self._state == _DRAIN:  # the answered request's body is all read away
-            self._state = _BUSY
-            self._next()
-
-    # -- requests ---------------------------------------------------------------------------
-
-    def _request(self) -> tuple[Request, EdgeRefusal | None]:
+        """The request built and checked (one Python call from C per head: the fields
+        decoded, the size and edge rules applied), then left for :meth:`data_received` to hand
+        on once the whole read parsed."""
         server = self.server
         fields = self._fields
         parser = self.parser
@@ -618,7 +600,32 @@ class Connection(asyncio.Protocol):
             refusal = rules.check(request)
         if refusal is not None:
             request.keep_alive = False
-        return request, refusal
+        self._state = _BUSY
+        self._head_bytes = 0
+        self._in_head = False
+        if request.content_length or "transfer-encoding" in headers:
+            request.body = RequestBody(self)
+            self._in_body = True
+        self._receiving = request
+        self._ready.append((request, refusal))
+
+    def on_body(self, body: bytes) -> None:
+        receiving = self._receiving
+        if receiving is not None and receiving.body is not None:
+            receiving.body.feed(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        receiving = self._receiving
+        if receiving is not None:
+            if receiving.body is not None:
+                receiving.body.feed_eof()
+            self._receiving = None
+        if self._state == _DRAIN:  # the answered request's body is all read away
+            self._state = _BUSY
+            self._next()
+
+    # -- requests ---------------------------------------------------------------------------
 
     def _start(self, request: Request, refusal: EdgeRefusal | None) -> None:
         """Hand ``request`` to the connection's serving task (started with its first request)."""
@@ -703,6 +710,11 @@ class Connection(asyncio.Protocol):
             return
         if self._queue:
             self._next()
+        elif not self._in_head and self._state == _BUSY:  # the usual: idle until the next head
+            self._state = _IDLE  # (_idle's case, inline: one Python call fewer per request)
+            self._deadline = self.loop.time() + self.server.keepalive_timeout
+            if self._timer is None:
+                self._arm(self._deadline)
         else:
             self._idle()  # (_next, without a queue)
 
@@ -850,7 +862,7 @@ class Connection(asyncio.Protocol):
         except UnicodeEncodeError:
             return text.encode("utf-8")
 
-    def send(self, response: Response, request: Request) -> None:
+    def send(self, response: Response, request: Request) -> None:  # noqa: PLR0912 - see below
         """Write ``response`` whole (head and body in one write)."""
         response.sent = True
         transport = self.transport
@@ -872,9 +884,34 @@ class Connection(asyncio.Protocol):
                 ]
                 length = int(given)
             transport.write(self._head(response, close, length, False, version))
-        else:
+        else:  # the usual answer: _head's case with a length, inline (a Python call fewer)
             body = response.body
-            head = self._head(response, close, len(body), False, version)
+            headers = response.headers
+            fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
+            if response.tail:
+                fields += response.tail
+            server = self.rules.server_header
+            if server is not None:
+                fields += f"Server: {server}\r\n"
+            if close:
+                framing = "Connection: close\r\n"
+            elif version == "1.0":
+                framing = "Connection: keep-alive\r\n"
+            else:
+                framing = ""
+            date = _DATE
+            second = date.second
+            if not second <= time.time() < second + 1:
+                date.now()
+            reason = response.reason or _REASONS.get(status, "Unknown")
+            text = (
+                f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n"
+                f"Content-Length: {len(body)}\r\n{framing}\r\n"
+            )
+            try:
+                head = text.encode("latin-1")
+            except UnicodeEncodeError:
+                head = text.encode("utf-8")
             if len(body) < 16384:
                 transport.write(head + body)
             else:
