@@ -425,11 +425,11 @@ def test_sweep_gives_back_the_memory_of_tables_left_mostly_idle(
     rate=st.sampled_from(["3/s", "10/s", "7/2s", "1000000/s"]),
     burst=st.integers(0, 4),
     steps=st.lists(
-        st.tuples(st.integers(0, 3_000_000), st.sampled_from([0, 1, 1, 2, 5, 40])), max_size=40
+        st.tuples(st.integers(0, 3_000_000), st.sampled_from([0, 1, 1, 1.0, 2, 5, 40])), max_size=40
     ),
 )
 def test_gcra_decides_on_a_packed_state_as_its_four_steps_do(
-    rate: str, burst: int, steps: list[tuple[int, int]]
+    rate: str, burst: int, steps: list[tuple[int, float]]
 ) -> None:
     """``_decide_packed`` (what a keyed GCRA calls for a tracked key) keeps the state and
     gives the decision that unpacking, deciding, the figures and packing give."""

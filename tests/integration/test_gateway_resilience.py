@@ -217,6 +217,10 @@ def test_rate_limit_answers_429_with_headers(
         assert refused.json()["kind"] == "rate_limited"
         other = client.get("/users/bob/feed")  # another key, its own limit
         assert other.status_code == 200 and other.headers["RateLimit-Remaining"] == "2"
+        again = client.get("/users/bob/feed")  # its second: one permit fewer
+        assert again.headers["RateLimit-Remaining"] == "1"
+        for user in ("cy", "di"):  # new keys: bob's first decision again, its fields kept
+            assert client.get(f"/users/{user}/feed").headers["RateLimit-Remaining"] == "2"
 
 
 def test_shedding_and_full_bulkhead_answer_503_with_retry_after(

@@ -432,6 +432,14 @@ class GcraStep:
         self.tolerance = tolerance
         self.limit = tolerance // emission_interval
         self.us_per_now = us_per_now
+        reset = -(-emission_interval // scale) / us_per_now
+        self._drained = _new(Decision, (True, max(0, self.limit - 1), reset, 0.0, self.limit))
+        """What :meth:`figures` gives for one permit admitted when the TAT was not ahead of
+        now (a key not busy: the usual case), the same every time: :meth:`decide_packed`
+        hands it out."""
+        self._drained_cost = 1 if emission_interval <= tolerance else None
+        """The cost :attr:`_drained` is for: 1, or ``None`` (no shortcut) when one permit is
+        more than the tolerance (never admitted)."""
 
     @staticmethod
     def units_of(rate: Rate, capacity: int) -> tuple[int, int, int]:
@@ -527,8 +535,11 @@ class GcraStep:
         calls and a state object fewer per decision, measured by ``benchmarks/bench_ratelimit.py``'s
         keyed GCRA row). It repeats :meth:`decide` and :meth:`figures` for that;
         ``tests/test_ratelimit_keyed.py`` holds the two to the same states and decisions."""
-        per, scale, tolerance = self.us_per_now, self.scale, self.tolerance
+        per, scale = self.us_per_now, self.scale
         ts = _floor(now * per + 0.5) * scale
+        if tat <= ts and cost == self._drained_cost:  # one permit, the key not busy: the
+            return ts + self.emission_interval, self._drained  # usual case (7.1 k -> 2.2 k)
+        tolerance = self.tolerance
         start = tat
         if start < ts:  # noqa: PLR1730 - a comparison costs less than calling max()
             start = ts

@@ -349,9 +349,12 @@ class Keyed(RateLimiter[S], Generic[S]):
     def acquire(self, key: Hashable = None, cost: float = 1) -> Decision:
         if cost.__class__ is not PLAIN_INT or cost < 0:
             cost = check_cost(cost)
-        self._lock_acquire()
+        # (callables held by the instance read as names: `self._now()` is a method load the
+        # interpreter cannot specialise, about 0.2 k more per call)
+        lock_acquire, lock_release, clock = self._lock_acquire, self._lock_release, self._now
+        lock_acquire()
         try:
-            now = self._now()
+            now = clock()
             tables = self._tables
             i = hash(key) % len(tables)
             table = tables[i]
@@ -368,7 +371,7 @@ class Keyed(RateLimiter[S], Generic[S]):
                     if st is not self._state:
                         table[key] = self._packs(st)
         finally:
-            self._lock_release()
+            lock_release()
         if not result[0]:
             self._rejected(key, cost, result)
         return result
