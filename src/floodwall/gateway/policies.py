@@ -155,7 +155,8 @@ class RouteStats:
         return {"answer": self.answered, **self._answers}
 
     def done(self, status: int, duration: float) -> None:
-        """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
+        """One answer with ``status`` after ``duration`` seconds (status 0: no answer). (The
+        proxy's handler repeats these two lines inline.)"""
         self.classes[status // 100 if 100 <= status < 600 else 0] += 1
         self.bins[bisect_right(_EDGES, duration)] += 1
 
@@ -321,9 +322,11 @@ class Route:
         self.answer_dropped = RESPONSE_DROPPED | own
         """Upstream answer fields the client never sees: hop-by-hop and framing ones, and
         those the route writes itself (the request id, ``RateLimit-*`` with a rate limit)."""
-        self._rate_fields: dict[
+        self.rate_lines: dict[
             tuple[float, float, int], tuple[tuple[tuple[str, str], ...], str]
         ] = {}
+        """What :meth:`rate_fields` made, by (limit, remaining, reset): the proxy looks here
+        first (no call for a set seen before)."""
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -366,10 +369,10 @@ class Route:
         a few)."""
         _, left, reset, _, limit = decision
         key = (limit, left, math.ceil(reset - 1e-9))
-        kept = self._rate_fields.get(key)
+        kept = self.rate_lines.get(key)
         if kept is None:
-            if len(self._rate_fields) >= RATE_FIELDS_KEPT:
-                self._rate_fields.clear()
+            if len(self.rate_lines) >= RATE_FIELDS_KEPT:
+                self.rate_lines.clear()
             window = self.limiter.window if self.limiter is not None else None
             made: tuple[tuple[str, str], ...] = (
                 ("RateLimit-Limit", str(limit)),
@@ -379,7 +382,7 @@ class Route:
             if window is not None:
                 made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
             text = "".join(f"{name}: {value}\r\n" for name, value in made)
-            kept = self._rate_fields[key] = (made, text)
+            kept = self.rate_lines[key] = (made, text)
         return kept
 
     def snapshot(self) -> dict[str, Any]:
