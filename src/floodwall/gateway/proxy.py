@@ -273,7 +273,9 @@ class _Attempt:
     async def __call__(self) -> UpstreamResponse:
         pool, call = self.pool, self.call
         self.failed = None
-        endpoint = pool.pick(self.tried)
+        endpoint = pool.sole  # (a pool of one: no UpstreamPool.pick call)
+        if endpoint is None:
+            endpoint = pool.pick(self.tried)
         if endpoint is None:
             raise UpstreamUnavailableError(
                 pool.name, f"no available endpoint in upstream {pool.name!r}", None
