@@ -69,6 +69,22 @@ def test_first_matching_route_wins() -> None:
     assert router.match("GET", "a", "/h", empty) is None
 
 
+def test_a_first_route_asking_only_a_prefix_matches_as_the_loop_would() -> None:
+    empty: dict[str, str] = {}
+    catch_all = _router({"path_prefix": "/"}, {"path_prefix": "/x"})
+    assert catch_all.match("GET", "a", "/x/y", empty) == (0, {})
+    assert catch_all.match("OPTIONS", "a", "*", empty) is None  # not under "/"
+    bounded = _router({"path_prefix": "/api", "prefix_boundary": True}, {"path_prefix": "/"})
+    assert bounded.match("GET", "a", "/api/x", empty) == (0, {})
+    assert bounded.match("GET", "a", "/apis", empty) == (1, {})
+    loose = _router({"path_prefix": "/api", "prefix_boundary": False}, {"path_prefix": "/"})
+    assert loose.match("GET", "a", "/apis", empty) == (0, {})
+    posts = _router({"path_prefix": "/", "methods": "post"}, {"path_prefix": "/"})
+    assert posts.match("GET", "a", "/x", empty) == (1, {})
+    assert posts.match("POST", "a", "/x", empty) == (0, {})
+    assert _router().match("GET", "a", "/", empty) is None
+
+
 @pytest.mark.parametrize(
     ("host", "normal"),
     [
@@ -185,6 +201,27 @@ def test_ejected_endpoints_leave_and_return(clock: FakeClock) -> None:
     assert {pool.pick() for _ in range(4)} == set(pool.endpoints)
     snapshot = pool.snapshot()
     assert snapshot["ejections"] == 1 and snapshot["available"] == 2
+
+
+def test_sole_is_the_pick_of_a_pool_of_one_and_none_otherwise(clock: FakeClock) -> None:
+    one = _pool("least_request", 1, clock)
+    assert one.sole is one.endpoints[0] is one.pick(one.endpoints)
+    pool = _pool(
+        "round_robin", 2, clock, outlier_detection={"consecutive_5xx": 2, "base_ejection_time": 5}
+    )
+    assert pool.sole is None
+    bad = pool.endpoints[1]
+    pool.report(bad, 500)
+    pool.report(bad, 500)
+    assert pool.sole is None  # one left, but due back: pick reads the clock
+    assert pool.pick() is pool.endpoints[0]
+    clock.advance(5.01)
+    pool.pick()
+    assert pool.sole is None
+    for endpoint in pool.endpoints[1:]:
+        endpoint.healthy = False
+    pool._refresh(clock.monotonic())
+    assert pool.sole is pool.endpoints[0] is pool.pick(pool.endpoints)
 
 
 def test_a_retry_avoids_every_endpoint_it_tried(clock: FakeClock) -> None:

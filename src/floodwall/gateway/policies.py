@@ -155,7 +155,8 @@ class RouteStats:
         return {"answer": self.answered, **self._answers}
 
     def done(self, status: int, duration: float) -> None:
-        """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
+        """One answer with ``status`` after ``duration`` seconds (status 0: no answer). (The
+        proxy's handler repeats these two lines inline.)"""
         self.classes[status // 100 if 100 <= status < 600 else 0] += 1
         self.bins[bisect_right(_EDGES, duration)] += 1
 
@@ -324,11 +325,13 @@ class Route:
         self._rate_fields: dict[
             tuple[float, float, int], tuple[tuple[tuple[str, str], ...], str]
         ] = {}
-        self._rate_last: tuple[Decision | None, tuple[tuple[tuple[str, str], ...], str]] = (
+        self.rate_last: tuple[Decision | None, tuple[tuple[tuple[str, str], ...], str]] = (
             None,
             ((), ""),
         )
-        """The last decision :meth:`rate_fields` was asked about, and its fields."""
+        """The last decision :meth:`rate_fields` was asked about, and its fields: a keyed GCRA
+        hands out one immutable decision for its usual case, so the proxy tests this first
+        (about 1.7 k instructions less than the call)."""
         self.cache = cache
         self.stats = stats
         fallback = config.fallback
@@ -369,9 +372,9 @@ class Route:
         ``RateLimit-Policy``), and the same as the lines of a head (``name: value`` and CRLF
         each), kept per (limit, remaining, reset) seen (a bounded table: a busy route repeats
         a few)."""
-        last = self._rate_last
-        if decision is last[0]:  # (a keyed GCRA hands out one decision for its usual case:
-            return last[1]  # an immutable tuple, its fields kept; about 1.7 k less)
+        last = self.rate_last
+        if decision is last[0]:
+            return last[1]
         _, left, reset, _, limit = decision
         key = (limit, left, math.ceil(reset - 1e-9))
         kept = self._rate_fields.get(key)
@@ -388,7 +391,7 @@ class Route:
                 made = (*made, ("RateLimit-Policy", f"{limit};w={max(1, round(window))}"))
             text = "".join(f"{name}: {value}\r\n" for name, value in made)
             kept = self._rate_fields[key] = (made, text)
-        self._rate_last = (decision, kept)
+        self.rate_last = (decision, kept)
         return kept
 
     def snapshot(self) -> dict[str, Any]:

@@ -138,16 +138,37 @@ class Router(Generic[T]):
     """Routes in file order; :meth:`match` returns the first that matches, with its path
     parameters. O(routes) per request, each condition a set lookup or a string test."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_first", "_first_prefix")
 
     def __init__(self, entries: Sequence[tuple[Matcher, T]]) -> None:
         self._entries = tuple(entries)
+        self._first_prefix: str | None = None
+        """The first route's path prefix when a path starting with it is all that route asks
+        (no method, host or field condition, no segment boundary to check past ``/``): such a
+        path is matched without the loop and its calls (the usual single catch-all route)."""
+        self._first: tuple[T, dict[str, str]] | None = None
+        if self._entries:
+            matcher, target = self._entries[0]
+            prefix = matcher.prefix
+            if (
+                prefix is not None
+                and (not matcher.boundary or prefix == "/")
+                and matcher.methods is None
+                and not matcher.hosts
+                and not matcher.suffixes
+                and not matcher.headers
+            ):
+                self._first_prefix = prefix
+                self._first = (target, _EMPTY)
 
     def match(
         self, method: str, host: str, path: str, headers: Mapping[str, str]
     ) -> tuple[T, dict[str, str]] | None:
         """The first route matching ``method``, ``host`` (normalised), ``path`` (decoded)
         and ``headers`` (case-insensitive mapping), or ``None``."""
+        prefix = self._first_prefix
+        if prefix is not None and path.startswith(prefix):
+            return self._first
         for matcher, target in self._entries:
             methods = matcher.methods
             if methods is not None and method not in methods:

@@ -280,6 +280,11 @@ class UpstreamPool:
         self._all = tuple(self.endpoints)
         self._available: tuple[Endpoint, ...] = self._all
         self._recheck_at = _INF
+        self.sole: Endpoint | None = None
+        """What :meth:`pick` gives whatever it is asked while it is the one endpoint available
+        and nothing is ejected nor due back (else ``None``): the proxy reads it first, no call
+        per try for a pool of one."""
+        self._set_sole()
         self.client: ConnectionPool | None = None
         self._probes: asyncio.Task[None] | None = None
         self.retries_elsewhere = 0
@@ -294,6 +299,11 @@ class UpstreamPool:
             self._refresh(now)
         return self._available
 
+    def _set_sole(self) -> None:
+        available = self._available
+        single = len(available) == 1 and self._recheck_at == _INF
+        self.sole = available[0] if single else None
+
     def _refresh(self, now: float) -> None:
         outliers = self.outliers
         before = self._available
@@ -303,6 +313,7 @@ class UpstreamPool:
             if e.healthy and (outliers is None or not outliers.ejected(e.index, now))
         )
         self._recheck_at = outliers.next_return(now) if outliers is not None else _INF
+        self._set_sole()
         if self.listeners:
             for endpoint in self._available:
                 if endpoint not in before:
