@@ -641,7 +641,7 @@ class Connection(asyncio.Protocol):
         else:  # the task itself is finishing the last one (in _done): it goes on with this one
             self._handoff = (request, refusal)
 
-    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:
+    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:  # noqa: PLR0912 - _done's usual case inline
         """The connection's one task: its requests, one after the other, waiting on a future
         between them (:meth:`_start` hands each on). One task per connection rather than per
         request: making a task (and registering it) cost about 6 k instructions per request
@@ -673,7 +673,22 @@ class Connection(asyncio.Protocol):
                 else:
                     self.abort()
             finally:
-                self._done(request)
+                self.task = None
+                self.served += 1
+                if (  # the usual: kept alive, body read, nothing queued; idle till a head
+                    self._state == _BUSY  # (_done's case, inline: one Python call fewer)
+                    and request.keep_alive
+                    and self._receiving is not request
+                    and not (self._in_head or self._queue or self._close_after)
+                    and not self.server.closing
+                    and self.transport is not None
+                ):
+                    self._state = _IDLE
+                    self._deadline = self.loop.time() + self.server.keepalive_timeout
+                    if self._timer is None:
+                        self._arm(self._deadline)
+                else:
+                    self._done(request)
             handoff = self._handoff
             if handoff is not None:
                 self._handoff = None
@@ -687,8 +702,8 @@ class Connection(asyncio.Protocol):
             request, refusal = await waiter
 
     def _done(self, request: Request) -> None:
-        self.task = None
-        self.served += 1
+        """After an answer, but the usual case (:meth:`_serve` idles the connection itself):
+        close, read the rest of the request's body away, or go on with a queued one."""
         transport = self.transport
         if transport is None:
             return
@@ -708,15 +723,7 @@ class Connection(asyncio.Protocol):
             if self._timer is None:
                 self._arm(self._deadline)
             return
-        if self._queue:
-            self._next()
-        elif not self._in_head and self._state == _BUSY:  # the usual: idle until the next head
-            self._state = _IDLE  # (_idle's case, inline: one Python call fewer per request)
-            self._deadline = self.loop.time() + self.server.keepalive_timeout
-            if self._timer is None:
-                self._arm(self._deadline)
-        else:
-            self._idle()  # (_next, without a queue)
+        self._next()
 
     def _next(self) -> None:
         """The next queued request, or wait for one."""
