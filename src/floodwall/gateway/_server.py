@@ -641,7 +641,7 @@ class Connection(asyncio.Protocol):
         else:  # the task itself is finishing the last one (in _done): it goes on with this one
             self._handoff = (request, refusal)
 
-    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:
+    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:  # noqa: PLR0912 - _done's usual case inline
         """The connection's one task: its requests, one after the other, waiting on a future
         between them (:meth:`_start` hands each on). One task per connection rather than per
         request: making a task (and registering it) cost about 6 k instructions per request
@@ -673,7 +673,22 @@ class Connection(asyncio.Protocol):
                 else:
                     self.abort()
             finally:
-                self._done(request)
+                self.task = None
+                self.served += 1
+                if (  # the usual: kept alive, body read, nothing queued; idle till a head
+                    self._state == _BUSY  # (_done's case, inline: one Python call fewer)
+                    and request.keep_alive
+                    and self._receiving is not request
+                    and not (self._in_head or self._queue or self._close_after)
+                    and not self.server.closing
+                    and self.transport is not None
+                ):
+                    self._state = _IDLE
+                    self._deadline = self.loop.time() + self.server.keepalive_timeout
+                    if self._timer is None:
+                        self._arm(self._deadline)
+                else:
+                    self._done(request)
             handoff = self._handoff
             if handoff is not None:
                 self._handoff = None
@@ -687,8 +702,8 @@ class Connection(asyncio.Protocol):
             request, refusal = await waiter
 
     def _done(self, request: Request) -> None:
-        self.task = None
-        self.served += 1
+        """After an answer, but the usual case (:meth:`_serve` idles the connection itself):
+        close, read the rest of the request's body away, or go on with a queued one."""
         transport = self.transport
         if transport is None:
             return
@@ -708,15 +723,7 @@ class Connection(asyncio.Protocol):
             if self._timer is None:
                 self._arm(self._deadline)
             return
-        if self._queue:
-            self._next()
-        elif not self._in_head and self._state == _BUSY:  # the usual: idle until the next head
-            self._state = _IDLE  # (_idle's case, inline: one Python call fewer per request)
-            self._deadline = self.loop.time() + self.server.keepalive_timeout
-            if self._timer is None:
-                self._arm(self._deadline)
-        else:
-            self._idle()  # (_next, without a queue)
+        self._next()
 
     def _next(self) -> None:
         """The next queued request, or wait for one."""
@@ -800,7 +807,8 @@ class Connection(asyncio.Protocol):
             transport.close()  # (the task's answer still to come: no byte of this one is sent)
             return
         answer = problem_response(refusal)
-        transport.write(self._head(answer, True, len(answer.body)) + answer.body)
+        framing = f"Content-Length: {len(answer.body)}\r\nConnection: close\r\n"
+        transport.write(self._head(answer, framing, "1.1") + answer.body)
         self._linger(transport)
 
     def _linger(self, transport: asyncio.Transport) -> None:
@@ -821,15 +829,9 @@ class Connection(asyncio.Protocol):
 
     # -- answers ----------------------------------------------------------------------------
 
-    def _head(
-        self,
-        response: Response,
-        close: bool,
-        length: int | None,
-        chunked: bool = False,
-        version: str = "1.1",
-    ) -> bytes:
-        """The answer's head: status line, fields, ``Server``, ``Date``, framing."""
+    def _head(self, response: Response, framing: str, version: str) -> bytes:
+        """The answer's head: status line, fields, ``Server``, ``Date``, then ``framing`` (the
+        length or chunked line and the Connection line, the caller's: each knows its case)."""
         status = response.status
         reason = response.reason or _REASONS.get(status, "Unknown")
         headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
@@ -839,16 +841,6 @@ class Connection(asyncio.Protocol):
         server = self.rules.server_header
         if server is not None:
             fields += f"Server: {server}\r\n"
-        if length is not None:
-            framing = f"Content-Length: {length}\r\n"
-        elif chunked:
-            framing = "Transfer-Encoding: chunked\r\n"
-        else:
-            framing = ""
-        if close:
-            framing += "Connection: close\r\n"
-        elif version == "1.0":
-            framing += "Connection: keep-alive\r\n"
         # (No field can break its line: the upstream's were parsed by llhttp, which refuses
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
@@ -862,7 +854,7 @@ class Connection(asyncio.Protocol):
         except UnicodeEncodeError:
             return text.encode("utf-8")
 
-    def send(self, response: Response, request: Request) -> None:  # noqa: PLR0912 - see below
+    def send(self, response: Response, request: Request) -> None:
         """Write ``response`` whole (head and body in one write)."""
         response.sent = True
         transport = self.transport
@@ -871,47 +863,24 @@ class Connection(asyncio.Protocol):
         close = response.close or not request.keep_alive or self.server.closing
         if close:
             request.keep_alive = False
-        status = response.status
+            framing = "Connection: close\r\n"
+        else:
+            framing = "Connection: keep-alive\r\n" if request.version == "1.0" else ""
         version = "1.0" if request.version == "1.0" else "1.1"
-        if status in _NO_BODY_STATUS:
-            transport.write(self._head(response, close, None, False, version))
+        body = response.body
+        if response.status in _NO_BODY_STATUS:
+            transport.write(self._head(response, framing, version))
         elif request.method == "HEAD":
-            given = response.get("Content-Length") if not response.body else None
-            length = len(response.body)
+            given = response.get("Content-Length") if not body else None
+            length = len(body)
             if given is not None:
                 response.headers = [
                     (n, v) for n, v in response.headers if n.lower() != "content-length"
                 ]
                 length = int(given)
-            transport.write(self._head(response, close, length, False, version))
-        else:  # the usual answer: _head's case with a length, inline (a Python call fewer)
-            body = response.body
-            headers = response.headers
-            fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
-            if response.tail:
-                fields += response.tail
-            server = self.rules.server_header
-            if server is not None:
-                fields += f"Server: {server}\r\n"
-            if close:
-                framing = "Connection: close\r\n"
-            elif version == "1.0":
-                framing = "Connection: keep-alive\r\n"
-            else:
-                framing = ""
-            date = _DATE
-            second = date.second
-            if not second <= time.time() < second + 1:
-                date.now()
-            reason = response.reason or _REASONS.get(status, "Unknown")
-            text = (
-                f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n"
-                f"Content-Length: {len(body)}\r\n{framing}\r\n"
-            )
-            try:
-                head = text.encode("latin-1")
-            except UnicodeEncodeError:
-                head = text.encode("utf-8")
+            transport.write(self._head(response, f"Content-Length: {length}\r\n{framing}", version))
+        else:
+            head = self._head(response, f"Content-Length: {len(body)}\r\n{framing}", version)
             if len(body) < 16384:
                 transport.write(head + body)
             else:
@@ -931,8 +900,18 @@ class Connection(asyncio.Protocol):
         if close:
             request.keep_alive = False
         self._chunked = chunked
+        if length is not None:
+            framing = f"Content-Length: {length}\r\n"
+        elif chunked:
+            framing = "Transfer-Encoding: chunked\r\n"
+        else:
+            framing = ""
+        if close:
+            framing += "Connection: close\r\n"
+        elif request.version == "1.0":
+            framing += "Connection: keep-alive\r\n"
         version = "1.0" if request.version == "1.0" else "1.1"
-        transport.write(self._head(response, close, length, chunked, version))
+        transport.write(self._head(response, framing, version))
 
     async def write(self, data: bytes, limit: float) -> None:
         """Write a piece of a streamed answer, waiting (at most ``limit`` seconds) while the
