@@ -74,7 +74,7 @@ def test_slots_are_released_on_errors_and_work_as_context_managers() -> None:
 
 
 def test_a_subclass_release_is_called_when_a_call_ends() -> None:
-    """``record`` writes :meth:`Bulkhead.release` out; a subclass's own ``release`` still runs."""
+    """A subclass's own ``release`` runs when a call ends (``record`` gives the slot back)."""
     released: list[int] = []
 
     class Counted(Bulkhead):

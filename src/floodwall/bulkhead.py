@@ -203,38 +203,9 @@ class Bulkhead(Gate):
         error: BaseException | None,
         result: Any,
     ) -> None:
-        """Give the slot back, whatever the outcome (a bypassed call took none): :meth:`release`
-        written out, one Python call fewer per call (a subclass's own ``release`` is called:
-        :meth:`__init_subclass__`)."""
-        if permit is _BYPASSED:
-            return
-        self._lock_acquire()
-        try:
-            lot = self._lot
-            while lot.waiters:
-                if lot.hand(lot.waiters[0], None):
-                    return
-            self._in_flight -= 1
-        finally:
-            self._lock_release()
-
-    def _record_by_release(
-        self,
-        permit: Any,
-        now: float,
-        duration: float,
-        error: BaseException | None,
-        result: Any,
-    ) -> None:
-        """:meth:`record` of a subclass that overrides :meth:`release` but not ``record``."""
+        """Give the slot back, whatever the outcome (a bypassed call took none)."""
         if permit is not _BYPASSED:
             self.release()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own = vars(cls)
-        if "release" in own and "record" not in own:
-            cls.record = Bulkhead._record_by_release  # type: ignore[method-assign]
 
     def join(self, waiter: Waiter, budget: float) -> bool:
         """The wait step's entry: a slot freed meanwhile (True), queued (False), or refused."""

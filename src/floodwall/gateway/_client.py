@@ -275,27 +275,7 @@ class UpstreamResponse:
         pool = self._pool
         if pool is None:
             return
-        transport = connection.transport
-        if (  # ConnectionPool.release's reusable case, inline (a Python call fewer per answer)
-            sent
-            and self.complete
-            and not self._paused
-            and not pool._closed
-            and transport is not None
-            and not transport.is_closing()
-            and not connection.should_close
-        ):
-            connection.idle_since = pool._loop.time()
-            idle = pool._idle.get(connection.origin)
-            if idle is None:
-                idle = pool._idle[connection.origin] = deque()
-            idle.append(connection)
-            if pool._sweeper is None:
-                pool._sweeper = pool._loop.call_later(pool.keepalive, pool._sweep)
-            if pool._waiters:
-                pool._wake()
-            return
-        pool._forget(connection)
+        pool.release(connection, sent and self.complete and not self._paused)
 
 
 class _Connection(asyncio.Protocol):
@@ -722,7 +702,7 @@ class ConnectionPool:
     def _give_up(self, connection: _Connection, writer: asyncio.Task[None] | None) -> None:
         if writer is not None:
             writer.cancel()
-        self.release(connection, reusable=False)
+        self.release(connection, False)
 
     # -- the pool --------------------------------------------------------------------------------
 
@@ -813,7 +793,7 @@ class ConnectionPool:
         self.connects += 1
         return connection
 
-    def release(self, connection: _Connection, *, reusable: bool) -> None:
+    def release(self, connection: _Connection, reusable: bool) -> None:
         """Back to the idle list (``reusable`` and healthy), or closed; a waiter is woken."""
         transport = connection.transport  # (is_connected(), inline: once per request)
         if (
