@@ -288,6 +288,30 @@ def test_bytes_sent_after_a_refused_head_do_not_reset_its_answer(
     assert upstream.received == []
 
 
+def test_a_body_still_arriving_does_not_reset_the_413_that_refused_it(
+    raw_upstream: Callable[..., RawUpstream],
+    gateways: Callable[[dict[str, Any]], GatewayThread],
+) -> None:
+    """A declared body over ``limits.max_body`` is answered 413 before a byte of it is read,
+    and the connection closed: the client, still sending its body, gets the answer whole, then
+    the end of the connection (the gateway half-closes and reads the rest away, as it does
+    after a refused head), never a reset in its place."""
+    upstream = raw_upstream()
+    gw = gateways(_config(upstream, limits={"max_body": 1024}))
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(head)
+        assert sock.recv(1, socket.MSG_PEEK)  # the answer is here, unread
+        sock.sendall(b"b" * 262144)  # the body goes on after the answer
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert (_status(answer), _kind(answer)) == (413, "body_too_large")
+    assert _field(answer, b"Connection") == b"close"
+    assert upstream.received == []
+
+
 def test_a_head_still_arriving_is_cut_off_at_the_cap(
     raw_upstream: Callable[..., RawUpstream],
     gateways: Callable[[dict[str, Any]], GatewayThread],

@@ -378,10 +378,11 @@ IDLE_DRAIN: Final = 1.0
 """Seconds a keep-alive connection idle at a shutdown stays open for the client's next request
 (answered, then closed); a client that sends none in that time is not using it."""
 LINGER: Final = 2.0
-"""Seconds a connection refused for its head keeps reading (and dropping) what the client still
-sends after the answer, at most (and never past ``head_timeout``): closed with unread bytes, the
-kernel resets it, and the reset can reach the client before it read the answer (nginx's
-lingering close)."""
+"""Seconds a connection closed after its answer while the client may still be sending (a head
+refused, a body refused before it ended, any answer that closes before its request's body
+ended) keeps reading and dropping what comes, at most (and never past ``head_timeout``):
+closed with unread bytes, the kernel resets it, and the reset can reach the client before it
+read the answer (nginx's lingering close)."""
 
 
 class Connection(asyncio.Protocol):
@@ -708,8 +709,8 @@ class Connection(asyncio.Protocol):
         if transport is None:
             return
         if not request.keep_alive or self._close_after or self.server.closing:
-            if self._refused:
-                self._linger(transport)
+            if self._refused or self._receiving is request:  # (bytes may still come: a 413
+                self._linger(transport)  # before the body, an answer before its end)
             else:
                 transport.close()
             return
