@@ -231,22 +231,15 @@ class TimeWindow:
         Returns False, having counted nothing, when the call was slow or time has moved to a
         new bucket: the caller then takes its lock and uses :meth:`record`.
         """
-        if duration > self.slow_call_duration or not self._start <= now < self._end:
-            return False
-        bucket = self._cur
-        # next(counter) rather than add(): benchmark group "tally: one bump"
-        next(bucket.calls.counter)  # type: ignore[union-attr] # _cur is set while _start <= _end
-        bins = bucket.bins  # type: ignore[union-attr]
-        if bins is not None:
-            next(bins[_bisect(_EDGES, duration)].counter)
-        return True
+        return self.add_success_in(now, duration, _bisect(_EDGES, duration))
 
     def add_success_in(self, now: float, duration: float, index: int) -> bool:
-        """:meth:`add_success` given the duration's bin (``latency_bin(duration)``) by a caller
+        """:meth:`add_success` given the duration's bin (``latency_bin(duration)``), by a caller
         that found it for a histogram of its own: a resource's meter (one bisection per call)."""
         if duration > self.slow_call_duration or not self._start <= now < self._end:
             return False
         bucket = self._cur
+        # next(counter) rather than add(): benchmark group "tally: one bump"
         next(bucket.calls.counter)  # type: ignore[union-attr] # _cur is set while _start <= _end
         bins = bucket.bins  # type: ignore[union-attr]
         if bins is not None:

@@ -131,13 +131,14 @@ class UpstreamResponse:
         "status",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built per answer: positional arguments cost less
         self,
         connection: _Connection,
         status: int,
         reason: str,
         raw_headers: list[tuple[str, str]],
         content_length: int | None,
+        level: str | None,
     ) -> None:
         self._pool: ConnectionPool | None = None
         self._connection: _Connection | None = connection
@@ -147,8 +148,9 @@ class UpstreamResponse:
         self.raw_headers = raw_headers
         """Every field as received, in order (names as the upstream wrote them)."""
         self._headers: dict[str, str] | None = None
-        self._level = next((v for n, v in raw_headers if n.lower() == _LEVEL), None)
-        """The first ``X-Admission-Level`` value (see :meth:`header`)."""
+        self._level = level
+        """The first ``X-Admission-Level`` value (see :meth:`header`): found by the head's
+        decoding loop with the framing fields."""
         self.content_length = content_length
         self.connection: str | None = None
         """The answer's ``Connection`` field, if it has one."""
@@ -441,7 +443,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
 
-    def on_headers_complete(self) -> None:  # noqa: PLR0912, PLR0915 - the usual head, no call
+    def on_headers_complete(self) -> None:  # noqa: PLR0912 - the usual head without a call
         fields, reason_bytes = self._fields, self._reason
         self._fields, self._reason = [], b""
         status = self.parser.get_status_code()
@@ -491,25 +493,10 @@ class _Connection(asyncio.Protocol):
         self._until_eof = until_eof = length is None and not chunked and status not in (204, 304)
         if until_eof and not head_mode:
             self.should_close = True
-        # (UpstreamResponse.__init__, inline: a Python call fewer per answer)
         self._response = response = _new_response(UpstreamResponse)
-        response._pool = None
-        response._connection = self
-        response._writer = None
-        response.status = status
-        response.reason = reason
-        response.raw_headers = raw
-        response._headers = None
-        response._level = level
-        response.content_length = length
+        _init_response(response, self, status, reason, raw, length, level)
         response.connection = connection
         response.complete = head_mode or status in (204, 304)
-        response.endpoint = None
-        response._chunks = deque()
-        response._size = 0
-        response._waiter = None
-        response._error = None
-        response._paused = False
 
     head_mode = False
     """Whether the current exchange answers a ``HEAD`` (no body follows its head)."""
@@ -570,8 +557,9 @@ class _Ignore:
 _IGNORE: Final = _Ignore()
 
 _new_response = object.__new__
-"""An ``UpstreamResponse`` without a class call: on CPython 3.11 a class call with a Python
-``__init__`` re-enters the interpreter from C (its fields are set where it is made)."""
+_init_response = UpstreamResponse.__init__
+"""``UpstreamResponse(...)`` in two calls from Python: on CPython 3.11 a class call with a
+Python ``__init__`` re-enters the interpreter from C (``Admission`` is built the same way)."""
 
 
 class ConnectionPool:
@@ -653,14 +641,7 @@ class ConnectionPool:
             head = text.encode("utf-8")
         replayable = not streamed and method in _REPLAYABLE
         while True:
-            connection = None
-            idle = self._idle.get(origin)
-            if idle:  # (_reuse's first look, inline: the last connection idle is usually open)
-                connection = idle.pop()
-                transport = connection.transport
-                if transport is None or transport.is_closing() or connection.should_close:
-                    self._forget(connection)
-                    connection = self._reuse(origin)
+            connection = self._reuse(origin)
             if connection is None:
                 connection = await self._acquire(origin)
             reused = connection.used

@@ -155,8 +155,7 @@ class RouteStats:
         return {"answer": self.answered, **self._answers}
 
     def done(self, status: int, duration: float) -> None:
-        """One answer with ``status`` after ``duration`` seconds (status 0: no answer). (The
-        proxy's handler repeats these two lines inline.)"""
+        """One answer with ``status`` after ``duration`` seconds (status 0: no answer)."""
         self.classes[status // 100 if 100 <= status < 600 else 0] += 1
         self.bins[bisect_right(_EDGES, duration)] += 1
 
