@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 import floodwall as fw
 from floodwall import CircuitState, FakeClock
@@ -25,7 +26,7 @@ from floodwall.config import (
     parse_rate,
 )
 from floodwall.config import parse_rate as config_parse_rate
-from floodwall.config.schema import BackoffConfig
+from floodwall.config.schema import BackoffConfig, CircuitBreakerConfig
 from floodwall.ratelimit import Rate
 from floodwall.ratelimit import parse_rate as ratelimit_parse_rate
 
@@ -470,3 +471,11 @@ def test_adaptive_and_idempotency_sections(clock: FakeClock) -> None:
         registry.reload(
             {"resources": {"search": {"adaptive": {"algorithm": "aimd", "options": {"nope": 1}}}}}
         )
+
+
+@pytest.mark.parametrize("value", [True, "20", b"20", bytearray(b"20")])
+def test_a_count_is_a_number_not_a_flag_string_or_bytes(value: object) -> None:
+    """Pydantic's lax mode would read each of these as a count (``b"20"`` as 20): refused,
+    naming the field and the value (found by the bad-input walk drawing ``b'1'``)."""
+    with pytest.raises(ValidationError, match="minimum_calls must be a number, got"):
+        CircuitBreakerConfig(minimum_calls=value)

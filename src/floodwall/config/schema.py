@@ -109,11 +109,12 @@ class _Model(BaseModel):
     @classmethod
     def _plain_scalars(cls, value: Any, info: ValidationInfo) -> Any:
         """A number is a number and a flag is true or false: pydantic's lax mode would read
-        ``true`` as 1 and ``"yes"`` as true. (A duration has its own parser: ``"5s"``.)"""
+        ``true`` as 1, ``b"1"`` as 1 and ``"yes"`` as true. (A duration has its own parser:
+        ``"5s"``.)"""
         name = info.field_name
         assert name is not None
         kind = _scalar_kind(cls.model_fields[name])
-        if kind == "number" and isinstance(value, bool | str):
+        if kind == "number" and isinstance(value, bool | str | bytes | bytearray):
             raise ValueError(f"{name} must be a number, got {value!r}")
         if kind == "flag" and not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false, got {value!r}")
