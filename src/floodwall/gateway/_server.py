@@ -498,15 +498,7 @@ class Connection(asyncio.Protocol):
         if in_body and self._in_head:  # a body ended and the next head began in this read:
             self._head_bytes += len(data)  # counted whole (a little more than the head: safe)
         if ready:
-            waiter = self._waiter
-            if len(ready) == 1 and waiter is not None and not waiter.done():
-                # the usual read: one head, and the serving task waits for it (_dispatch and
-                # _start, inline: two Python calls fewer per request)
-                self._waiter = None
-                self.task = self._runner
-                waiter.set_result(ready.popleft())
-            else:
-                self._dispatch()
+            self._dispatch()
         if self._head_bytes > self.rules.max_head and not self._in_body:
             quiet.debug("refusing a request head: more than %d bytes", self.rules.max_head)
             self._refuse(self.rules.too_large)
@@ -642,7 +634,7 @@ class Connection(asyncio.Protocol):
         else:  # the task itself is finishing the last one (in _done): it goes on with this one
             self._handoff = (request, refusal)
 
-    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:  # noqa: PLR0912 - _done's usual case inline
+    async def _serve(self, request: Request, refusal: EdgeRefusal | None) -> None:
         """The connection's one task: its requests, one after the other, waiting on a future
         between them (:meth:`_start` hands each on). One task per connection rather than per
         request: making a task (and registering it) cost about 6 k instructions per request
@@ -676,20 +668,7 @@ class Connection(asyncio.Protocol):
             finally:
                 self.task = None
                 self.served += 1
-                if (  # the usual: kept alive, body read, nothing queued; idle till a head
-                    self._state == _BUSY  # (_done's case, inline: one Python call fewer)
-                    and request.keep_alive
-                    and self._receiving is not request
-                    and not (self._in_head or self._queue or self._close_after)
-                    and not self.server.closing
-                    and self.transport is not None
-                ):
-                    self._state = _IDLE
-                    self._deadline = self.loop.time() + self.server.keepalive_timeout
-                    if self._timer is None:
-                        self._arm(self._deadline)
-                else:
-                    self._done(request)
+                self._done(request)
             handoff = self._handoff
             if handoff is not None:
                 self._handoff = None
@@ -703,8 +682,8 @@ class Connection(asyncio.Protocol):
             request, refusal = await waiter
 
     def _done(self, request: Request) -> None:
-        """After an answer, but the usual case (:meth:`_serve` idles the connection itself):
-        close, read the rest of the request's body away, or go on with a queued one."""
+        """After an answer: close, read the rest of the request's body away, or go on with a
+        queued one (or wait for the next)."""
         transport = self.transport
         if transport is None:
             return
