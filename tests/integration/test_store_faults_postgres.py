@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import math
 import statistics
 import threading
@@ -416,10 +417,12 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
 
     A run during which this process itself stood still for longer than the timeout leaves
     room for (the timeout less two ops: a garbage collection or the scheduler, measured with
-    :class:`~stalls.HeldOff` and :class:`~stalls.CollectorPauses`) is not judged, since no
-    call can succeed while the process stands still and the waiters' rule then rightly gives
-    up: in CI under a CPU hog one such run opened the guard's breaker. It is run again, up to
-    three times; a machine that stalls every run fails the test."""
+    :class:`~stalls.HeldOff` and :class:`~stalls.CollectorPauses`), or no op ended for that
+    long (the server or its connections' threads held off the CPU: on a machine at load
+    average 11 one run saw 0.6 s without an op where ops took 70 ms), is not judged, since no
+    call can succeed then and the waiters' rule rightly gives up: in CI under a CPU hog one
+    such run opened the guard's breaker. It is run again, up to three times; a machine that
+    stalls every run fails the test (as would a pool that left its connections idle)."""
     op = _SlowOnce()
     probe = PostgresStore(postgres_dsn, prefix=f"solo-{uuid.uuid4().hex[:8]}:", pool_size=1)
     try:
@@ -436,16 +439,17 @@ def test_a_saturated_pool_of_a_healthy_store_is_load_not_an_outage(postgres_dsn:
     for _ in range(3):
         with CollectorPauses() as collector, HeldOff() as held_off:
             run = _saturate(postgres_dsn, op, timeout)
-        stall = max([lag for _, lag in held_off.lags] + [p for _, p in collector.pauses] + [0.0])
+        lags = [lag for _, lag in held_off.lags] + [p for _, p in collector.pauses]
+        stall = max([*lags, run.still])
         print(
             f"\nsaturated pool: lone op {1000 * lone:.0f} ms, timeout {1000 * timeout:.0f} ms;"
-            f" {run}; this process stood still {1000 * stall:.0f} ms at most"
+            f" {run}; this process or the store stood still {1000 * stall:.0f} ms at most"
         )
         if stall <= timeout - 2 * lone:
             break
         stalls.append(stall)
     else:
-        pytest.fail(f"this process stood still past the timeout's room in every run: {stalls}")
+        pytest.fail(f"this process or the store stood still past the timeout's room: {stalls}")
     waits, guard, answers = run.waits, run.guard, run.answers
     assert len(waits) == 3 * SATURATING_THREADS
     assert run.over > 0, "no caller queued past the timeout: the pool was not saturated"
@@ -471,6 +475,8 @@ class _Saturated:
     :data:`SATURATING_THREADS` ops took to end in the run."""
     over: int
     """Calls that waited longer than the timeout."""
+    still: float
+    """The longest time in the run in which no op ended."""
 
     def __str__(self) -> str:
         worst, p99 = max(self.waits), statistics.quantiles(self.waits, n=100)[98]
@@ -514,7 +520,8 @@ def _saturate(postgres_dsn: str, op: _SlowOnce, timeout: float) -> _Saturated:
         later - earlier for earlier, later in zip(ends, ends[SATURATING_THREADS:], strict=False)
     )
     over = sum(wait > timeout for wait in waits)
-    return _Saturated(waits, answers, guard, held, fair, over)
+    still = max(later - earlier for earlier, later in itertools.pairwise(ends))
+    return _Saturated(waits, answers, guard, held, fair, over, still)
 
 
 def test_callers_queued_before_the_store_first_answered_are_answered(postgres_dsn: str) -> None:
