@@ -225,3 +225,34 @@ def test_an_upstream_answer_with_ambiguous_framing_never_reaches_the_client(
             thread.join(5)
     assert _status(answer) == 502, answer[:300]
     assert b"smuggle" not in answer
+
+
+def test_a_field_the_proxy_reads_is_seen_when_it_comes_alone(
+    upstreams: Callable[..., list[Upstream]], gateways: Callable[[dict[str, Any]], GatewayThread]
+) -> None:
+    """A request whose only field the proxy reads after routing is its request id (by its
+    configured name), ``Connection`` or ``Expect`` is not taken for one with none of them (one
+    test tells the usual request: ``Route.reads``)."""
+    (svc,) = upstreams("svc")
+    gw = gateways(
+        {
+            "upstreams": {"svc": {"endpoints": [svc.url]}},
+            "routes": [{"match": {"path_prefix": "/"}, "upstream": "svc"}],
+            "proxy": {"trusted_proxies": ["127.0.0.1/32"], "request_id_header": "X-Trace-Id"},
+        }
+    )
+    head = b"GET /a HTTP/1.1\r\nHost: api.example.com\r\n"
+    answer = raw_http(gw.port, head + b"X-Trace-Id: chosen-1\r\nConnection: close\r\n\r\n")
+    assert _status(answer) == 200 and b"\r\nX-Trace-Id: chosen-1\r\n" in answer
+    assert httpx.Headers(svc.state.requests[-1]["headers"])["X-Trace-Id"] == "chosen-1"
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+        sock.sendall(head + b"X-Trace-Id: chosen-2\r\n\r\n")  # the id alone (kept alive)
+        answer = sock.recv(65536)
+    assert _status(answer) == 200 and b"\r\nX-Trace-Id: chosen-2\r\n" in answer
+    answer = raw_http(gw.port, head + b"Connection: x-secret, close\r\nX-Secret: 1\r\n\r\n")
+    assert _status(answer) == 200
+    assert "X-Secret" not in httpx.Headers(svc.state.requests[-1]["headers"])
+    answer = raw_http(gw.port, head + b"Expect: 200-ok\r\nConnection: close\r\n\r\n")
+    assert _status(answer) == 417
+    answer = raw_http(gw.port, head + b"Expect: 200-ok\r\n\r\n", read_all=False)
+    assert _status(answer) == 417

@@ -451,12 +451,17 @@ class Proxy:
             headers = request.headers
             peer = request.remote
             trusted = table.trusted(peer)
-            rid = headers.get(table.request_id_lower)
+            reads = route.guard_reads
+            plain = route.reads.isdisjoint(headers)  # (then no field below is looked up)
+            if plain:
+                rid = None
+                shown = _NO_HEADERS if reads is not None else headers
+            else:
+                rid = headers.get(table.request_id_lower)
+                shown = headers if reads is None or not reads.isdisjoint(headers) else _NO_HEADERS
             if rid is None or not (trusted and valid_request_id(rid)):
                 rid = new_request_id()
             client = client_address(peer, headers, table.trusted) if trusted else peer
-            reads = route.guard_reads
-            shown = headers if reads is None or not reads.isdisjoint(headers) else _NO_HEADERS
             admitted = route.guard.admit(_inbound((request.method, request.path, shown, peer)))
             if isinstance(admitted, Refusal):
                 stats.count(admitted.error.kind)
@@ -467,7 +472,7 @@ class Proxy:
             try:
                 shortened = (  # (a deadline only a client's header can have made shorter)
                     _client_deadline(admitted, route.timeout)
-                    if "x-request-deadline" in headers or "grpc-timeout" in headers
+                    if not plain and ("x-request-deadline" in headers or "grpc-timeout" in headers)
                     else None
                 )
                 extra: Sequence[tuple[str, str]] = ()
@@ -489,7 +494,7 @@ class Proxy:
                         return response
                     last = route.rate_last  # (Route.rate_fields' first test inline)
                     extra, block = last[1] if decision is last[0] else route.rate_fields(decision)
-                expect = headers.get("expect")
+                expect = None if plain else headers.get("expect")
                 if expect is not None and request.version != "1.0":  # (1.0: ignored, RFC 9110
                     if expect.lower() != "100-continue":  # §10.1.1)
                         why = f"Expect: {expect} is not supported"
@@ -506,7 +511,7 @@ class Proxy:
                     admitted.__enter__()
                     try:
                         answer = await self._exchange(
-                            request, table, route, rid, client, trusted, shortened
+                            request, table, route, rid, client, trusted, shortened, plain
                         )
                     finally:
                         admitted.__exit__(None, None, None)
@@ -571,11 +576,16 @@ class Proxy:
         client: str | None,
         trusted: bool,
         shortened: Deadline | None,
+        plain: bool,
     ) -> Response:
+        """The protected exchange of ``request`` and its answer (``plain``: the request has none
+        of the fields :attr:`Route.reads` names)."""
         path_qs = request.path_qs
         if route.strip is not None:
             path_qs = _strip(path_qs, route.strip)
-        fields, fixed, forwarded_host = _upstream_headers(request, rid, trusted, client, table)
+        fields, fixed, forwarded_host = _upstream_headers(
+            request, rid, trusted, client, table, plain
+        )
         method = request.method
         body: bytes | _Body | None = None
         if request.body is not None:  # buffered (a retry can resend it) or streamed once
@@ -591,7 +601,7 @@ class Proxy:
         pool = route.pool
         # (the call and its tries built here, each without a class call: see _new)
         call = _new(Call)
-        key = request.headers.get("idempotency-key")
+        key = None if plain else request.headers.get("idempotency-key")
         _init_call(call, self.outbound, method, pool.name, policy, key)
         if body is not None and isinstance(body, _Body):
             call.retryable = False  # streamed once: nothing to resend
@@ -1013,15 +1023,20 @@ OWN_FORWARDING: Final = 4096
 _OWN_FORWARDING: dict[tuple[str | None, str], tuple[tuple[tuple[str, str], ...], str, str]] = {}
 
 
-def _upstream_headers(
-    request: Request, rid: str, trusted: bool, client: str | None, table: Table
+def _upstream_headers(  # noqa: PLR0917 - per request: positional arguments cost less
+    request: Request,
+    rid: str,
+    trusted: bool,
+    client: str | None,
+    table: Table,
+    plain: bool,
 ) -> tuple[list[tuple[str, str]], str, str]:
     """The fields to send upstream, this hop's forwarding fields as head lines when they are
     the same for every request of this peer and host (else ``""``: they are in the fields),
-    and the ``X-Forwarded-Host`` sent."""
+    and the ``X-Forwarded-Host`` sent (``plain``: the request has no ``Connection``)."""
     headers = request.headers
     dropped = REQUEST_DROPPED
-    named = connection_tokens(headers) if "connection" in headers else None
+    named = connection_tokens(headers) if not plain and "connection" in headers else None
     rid_name = table.request_id_lower
     out: list[tuple[str, str]] = []
     for item in request.raw_headers:
