@@ -138,8 +138,10 @@ class RetryBudget:
         self.clock = clock
         self._floor = self.min_per_second * self.window
         self._window = TimeWindow(buckets, self.window / buckets, latency=False)
-        self._add = self._window.add_success
-        """The lock-free half of :meth:`deposit`, bound once (policies inline it)."""
+        self._add = self._window.add_success_in
+        """The lock-free half of :meth:`deposit`, bound once (policies inline it): called with
+        bin 0, as the window keeps no latency histogram (no bisection of a 0.0 duration and no
+        ``add_success`` frame per request)."""
         self._lock = threading.Lock()
         self._users = 0
 
@@ -147,7 +149,7 @@ class RetryBudget:
 
     def deposit(self, now: float) -> None:
         """Count one request at ``now``. Lock-free in the common case (O(1))."""
-        if not self._window.add_success(now, 0.0):
+        if not self._add(now, 0.0, 0):
             with self._lock:
                 self._window.record(now, Kind.SUCCESS, 0.0)
 
@@ -211,7 +213,7 @@ class RetryBudget:
         charged = _BUDGETS.get()
         if self in charged:
             return None
-        if not self._add(now, 0.0):
+        if not self._add(now, 0.0, 0):
             self.deposit(now)
         return _BUDGETS.set((*charged, self))
 

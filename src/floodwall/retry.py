@@ -503,7 +503,7 @@ class Retry(Attempts):
         if budget is not None:
             if budget._users > 1:
                 charged = budget.enter(start)  # shared: count a nested request once
-            elif not budget._add(start, 0.0):  # private: the lock-free deposit
+            elif not budget._add(start, 0.0, 0):  # private: the lock-free deposit
                 budget.deposit(start)
         if self.deadline is not None:
             limit = self._own_deadline(start, self.deadline)

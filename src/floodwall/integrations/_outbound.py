@@ -353,10 +353,9 @@ class Call(CallContext):
         self.policy = policy
         self.key = key
         # (the ambient values read from their variables, here and below: a Python call less
-        # each, per outbound request)
-        ambient = _IDEMPOTENCY_KEY.get() if key is None else None
+        # each, per outbound request; the ambient key only for a method that needs one)
         unsafe = method not in core.idempotent_methods
-        self._ambient_key = ambient if unsafe else None
+        self._ambient_key = _IDEMPOTENCY_KEY.get() if unsafe and key is None else None
         self.retryable = not unsafe or key is not None or self._ambient_key is not None
         self.degraded_by: str | None = None
         self.degraded_reason: str | None = None
