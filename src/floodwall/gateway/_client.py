@@ -58,8 +58,8 @@ __all__ = [
 ]
 
 _LEVEL: Final = ADMISSION_LEVEL.lower()
-"""The one field the outbound call reads from every answer (``x-admission-level``, as long as
-``transfer-encoding``: the head's loop finds it with the framing fields)."""
+"""The one field the outbound call reads from every answer (``x-admission-level``: the head's
+loop finds it with the framing fields)."""
 BODY_HIGH_WATER: Final = 256 * 1024
 """Answer body bytes buffered before the connection stops reading from the upstream."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
@@ -469,19 +469,22 @@ class _Connection(asyncio.Protocol):
         coding: str | None = None
         connection: str | None = None
         level: str | None = None
+        names = _NAMES
         for field_name, field_value in fields:
-            name = field_name.decode("latin-1")
+            try:  # (a name seen before: no decode, no lower-casing)
+                name, kind = names[field_name]
+            except KeyError:
+                name, kind = _name(field_name)
             value = field_value.decode("latin-1")
             raw.append((name, value))
-            if len(name) in (10, 14, 17):  # (a length test first: most names are none of these)
-                lower = name.lower()
-                if lower == "content-length":
+            if kind:
+                if kind == _LENGTH:
                     length = int(value)
-                elif lower == "transfer-encoding":
+                elif kind == _TRANSFER:
                     coding = value if coding is None else f"{coding}, {value}"
-                elif lower == "connection":
+                elif kind == _CONNECTION:
                     connection = value if connection is None else f"{connection}, {value}"
-                elif lower == _LEVEL and level is None:
+                elif level is None:  # (_ADMISSION)
                     level = value
         if coding is not None and coding.strip().lower() != "chunked":
             self._error = _CODING  # (only one chunked: see _CODING)
@@ -539,6 +542,30 @@ class _Connection(asyncio.Protocol):
             waiter = response._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+
+
+_LENGTH, _TRANSFER, _CONNECTION, _ADMISSION = 1, 2, 3, 4
+_KINDS: Final = {
+    "content-length": _LENGTH,
+    "transfer-encoding": _TRANSFER,
+    "connection": _CONNECTION,
+    _LEVEL: _ADMISSION,
+}
+"""The answer fields the head's loop reads, by lower-case name (any other is kind 0)."""
+_NAMES: Final[dict[bytes, tuple[str, int]]] = {}
+"""Answer field names as received, decoded and with their kind: an upstream sends a few
+distinct names, so each is decoded and lower-cased once, not once per answer."""
+_NAMES_KEPT: Final = 512
+"""Names :data:`_NAMES` keeps at most (names past it are decoded per answer)."""
+
+
+def _name(raw: bytes) -> tuple[str, int]:
+    """A field name decoded, with its kind (kept in :data:`_NAMES` while there is room)."""
+    name = raw.decode("latin-1")
+    entry = (name, _KINDS.get(name.lower(), 0))
+    if len(_NAMES) < _NAMES_KEPT:
+        _NAMES[raw] = entry
+    return entry
 
 
 _CODING: Final = "a Transfer-Encoding other than one chunked"
