@@ -158,7 +158,7 @@ class UpstreamResponse:
         """Whether the whole body has arrived (read or not)."""
         self.endpoint: Any = None
         """Whatever the caller notes beside the answer (the proxy: the endpoint it came from)."""
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
@@ -226,7 +226,7 @@ class UpstreamResponse:
             finally:
                 self._waiter = None
         chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        data = _join(chunks)  # (one piece: the piece itself, no copy)
         chunks.clear()
         self._size = 0
         if self._paused:
@@ -239,17 +239,14 @@ class UpstreamResponse:
     def take(self) -> bytes:
         """The whole body, once it has all arrived (:attr:`complete`)."""
         chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        data = _join(chunks)  # (one piece: the piece itself, no copy)
         chunks.clear()
         return data
 
     async def read(self, limit: int = -1) -> bytes:
         """The whole body (or its first ``limit`` bytes); the caller bounds the wait."""
         if self.complete and limit < 0:
-            chunks = self._chunks
-            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            return data
+            return self.take()
         parts: list[bytes] = []
         size = 0
         while limit < 0 or size < limit:
@@ -875,8 +872,9 @@ class ConnectionPool:
 
 _field = ": ".join
 _lines = "\r\n".join
-"""A field's line and a head's lines, joined in C (bound once: each ``": ".join`` written
-in a function makes a bound method per call)."""
+_join = b"".join
+"""A field's line, a head's lines and a body's pieces, joined in C (bound once: each
+``": ".join`` written in a function makes a bound method per call)."""
 
 
 def _chunked(head: bytes) -> bool:
