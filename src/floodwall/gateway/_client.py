@@ -290,6 +290,10 @@ class _Connection(asyncio.Protocol):
         self._small_head = min(limits.max_line, limits.max_field)
         """A whole head up to this size breaks no line or field limit (see _head_error)."""
         self.loop = asyncio.get_running_loop()
+        self._reason: list[bytes] = []
+        self.on_status = self._reason.append
+        """The parser's reason-phrase callback (httptools looks it up when a parser is made):
+        the pieces appended in C, no Python frame per answer; taken when the head is complete."""
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
@@ -302,7 +306,6 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
-        self._reason = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._until_eof = False
         self._error: str | None = None
@@ -432,17 +435,16 @@ class _Connection(asyncio.Protocol):
     # -- the parser's callbacks -------------------------------------------------------------
 
     # (No on_message_begin: each head's status and fields are taken, and reset, when the head
-    # is complete; one Python call fewer from C per answer.)
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
+    # is complete; one Python call fewer from C per answer. on_status: see __init__.)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:  # noqa: PLR0912 - the usual head without a call
-        fields, reason_bytes = self._fields, self._reason
-        self._fields, self._reason = [], b""
+        fields, pieces = self._fields, self._reason
+        self._fields = []
+        reason_bytes = _join(pieces)  # (one piece, the usual: that piece itself)
+        pieces.clear()
         status = self.parser.get_status_code()
         if status < 200:
             if status == 101:
