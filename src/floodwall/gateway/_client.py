@@ -555,14 +555,16 @@ _NAMES: Final[dict[bytes, tuple[str, int]]] = {}
 """Answer field names as received, decoded and with their kind: an upstream sends a few
 distinct names, so each is decoded and lower-cased once, not once per answer."""
 _NAMES_KEPT: Final = 512
-"""Names :data:`_NAMES` keeps at most (names past it are decoded per answer)."""
+_NAME_KEPT_SIZE: Final = 64
+"""Names :data:`_NAMES` keeps at most, and their longest (others are decoded per answer):
+an upstream sending ever new or huge names pins at most about 64 kB."""
 
 
 def _name(raw: bytes) -> tuple[str, int]:
     """A field name decoded, with its kind (kept in :data:`_NAMES` while there is room)."""
     name = raw.decode("latin-1")
     entry = (name, _KINDS.get(name.lower(), 0))
-    if len(_NAMES) < _NAMES_KEPT:
+    if len(raw) <= _NAME_KEPT_SIZE and len(_NAMES) < _NAMES_KEPT:
         _NAMES[raw] = entry
     return entry
 
