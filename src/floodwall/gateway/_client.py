@@ -657,12 +657,14 @@ class ConnectionPool:
             declared = any(name.lower() == "content-length" for name, _ in fields)
             framing = "" if declared else "Transfer-Encoding: chunked\r\n"
         # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
-        lines = _lines(map(_field, fields)) + "\r\n" if fields else ""
-        text = f"{method} {target} HTTP/1.1\r\n{lines}"
-        breaks = len(fields) + 1
-        if text.count("\n") != breaks or text.count("\r") != breaks:
+        lines = [f"{method} {target} HTTP/1.1", *map(_field, fields)]
+        # The lines without their breaks, tested with two memchr scans: two str.count calls
+        # over the head cost about twice as much (their argument parsing, a loop per character)
+        probe = _cat(lines)
+        if "\r" in probe or "\n" in probe:
             raise ValueError("a request field contains CR or LF")
-        text = f"{text}{fixed}{framing}\r\n"
+        lines.append(f"{fixed}{framing}\r\n")
+        text = _lines(lines)
         try:
             head = text.encode("latin-1")
         except UnicodeEncodeError:
@@ -876,9 +878,10 @@ class ConnectionPool:
 
 _field = ": ".join
 _lines = "\r\n".join
+_cat = "".join
 _join = b"".join
-"""A field's line, a head's lines and a body's pieces, joined in C (bound once: each
-``": ".join`` written in a function makes a bound method per call)."""
+"""A field's line, a head's lines (with and without breaks) and a body's pieces, joined in C
+(bound once: each ``": ".join`` written in a function makes a bound method per call)."""
 
 
 def _chunked(head: bytes) -> bool:
