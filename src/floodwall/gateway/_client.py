@@ -58,8 +58,8 @@ __all__ = [
 ]
 
 _LEVEL: Final = ADMISSION_LEVEL.lower()
-"""The one field the outbound call reads from every answer (``x-admission-level``, as long as
-``transfer-encoding``: the head's loop finds it with the framing fields)."""
+"""The one field the outbound call reads from every answer (``x-admission-level``: the head's
+loop finds it with the framing fields)."""
 BODY_HIGH_WATER: Final = 256 * 1024
 """Answer body bytes buffered before the connection stops reading from the upstream."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
@@ -158,7 +158,7 @@ class UpstreamResponse:
         """Whether the whole body has arrived (read or not)."""
         self.endpoint: Any = None
         """Whatever the caller notes beside the answer (the proxy: the endpoint it came from)."""
-        self._chunks: deque[bytes] = deque()
+        self._chunks: list[bytes] = []
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
@@ -226,7 +226,7 @@ class UpstreamResponse:
             finally:
                 self._waiter = None
         chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        data = _join(chunks)  # (one piece: the piece itself, no copy)
         chunks.clear()
         self._size = 0
         if self._paused:
@@ -239,17 +239,14 @@ class UpstreamResponse:
     def take(self) -> bytes:
         """The whole body, once it has all arrived (:attr:`complete`)."""
         chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        data = _join(chunks)  # (one piece: the piece itself, no copy)
         chunks.clear()
         return data
 
     async def read(self, limit: int = -1) -> bytes:
         """The whole body (or its first ``limit`` bytes); the caller bounds the wait."""
         if self.complete and limit < 0:
-            chunks = self._chunks
-            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            return data
+            return self.take()
         parts: list[bytes] = []
         size = 0
         while limit < 0 or size < limit:
@@ -293,6 +290,10 @@ class _Connection(asyncio.Protocol):
         self._small_head = min(limits.max_line, limits.max_field)
         """A whole head up to this size breaks no line or field limit (see _head_error)."""
         self.loop = asyncio.get_running_loop()
+        self._reason: list[bytes] = []
+        self.on_status = self._reason.append
+        """The parser's reason-phrase callback (httptools looks it up when a parser is made):
+        the pieces appended in C, no Python frame per answer; taken when the head is complete."""
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
@@ -305,7 +306,6 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
-        self._reason = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._until_eof = False
         self._error: str | None = None
@@ -435,17 +435,16 @@ class _Connection(asyncio.Protocol):
     # -- the parser's callbacks -------------------------------------------------------------
 
     # (No on_message_begin: each head's status and fields are taken, and reset, when the head
-    # is complete; one Python call fewer from C per answer.)
-
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
+    # is complete; one Python call fewer from C per answer. on_status: see __init__.)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:  # noqa: PLR0912 - the usual head without a call
-        fields, reason_bytes = self._fields, self._reason
-        self._fields, self._reason = [], b""
+        fields, pieces = self._fields, self._reason
+        self._fields = []
+        reason_bytes = _join(pieces)  # (one piece, the usual: that piece itself)
+        pieces.clear()
         status = self.parser.get_status_code()
         if status < 200:
             if status == 101:
@@ -469,19 +468,22 @@ class _Connection(asyncio.Protocol):
         coding: str | None = None
         connection: str | None = None
         level: str | None = None
+        names = _NAMES
         for field_name, field_value in fields:
-            name = field_name.decode("latin-1")
+            try:  # (a name seen before: no decode, no lower-casing)
+                name, kind = names[field_name]
+            except KeyError:
+                name, kind = _name(field_name)
             value = field_value.decode("latin-1")
             raw.append((name, value))
-            if len(name) in (10, 14, 17):  # (a length test first: most names are none of these)
-                lower = name.lower()
-                if lower == "content-length":
+            if kind:
+                if kind == _LENGTH:
                     length = int(value)
-                elif lower == "transfer-encoding":
+                elif kind == _TRANSFER:
                     coding = value if coding is None else f"{coding}, {value}"
-                elif lower == "connection":
+                elif kind == _CONNECTION:
                     connection = value if connection is None else f"{connection}, {value}"
-                elif lower == _LEVEL and level is None:
+                elif level is None:  # (_ADMISSION)
                     level = value
         if coding is not None and coding.strip().lower() != "chunked":
             self._error = _CODING  # (only one chunked: see _CODING)
@@ -539,6 +541,32 @@ class _Connection(asyncio.Protocol):
             waiter = response._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+
+
+_LENGTH, _TRANSFER, _CONNECTION, _ADMISSION = 1, 2, 3, 4
+_KINDS: Final = {
+    "content-length": _LENGTH,
+    "transfer-encoding": _TRANSFER,
+    "connection": _CONNECTION,
+    _LEVEL: _ADMISSION,
+}
+"""The answer fields the head's loop reads, by lower-case name (any other is kind 0)."""
+_NAMES: Final[dict[bytes, tuple[str, int]]] = {}
+"""Answer field names as received, decoded and with their kind: an upstream sends a few
+distinct names, so each is decoded and lower-cased once, not once per answer."""
+_NAMES_KEPT: Final = 512
+_NAME_KEPT_SIZE: Final = 64
+"""Names :data:`_NAMES` keeps at most, and their longest (others are decoded per answer):
+an upstream sending ever new or huge names pins at most about 64 kB."""
+
+
+def _name(raw: bytes) -> tuple[str, int]:
+    """A field name decoded, with its kind (kept in :data:`_NAMES` while there is room)."""
+    name = raw.decode("latin-1")
+    entry = (name, _KINDS.get(name.lower(), 0))
+    if len(raw) <= _NAME_KEPT_SIZE and len(_NAMES) < _NAMES_KEPT:
+        _NAMES[raw] = entry
+    return entry
 
 
 _CODING: Final = "a Transfer-Encoding other than one chunked"
@@ -629,12 +657,14 @@ class ConnectionPool:
             declared = any(name.lower() == "content-length" for name, _ in fields)
             framing = "" if declared else "Transfer-Encoding: chunked\r\n"
         # (C loops, no Python frame per field; str.join costs about half of a "%s: %s" format)
-        lines = _lines(map(_field, fields)) + "\r\n" if fields else ""
-        text = f"{method} {target} HTTP/1.1\r\n{lines}"
-        breaks = len(fields) + 1
-        if text.count("\n") != breaks or text.count("\r") != breaks:
+        lines = [f"{method} {target} HTTP/1.1", *map(_field, fields)]
+        # The lines without their breaks, tested with two memchr scans: two str.count calls
+        # over the head cost about twice as much (their argument parsing, a loop per character)
+        probe = _cat(lines)
+        if "\r" in probe or "\n" in probe:
             raise ValueError("a request field contains CR or LF")
-        text = f"{text}{fixed}{framing}\r\n"
+        lines.append(f"{fixed}{framing}\r\n")
+        text = _lines(lines)
         try:
             head = text.encode("latin-1")
         except UnicodeEncodeError:
@@ -848,8 +878,10 @@ class ConnectionPool:
 
 _field = ": ".join
 _lines = "\r\n".join
-"""A field's line and a head's lines, joined in C (bound once: each ``": ".join`` written
-in a function makes a bound method per call)."""
+_cat = "".join
+_join = b"".join
+"""A field's line, a head's lines (with and without breaks) and a body's pieces, joined in C
+(bound once: each ``": ".join`` written in a function makes a bound method per call)."""
 
 
 def _chunked(head: bytes) -> bool:
