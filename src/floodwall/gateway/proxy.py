@@ -836,14 +836,7 @@ class Proxy:
         if whole and data is None and method != "HEAD" and not upstream.complete:
             return None  # (the body is read first, without a timer when it is all here)
         endpoint: Endpoint = upstream.endpoint
-        dropped = route.answer_dropped
-        if upstream.connection is None:  # (_copy_response_headers inline: no call)
-            headers = []
-            for item in upstream.raw_headers:
-                if item[0].lower() not in dropped:
-                    headers.append(item)  # noqa: PERF401 - a comprehension is a call on 3.11
-        else:
-            headers = _copy_response_headers(upstream, dropped)
+        headers = _copy_response_headers(upstream, route.answer_dropped)
         if table.via:
             headers.append(("Via", "1.1 floodwall"))
         route.stats.answered += 1
