@@ -284,6 +284,24 @@ class Response:
         return None
 
 
+FIELD_NAMES: Final = 1024
+"""Request field names kept decoded and lower-cased (beyond, each is decoded every time)."""
+SHORT_NAME: Final = 64
+"""Bytes of the longest field name kept (a client's made-up long names are not)."""
+_NAMES: dict[bytes, tuple[str, str]] = {}
+
+
+def _field_name(name: bytes) -> tuple[str, str]:
+    """``name`` decoded and lower-cased, kept for its next request when short (up to
+    :data:`FIELD_NAMES`): requests repeat a small vocabulary, and a kept name costs a lookup
+    instead of a decode, a ``lower()`` and the hash of a new string."""
+    text = name.decode("latin-1")
+    known = (text, text.lower())
+    if len(_NAMES) < FIELD_NAMES and len(name) <= SHORT_NAME:
+        _NAMES[name] = known
+    return known
+
+
 _new_request = object.__new__
 _init_request = Request.__init__
 """A request in two calls from Python: on CPython 3.11 a class call with a Python
@@ -559,12 +577,12 @@ class Connection(asyncio.Protocol):
         headers: dict[str, str] = {}
         refusal = None
         size = 0
+        names = _NAMES
         for field_name, field_value in fields:  # (a loop: CPython 3.11 runs a comprehension
-            name = field_name.decode("latin-1")  # as a function call of its own)
+            name, lower = names.get(field_name) or _field_name(field_name)  # as a call)
             value = field_value.decode("latin-1")
             raw.append((name, value))
             size += len(name) + len(value)
-            lower = name.lower()
             if lower in headers:
                 if lower == "host":
                     refusal = _TWO_HOSTS
