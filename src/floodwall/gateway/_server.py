@@ -318,6 +318,22 @@ def _length_line(length: int) -> str:
     return line
 
 
+STATUS_LINES: Final = 256
+"""Status lines kept (beyond, each is formatted every time)."""
+_STATUS_LINES: dict[tuple[str, int, str | None], str] = {}
+
+
+def _status_line(version: str, status: int, reason: str | None) -> str:
+    """An answer's status line, kept for the next answer of that version, status and reason
+    (up to :data:`STATUS_LINES`; looked up as ``_STATUS_LINES.get((version, status, reason))
+    or _status_line(version, status, reason)``): formatting the status and looking up its
+    phrase cost more than the lookup."""
+    line = f"HTTP/{version} {status} {reason or _REASONS.get(status, 'Unknown')}\r\n"
+    if len(_STATUS_LINES) < STATUS_LINES:
+        _STATUS_LINES[version, status, reason] = line
+    return line
+
+
 _new_request = object.__new__
 _init_request = Request.__init__
 """A request in two calls from Python: on CPython 3.11 a class call with a Python
@@ -848,7 +864,8 @@ class Connection(asyncio.Protocol):
         """The answer's head: status line, fields, ``Server``, ``Date``, then ``framing`` (the
         length or chunked line and the Connection line, the caller's: each knows its case)."""
         status = response.status
-        reason = response.reason or _REASONS.get(status, "Unknown")
+        reason = response.reason
+        line = _STATUS_LINES.get((version, status, reason)) or _status_line(version, status, reason)
         headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
         fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
         if response.tail:
@@ -863,7 +880,7 @@ class Connection(asyncio.Protocol):
         second = date.second
         if not second <= time.time() < second + 1:
             date.now()
-        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n{framing}\r\n"
+        text = f"{line}{fields}Date: {date.value}\r\n{framing}\r\n"
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:
