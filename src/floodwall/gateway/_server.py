@@ -438,6 +438,43 @@ read the answer (nginx's lingering close)."""
 class Connection(asyncio.Protocol):
     """One client connection (see :mod:`floodwall.gateway._server`)."""
 
+    __slots__ = (
+        "_chunked",
+        "_close_after",
+        "_deadline",
+        "_drain",
+        "_handoff",
+        "_head_bytes",
+        "_headers",
+        "_in_body",
+        "_in_head",
+        "_queue",
+        "_raw",
+        "_read_paused",
+        "_ready",
+        "_receiving",
+        "_refused",
+        "_runner",
+        "_size",
+        "_state",
+        "_timer",
+        "_two_hosts",
+        "_url",
+        "_waiter",
+        "_write_paused",
+        "born",
+        "loop",
+        "parser",
+        "peer",
+        "rules",
+        "served",
+        "server",
+        "task",
+        "transport",
+    )
+    """(Slots: CPython 3.11 keeps an instance's attributes inline, its fast case, only up to
+    30 of them in a dict; past that every attribute read and write here costs more.)"""
+
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.rules = server.rules
@@ -461,7 +498,11 @@ class Connection(asyncio.Protocol):
         self._in_head = False
         self._in_body = False
         self._url = b""
-        self._fields: list[tuple[bytes, bytes]] = []
+        self._raw: list[tuple[str, str]] = []
+        self._headers: dict[str, str] = {}
+        self._size = 0
+        """The head's fields so far: as received, by lower-case name, and their size."""
+        self._two_hosts = False
         self._receiving: Request | None = None
         """The request whose body is arriving."""
         self._ready: deque[tuple[Request, EdgeRefusal | None]] = deque()
@@ -586,7 +627,10 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._url = b""
-        self._fields = []
+        self._raw = []
+        self._headers = {}
+        self._size = 0
+        self._two_hosts = False
         self._in_head = True
         if self._state == _IDLE:  # (a pipelined head: its bytes arrived with the last body)
             self._state = _HEAD
@@ -595,48 +639,48 @@ class Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))
+    def on_header(self, field_name: bytes, field_value: bytes) -> None:
+        """A field decoded as it comes (no list of the raw fields to go over again); a
+        chunked body's trailer fields, which llhttp reports here too, are dropped as before."""
+        if not self._in_head:
+            return
+        name, lower = _NAMES.get(field_name) or _field_name(field_name)
+        value = field_value.decode("latin-1")
+        self._raw.append((name, value))
+        self._size += len(name) + len(value)
+        headers = self._headers
+        if lower in headers:
+            if lower == "host":
+                self._two_hosts = True
+            headers[lower] = f"{headers[lower]}, {value}"
+        else:
+            headers[lower] = value
 
     def on_headers_complete(self) -> None:
-        """The request built and checked (one Python call from C per head: the fields
-        decoded, the size and edge rules applied), then left for :meth:`data_received` to hand
-        on once the whole read parsed."""
+        """The request built and checked (one Python call from C per head: the size and
+        edge rules applied to the fields :meth:`on_header` decoded), then left for
+        :meth:`data_received` to hand on once the whole read parsed."""
         server = self.server
-        fields = self._fields
         parser = self.parser
-        raw: list[tuple[str, str]] = []
-        headers: dict[str, str] = {}
-        refusal = None
-        size = 0
-        names = _NAMES
-        for field_name, field_value in fields:  # (a loop: CPython 3.11 runs a comprehension
-            name, lower = names.get(field_name) or _field_name(field_name)  # as a call)
-            value = field_value.decode("latin-1")
-            raw.append((name, value))
-            size += len(name) + len(value)
-            if lower in headers:
-                if lower == "host":
-                    refusal = _TWO_HOSTS
-                headers[lower] = f"{headers[lower]}, {value}"
-            else:
-                headers[lower] = value
+        raw = self._raw
+        headers = self._headers
+        refusal = _TWO_HOSTS if self._two_hosts else None
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         url = self._url
         request = _new_request(Request)  # (Request(...) without a class call: see _new_request)
         _init_request(request, method, url.decode("latin-1"), version, raw, headers)
         rules = self.rules = server.rules  # a reload reaches open connections' next request
-        request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
+        request.head_size = self._size + len(method) + len(url) + 14 + 4 * len(raw)
         request.remote = self.peer
         request.connection = self
         request.keep_alive = parser.should_keep_alive()
         if len(url) > server.max_line:
             refusal = _LONG_TARGET
-        elif len(fields) > server.max_headers:
+        elif len(raw) > server.max_headers:
             refusal = _MANY_FIELDS
         elif self._head_bytes > server.max_field and any(
-            len(n) + len(v) > server.max_field for n, v in fields
+            len(n) + len(v) > server.max_field for n, v in raw
         ):
             refusal = _LONG_FIELD
         if refusal is None:
