@@ -911,12 +911,7 @@ class Connection(asyncio.Protocol):
         reason = response.reason
         line = _STATUS_LINES.get((version, status, reason)) or _status_line(version, status, reason)
         headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
-        fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
-        if response.tail:
-            fields += response.tail
-        server = self.rules.server_header
-        if server is not None:
-            fields += f"Server: {server}\r\n"
+        fields = _lines([*map(_field, headers), ""])  # (each line ends with CRLF)
         # (No field can break its line: the upstream's were parsed by llhttp, which refuses
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
@@ -924,7 +919,8 @@ class Connection(asyncio.Protocol):
         second = date.second
         if not second <= time.time() < second + 1:
             date.now()
-        text = f"{line}{fields}Date: {date.value}\r\n{framing}\r\n"
+        server = self.rules.server_line
+        text = f"{line}{fields}{response.tail}{server}Date: {date.value}\r\n{framing}\r\n"
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:
