@@ -208,3 +208,21 @@ def test_edge_options_are_validated() -> None:
         "refuse_dot_segments",
         None,
     )
+
+
+def test_the_servers_kept_lines_and_names_read_as_formatted_ones() -> None:
+    """The field names, ``Content-Length`` lines and status lines the server keeps per
+    distinct value say what formatting them each time would; a long name is not kept."""
+    from floodwall.gateway import _server
+
+    assert _server._field_name(b"X-Trace-Id") == ("X-Trace-Id", "x-trace-id")
+    assert _server._NAMES[b"X-Trace-Id"] == ("X-Trace-Id", "x-trace-id")
+    long_name = b"X-" + b"a" * _server.SHORT_NAME
+    assert _server._field_name(long_name) == (long_name.decode(), long_name.decode().lower())
+    assert long_name not in _server._NAMES
+    assert _server._length_line(214) == "Content-Length: 214\r\n"
+    assert _server._LENGTHS[214] == "Content-Length: 214\r\n"
+    assert _server._status_line("1.1", 200, None) == "HTTP/1.1 200 OK\r\n"
+    assert _server._status_line("1.0", 599, None) == "HTTP/1.0 599 Unknown\r\n"
+    assert _server._status_line("1.1", 200, "Fine") == "HTTP/1.1 200 Fine\r\n"
+    assert _server._STATUS_LINES["1.1", 200, "Fine"] == "HTTP/1.1 200 Fine\r\n"

@@ -118,3 +118,54 @@ async def test_a_shutdown_answers_the_next_request_of_an_idle_keep_alive_connect
         for _, writer in (active, idle):
             writer.close()
         await listener.wait_closed()
+
+
+async def test_trailer_fields_stay_out_of_the_request_and_the_next_has_its_own_fields() -> None:
+    """Fields are decoded as llhttp reports them: a chunked body's trailer fields (reported the
+    same way) are not added to the request that was handed on, and the next request on the
+    connection starts with fields of its own."""
+    seen: list[tuple[dict[str, str], list[tuple[str, str]], bytes]] = []
+
+    async def handler(request: Request) -> Response:
+        body = b""
+        if request.body is not None:
+            while piece := await request.body.readany():
+                body += piece
+        seen.append((dict(request.headers), list(request.raw_headers), body))
+        return Response(200, [("Content-Type", "text/plain")], b"ok")
+
+    server = HttpServer(
+        handler,
+        rules=EdgeRules(EdgeConfig()),
+        head_timeout=5.0,
+        keepalive_timeout=5.0,
+        max_line=8190,
+        max_field=8190,
+        max_headers=100,
+    )
+    listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /x HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\nhi\r\n0\r\nX-Trailer: late\r\n\r\n"
+            b"GET /y HTTP/1.1\r\nhost: api\r\nX-Next: 1\r\n\r\n"
+        )
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(2) == b"ok"
+    finally:
+        writer.close()
+        await server.shutdown(1.0)
+        listener.close()
+        await listener.wait_closed()
+    assert seen == [
+        (
+            {"host": "api", "transfer-encoding": "chunked"},
+            [("Host", "api"), ("Transfer-Encoding", "chunked")],
+            b"hi",
+        ),
+        ({"host": "api", "x-next": "1"}, [("host", "api"), ("X-Next", "1")], b""),
+    ]

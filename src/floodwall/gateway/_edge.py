@@ -75,13 +75,23 @@ and may go without, as nginx lets it)."""
 class EdgeRules:
     """The rules of one configuration's ``edge`` section (see :mod:`floodwall.gateway._edge`)."""
 
-    __slots__ = ("_good_hosts", "forward_parameters", "max_head", "server_header", "too_large")
+    __slots__ = (
+        "_good_hosts",
+        "forward_parameters",
+        "max_head",
+        "server_header",
+        "server_line",
+        "too_large",
+    )
 
     def __init__(self, config: EdgeConfig) -> None:
         self.max_head = config.max_head
         self.forward_parameters = config.path_parameters == "forward"
         self.server_header = config.server_header
         """The ``Server`` field of every answer; ``None``: none at all."""
+        server = self.server_header
+        self.server_line = f"Server: {server}\r\n" if server is not None else ""
+        """That field's line as an answer's head has it (``""``: none)."""
         self.too_large = EdgeRefusal(
             431, "request_head_too_large", f"request head larger than {self.max_head} bytes"
         )

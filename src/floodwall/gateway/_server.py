@@ -284,6 +284,56 @@ class Response:
         return None
 
 
+FIELD_NAMES: Final = 1024
+"""Request field names kept decoded and lower-cased (beyond, each is decoded every time)."""
+SHORT_NAME: Final = 64
+"""Bytes of the longest field name kept (a client's made-up long names are not)."""
+_NAMES: dict[bytes, tuple[str, str]] = {}
+
+
+def _field_name(name: bytes) -> tuple[str, str]:
+    """``name`` decoded and lower-cased, kept for its next request when short (up to
+    :data:`FIELD_NAMES`): requests repeat a small vocabulary, and a kept name costs a lookup
+    instead of a decode, a ``lower()`` and the hash of a new string."""
+    text = name.decode("latin-1")
+    known = (text, text.lower())
+    if len(_NAMES) < FIELD_NAMES and len(name) <= SHORT_NAME:
+        _NAMES[name] = known
+    return known
+
+
+LENGTHS: Final = 1024
+"""Answer lengths whose ``Content-Length`` line is kept (beyond, each is formatted every time)."""
+_LENGTHS: dict[int, str] = {}
+
+
+def _length_line(length: int) -> str:
+    """The ``Content-Length`` line for ``length``, kept for the next answer of that length (up
+    to :data:`LENGTHS`; looked up as ``_LENGTHS.get(length) or _length_line(length)``): a
+    route's answers repeat a few lengths, and formatting the number costs about 0.5 k
+    instructions, the lookup a third of it."""
+    line = f"Content-Length: {length}\r\n"
+    if len(_LENGTHS) < LENGTHS:
+        _LENGTHS[length] = line
+    return line
+
+
+STATUS_LINES: Final = 256
+"""Status lines kept (beyond, each is formatted every time)."""
+_STATUS_LINES: dict[tuple[str, int, str | None], str] = {}
+
+
+def _status_line(version: str, status: int, reason: str | None) -> str:
+    """An answer's status line, kept for the next answer of that version, status and reason
+    (up to :data:`STATUS_LINES`; looked up as ``_STATUS_LINES.get((version, status, reason))
+    or _status_line(version, status, reason)``): formatting the status and looking up its
+    phrase cost more than the lookup."""
+    line = f"HTTP/{version} {status} {reason or _REASONS.get(status, 'Unknown')}\r\n"
+    if len(_STATUS_LINES) < STATUS_LINES:
+        _STATUS_LINES[version, status, reason] = line
+    return line
+
+
 _new_request = object.__new__
 _init_request = Request.__init__
 """A request in two calls from Python: on CPython 3.11 a class call with a Python
@@ -388,6 +438,43 @@ read the answer (nginx's lingering close)."""
 class Connection(asyncio.Protocol):
     """One client connection (see :mod:`floodwall.gateway._server`)."""
 
+    __slots__ = (
+        "_chunked",
+        "_close_after",
+        "_deadline",
+        "_drain",
+        "_handoff",
+        "_head_bytes",
+        "_headers",
+        "_in_body",
+        "_in_head",
+        "_queue",
+        "_raw",
+        "_read_paused",
+        "_ready",
+        "_receiving",
+        "_refused",
+        "_runner",
+        "_size",
+        "_state",
+        "_timer",
+        "_two_hosts",
+        "_url",
+        "_waiter",
+        "_write_paused",
+        "born",
+        "loop",
+        "parser",
+        "peer",
+        "rules",
+        "served",
+        "server",
+        "task",
+        "transport",
+    )
+    """(Slots: CPython 3.11 keeps an instance's attributes inline, its fast case, only up to
+    30 of them in a dict; past that every attribute read and write here costs more.)"""
+
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.rules = server.rules
@@ -411,7 +498,11 @@ class Connection(asyncio.Protocol):
         self._in_head = False
         self._in_body = False
         self._url = b""
-        self._fields: list[tuple[bytes, bytes]] = []
+        self._raw: list[tuple[str, str]] = []
+        self._headers: dict[str, str] = {}
+        self._size = 0
+        """The head's fields so far: as received, by lower-case name, and their size."""
+        self._two_hosts = False
         self._receiving: Request | None = None
         """The request whose body is arriving."""
         self._ready: deque[tuple[Request, EdgeRefusal | None]] = deque()
@@ -536,7 +627,10 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._url = b""
-        self._fields = []
+        self._raw = []
+        self._headers = {}
+        self._size = 0
+        self._two_hosts = False
         self._in_head = True
         if self._state == _IDLE:  # (a pipelined head: its bytes arrived with the last body)
             self._state = _HEAD
@@ -545,48 +639,48 @@ class Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))
+    def on_header(self, field_name: bytes, field_value: bytes) -> None:
+        """A field decoded as it comes (no list of the raw fields to go over again); a
+        chunked body's trailer fields, which llhttp reports here too, are dropped as before."""
+        if not self._in_head:
+            return
+        name, lower = _NAMES.get(field_name) or _field_name(field_name)
+        value = field_value.decode("latin-1")
+        self._raw.append((name, value))
+        self._size += len(name) + len(value)
+        headers = self._headers
+        if lower in headers:
+            if lower == "host":
+                self._two_hosts = True
+            headers[lower] = f"{headers[lower]}, {value}"
+        else:
+            headers[lower] = value
 
     def on_headers_complete(self) -> None:
-        """The request built and checked (one Python call from C per head: the fields
-        decoded, the size and edge rules applied), then left for :meth:`data_received` to hand
-        on once the whole read parsed."""
+        """The request built and checked (one Python call from C per head: the size and
+        edge rules applied to the fields :meth:`on_header` decoded), then left for
+        :meth:`data_received` to hand on once the whole read parsed."""
         server = self.server
-        fields = self._fields
         parser = self.parser
-        raw: list[tuple[str, str]] = []
-        headers: dict[str, str] = {}
-        refusal = None
-        size = 0
-        for field_name, field_value in fields:  # (a loop: CPython 3.11 runs a comprehension
-            name = field_name.decode("latin-1")  # as a function call of its own)
-            value = field_value.decode("latin-1")
-            raw.append((name, value))
-            size += len(name) + len(value)
-            lower = name.lower()
-            if lower in headers:
-                if lower == "host":
-                    refusal = _TWO_HOSTS
-                headers[lower] = f"{headers[lower]}, {value}"
-            else:
-                headers[lower] = value
+        raw = self._raw
+        headers = self._headers
+        refusal = _TWO_HOSTS if self._two_hosts else None
         method = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         url = self._url
         request = _new_request(Request)  # (Request(...) without a class call: see _new_request)
         _init_request(request, method, url.decode("latin-1"), version, raw, headers)
         rules = self.rules = server.rules  # a reload reaches open connections' next request
-        request.head_size = size + len(method) + len(url) + 14 + 4 * len(raw)
+        request.head_size = self._size + len(method) + len(url) + 14 + 4 * len(raw)
         request.remote = self.peer
         request.connection = self
         request.keep_alive = parser.should_keep_alive()
         if len(url) > server.max_line:
             refusal = _LONG_TARGET
-        elif len(fields) > server.max_headers:
+        elif len(raw) > server.max_headers:
             refusal = _MANY_FIELDS
         elif self._head_bytes > server.max_field and any(
-            len(n) + len(v) > server.max_field for n, v in fields
+            len(n) + len(v) > server.max_field for n, v in raw
         ):
             refusal = _LONG_FIELD
         if refusal is None:
@@ -787,7 +881,8 @@ class Connection(asyncio.Protocol):
             transport.close()  # (the task's answer still to come: no byte of this one is sent)
             return
         answer = problem_response(refusal)
-        framing = f"Content-Length: {len(answer.body)}\r\nConnection: close\r\n"
+        length = len(answer.body)
+        framing = (_LENGTHS.get(length) or _length_line(length)) + "Connection: close\r\n"
         transport.write(self._head(answer, framing, "1.1") + answer.body)
         self._linger(transport)
 
@@ -813,14 +908,10 @@ class Connection(asyncio.Protocol):
         """The answer's head: status line, fields, ``Server``, ``Date``, then ``framing`` (the
         length or chunked line and the Connection line, the caller's: each knows its case)."""
         status = response.status
-        reason = response.reason or _REASONS.get(status, "Unknown")
+        reason = response.reason
+        line = _STATUS_LINES.get((version, status, reason)) or _status_line(version, status, reason)
         headers = response.headers  # (C loops: str.join costs about half of "%s: %s" formats)
-        fields = _lines(map(_field, headers)) + "\r\n" if headers else ""
-        if response.tail:
-            fields += response.tail
-        server = self.rules.server_header
-        if server is not None:
-            fields += f"Server: {server}\r\n"
+        fields = _lines([*map(_field, headers), ""])  # (each line ends with CRLF)
         # (No field can break its line: the upstream's were parsed by llhttp, which refuses
         # CR and LF in values; configured ones are checked when the file is read; the rest
         # are the gateway's own.)
@@ -828,7 +919,8 @@ class Connection(asyncio.Protocol):
         second = date.second
         if not second <= time.time() < second + 1:
             date.now()
-        text = f"HTTP/{version} {status} {reason}\r\n{fields}Date: {date.value}\r\n{framing}\r\n"
+        server = self.rules.server_line
+        text = f"{line}{fields}{response.tail}{server}Date: {date.value}\r\n{framing}\r\n"
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:
@@ -858,10 +950,13 @@ class Connection(asyncio.Protocol):
                     (n, v) for n, v in response.headers if n.lower() != "content-length"
                 ]
                 length = int(given)
-            transport.write(self._head(response, f"Content-Length: {length}\r\n{framing}", version))
+            framing = (_LENGTHS.get(length) or _length_line(length)) + framing
+            transport.write(self._head(response, framing, version))
         else:
-            head = self._head(response, f"Content-Length: {len(body)}\r\n{framing}", version)
-            if len(body) < 16384:
+            length = len(body)
+            framing = (_LENGTHS.get(length) or _length_line(length)) + framing
+            head = self._head(response, framing, version)
+            if length < 16384:
                 transport.write(head + body)
             else:
                 transport.writelines((head, body))
@@ -881,7 +976,7 @@ class Connection(asyncio.Protocol):
             request.keep_alive = False
         self._chunked = chunked
         if length is not None:
-            framing = f"Content-Length: {length}\r\n"
+            framing = _LENGTHS.get(length) or _length_line(length)
         elif chunked:
             framing = "Transfer-Encoding: chunked\r\n"
         else:
