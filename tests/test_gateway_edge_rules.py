@@ -210,16 +210,31 @@ def test_edge_options_are_validated() -> None:
     )
 
 
-def test_the_servers_kept_lines_and_names_read_as_formatted_ones() -> None:
-    """The field names, ``Content-Length`` lines and status lines the server keeps per
-    distinct value say what formatting them each time would; a long name is not kept."""
+def test_field_names_are_kept_decoded_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field name (a request's or an answer's) is decoded and lower-cased once, in any case;
+    a name longer than ``SHORT_NAME``, or past ``FIELD_NAMES`` names, is still decoded and
+    lower-cased, only not kept."""
+    from floodwall.gateway import _headers
+
+    names: dict[bytes, tuple[str, str]] = {}
+    monkeypatch.setattr(_headers, "NAMES", names)
+    assert _headers.decode_name(b"CONTENT-length") == ("CONTENT-length", "content-length")
+    assert _headers.decode_name(b"X-Trace-Id") == ("X-Trace-Id", "x-trace-id")
+    assert list(names) == [b"CONTENT-length", b"X-Trace-Id"]
+    long_name = b"X-" + b"a" * _headers.SHORT_NAME
+    assert _headers.decode_name(long_name) == (long_name.decode(), long_name.decode().lower())
+    assert long_name not in names
+    names.update((b"x-%d" % i, ("", "")) for i in range(_headers.FIELD_NAMES - len(names)))
+    assert _headers.decode_name(b"Connection") == ("Connection", "connection")
+    assert b"Connection" not in names
+    assert len(names) == _headers.FIELD_NAMES
+
+
+def test_the_servers_kept_lines_read_as_formatted_ones() -> None:
+    """The ``Content-Length`` lines and status lines the server keeps per distinct value say
+    what formatting them each time would."""
     from floodwall.gateway import _server
 
-    assert _server._field_name(b"X-Trace-Id") == ("X-Trace-Id", "x-trace-id")
-    assert _server._NAMES[b"X-Trace-Id"] == ("X-Trace-Id", "x-trace-id")
-    long_name = b"X-" + b"a" * _server.SHORT_NAME
-    assert _server._field_name(long_name) == (long_name.decode(), long_name.decode().lower())
-    assert long_name not in _server._NAMES
     assert _server._length_line(214) == "Content-Length: 214\r\n"
     assert _server._LENGTHS[214] == "Content-Length: 214\r\n"
     assert _server._status_line("1.1", 200, None) == "HTTP/1.1 200 OK\r\n"

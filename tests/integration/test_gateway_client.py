@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from floodwall.gateway import _client
 from floodwall.gateway._client import (
     ConnectionPool,
     Origin,
@@ -297,24 +296,3 @@ async def test_header_finds_the_first_value_of_a_field_in_any_case() -> None:
         assert second.header("retry-after") is None
         second.release()
         await client.close()
-
-
-def test_answer_field_names_are_kept_within_a_bound(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A field name is decoded and classified once, in any case; a name longer than
-    ``_NAME_KEPT_SIZE``, or past ``_NAMES_KEPT`` names, is still decoded and classified, only
-    not kept."""
-    names: dict[bytes, tuple[str, int]] = {}
-    monkeypatch.setattr(_client, "_NAMES", names)
-    assert _client._name(b"CONTENT-length") == ("CONTENT-length", _client._LENGTH)
-    assert _client._name(b"X-Admission-LEVEL") == ("X-Admission-LEVEL", _client._ADMISSION)
-    assert _client._name(b"Server") == ("Server", 0)
-    assert list(names) == [b"CONTENT-length", b"X-Admission-LEVEL", b"Server"]
-    long = b"X" * (_client._NAME_KEPT_SIZE + 1)
-    assert _client._name(long) == (long.decode(), 0)
-    assert long not in names
-    names.update((b"x-%d" % i, ("", 0)) for i in range(_client._NAMES_KEPT - len(names)))
-    assert _client._name(b"Connection") == ("Connection", _client._CONNECTION)
-    assert b"Connection" not in names
-    assert len(names) == _client._NAMES_KEPT

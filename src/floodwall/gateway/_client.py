@@ -43,7 +43,7 @@ from typing import Any, Final, NamedTuple
 
 import httptools
 
-from floodwall.gateway._headers import reason_error
+from floodwall.gateway._headers import NAMES, decode_name, reason_error
 from floodwall.integrations._wire import ADMISSION_LEVEL
 
 __all__ = [
@@ -468,15 +468,13 @@ class _Connection(asyncio.Protocol):
         coding: str | None = None
         connection: str | None = None
         level: str | None = None
-        names = _NAMES
+        names, kinds = NAMES, _KINDS
         for field_name, field_value in fields:
-            try:  # (a name seen before: no decode, no lower-casing)
-                name, kind = names[field_name]
-            except KeyError:
-                name, kind = _name(field_name)
+            name, lower = names.get(field_name) or decode_name(field_name)
             value = field_value.decode("latin-1")
             raw.append((name, value))
-            if kind:
+            kind = kinds.get(lower)
+            if kind is not None:
                 if kind == _LENGTH:
                     length = int(value)
                 elif kind == _TRANSFER:
@@ -550,25 +548,7 @@ _KINDS: Final = {
     "connection": _CONNECTION,
     _LEVEL: _ADMISSION,
 }
-"""The answer fields the head's loop reads, by lower-case name (any other is kind 0)."""
-_NAMES: Final[dict[bytes, tuple[str, int]]] = {}
-"""Answer field names as received, decoded and with their kind: an upstream sends a few
-distinct names, so each is decoded and lower-cased once, not once per answer."""
-_NAMES_KEPT: Final = 512
-_NAME_KEPT_SIZE: Final = 64
-"""Names :data:`_NAMES` keeps at most, and their longest (others are decoded per answer):
-an upstream sending ever new or huge names pins at most about 64 kB."""
-
-
-def _name(raw: bytes) -> tuple[str, int]:
-    """A field name decoded, with its kind (kept in :data:`_NAMES` while there is room)."""
-    name = raw.decode("latin-1")
-    entry = (name, _KINDS.get(name.lower(), 0))
-    if len(raw) <= _NAME_KEPT_SIZE and len(_NAMES) < _NAMES_KEPT:
-        _NAMES[raw] = entry
-    return entry
-
-
+"""The answer fields the head's loop reads, by lower-case name."""
 _CODING: Final = "a Transfer-Encoding other than one chunked"
 """Why an answer with ``chunked, chunked`` or ``gzip, chunked`` is refused (502, HAProxy's
 answer too): the gateway drops the field and frames the body itself, so a coding under

@@ -32,12 +32,16 @@ from operator import itemgetter
 from typing import Final
 
 __all__ = [
+    "FIELD_NAMES",
     "HOP_BY_HOP",
+    "NAMES",
     "REQUEST_DROPPED",
     "RESPONSE_DROPPED",
+    "SHORT_NAME",
     "answer_head_error",
     "client_address",
     "connection_tokens",
+    "decode_name",
     "forwarded_element",
     "forwarding_headers",
     "host_error",
@@ -70,6 +74,27 @@ RESPONSE_DROPPED: Final = HOP_BY_HOP | {"content-length", "x-admission-level", "
 """Response fields never copied to the client as received (the upstream's admission level is
 for the gateway's own early shedding, not for its clients; ``Server`` is the gateway's own
 choice, the upstream's software its own business; ``Date`` is written by the gateway)."""
+
+FIELD_NAMES: Final = 1024
+"""Field names :data:`NAMES` keeps at most (beyond, each is decoded every time)."""
+SHORT_NAME: Final = 64
+"""Bytes of the longest field name kept (a peer's made-up long names are not): at most about
+64 kB pinned, whatever clients and upstreams send."""
+NAMES: Final[dict[bytes, tuple[str, str]]] = {}
+"""Field names as received (requests' and answers' alike), decoded and lower-cased: a peer
+repeats a small vocabulary. Looked up as ``NAMES.get(raw) or decode_name(raw)``."""
+
+
+def decode_name(raw: bytes) -> tuple[str, str]:
+    """``raw`` decoded and lower-cased, kept in :data:`NAMES` for the next head while there is
+    room: a kept name costs a lookup instead of a decode, a ``lower()`` and the hash of a new
+    string."""
+    text = raw.decode("latin-1")
+    known = (text, text.lower())
+    if len(NAMES) < FIELD_NAMES and len(raw) <= SHORT_NAME:
+        NAMES[raw] = known
+    return known
+
 
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -46,6 +46,7 @@ from urllib.parse import unquote, urlsplit
 import httptools
 
 from floodwall.gateway._edge import EdgeRefusal, EdgeRules
+from floodwall.gateway._headers import NAMES, decode_name
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 
 __all__ = [
@@ -282,24 +283,6 @@ class Response:
             if n.lower() == lower:
                 return v
         return None
-
-
-FIELD_NAMES: Final = 1024
-"""Request field names kept decoded and lower-cased (beyond, each is decoded every time)."""
-SHORT_NAME: Final = 64
-"""Bytes of the longest field name kept (a client's made-up long names are not)."""
-_NAMES: dict[bytes, tuple[str, str]] = {}
-
-
-def _field_name(name: bytes) -> tuple[str, str]:
-    """``name`` decoded and lower-cased, kept for its next request when short (up to
-    :data:`FIELD_NAMES`): requests repeat a small vocabulary, and a kept name costs a lookup
-    instead of a decode, a ``lower()`` and the hash of a new string."""
-    text = name.decode("latin-1")
-    known = (text, text.lower())
-    if len(_NAMES) < FIELD_NAMES and len(name) <= SHORT_NAME:
-        _NAMES[name] = known
-    return known
 
 
 LENGTHS: Final = 1024
@@ -644,7 +627,7 @@ class Connection(asyncio.Protocol):
         chunked body's trailer fields, which llhttp reports here too, are dropped as before."""
         if not self._in_head:
             return
-        name, lower = _NAMES.get(field_name) or _field_name(field_name)
+        name, lower = NAMES.get(field_name) or decode_name(field_name)
         value = field_value.decode("latin-1")
         self._raw.append((name, value))
         self._size += len(name) + len(value)
