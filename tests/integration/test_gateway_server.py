@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -21,6 +22,21 @@ class _Answer(Response):
     __slots__ = ("__weakref__",)  # (to see when the last reference is gone)
 
 
+def _server(
+    handler: Callable[[Request], Awaitable[Response]], keepalive_timeout: float = 5.0
+) -> HttpServer:
+    """A server with the default edge rules and limits."""
+    return HttpServer(
+        handler,
+        rules=EdgeRules(EdgeConfig()),
+        head_timeout=5.0,
+        keepalive_timeout=keepalive_timeout,
+        max_line=8190,
+        max_field=8190,
+        max_headers=100,
+    )
+
+
 async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between() -> None:
     tasks: list[asyncio.Task[object] | None] = []
     answers: list[weakref.ref[Response]] = []
@@ -31,15 +47,7 @@ async def test_one_task_serves_a_keep_alive_connection_and_keeps_nothing_between
         answers.append(weakref.ref(answer))
         return answer
 
-    server = HttpServer(
-        handler,
-        rules=EdgeRules(EdgeConfig()),
-        head_timeout=5.0,
-        keepalive_timeout=5.0,
-        max_line=8190,
-        max_field=8190,
-        max_headers=100,
-    )
+    server = _server(handler)
     listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -80,15 +88,7 @@ async def test_a_shutdown_answers_the_next_request_of_an_idle_keep_alive_connect
     async def handler(request: Request) -> Response:
         return Response(200, [("Content-Type", "text/plain")], b"ok")
 
-    server = HttpServer(
-        handler,
-        rules=EdgeRules(EdgeConfig()),
-        head_timeout=5.0,
-        keepalive_timeout=30.0,
-        max_line=8190,
-        max_field=8190,
-        max_headers=100,
-    )
+    server = _server(handler, keepalive_timeout=30.0)
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
@@ -134,15 +134,7 @@ async def test_trailer_fields_stay_out_of_the_request_and_the_next_has_its_own_f
         seen.append((dict(request.headers), list(request.raw_headers), body))
         return Response(200, [("Content-Type", "text/plain")], b"ok")
 
-    server = HttpServer(
-        handler,
-        rules=EdgeRules(EdgeConfig()),
-        head_timeout=5.0,
-        keepalive_timeout=5.0,
-        max_line=8190,
-        max_field=8190,
-        max_headers=100,
-    )
+    server = _server(handler)
     listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
