@@ -685,45 +685,41 @@ class InboundGuard:
             deadline = _new(Deadline)  # (Deadline(...) without a class call: see Admission)
             deadline.at = clock.monotonic() + seconds
             deadline.clock = clock
-        if self._plain:  # (no limit, priority or shedder to check: about 0.5 k less)
-            admission: Admission = _new(Admission)
-            _init_admission(admission, self, deadline, attempt, level, [], None)
-            self._admitted.add()
-            return admission
         rate_headers: Headers = []
-        for limit in self._quiet_limits:  # the common case, inline: no figures unless refused
-            if limit.everywhere or limit.matches(request.method, request.path):
-                key_of = limit.key
-                key = (
-                    request.client
-                    if key_of is _peer
-                    else None
-                    if key_of is None
-                    else key_of(request)
-                )
-                refused = limit.take(key, limit.cost)
-                if refused is not None:
-                    return self._rate_refusal(limit, refused)
-        if self.rate_limit_headers and self.limits:
-            reported = self._rate_limits(request, rate_headers)
-            if reported is not None:
-                return reported
-        priority = self.priority
-        if priority is not None and priority is not no_priority:
-            level = priority(request)
         ticket = None
-        shedder = self.shedder
-        if shedder is not None:
-            try:
-                if start is None and level is None:
-                    ticket = shedder.admit()
-                else:
-                    ticket = self._shed(start, level)
-            except RejectedError as error:
-                return self._refuse(error, self._level_headers())
+        if not self._plain:  # (a limit, priority or shedder of its own: else about 0.5 k less)
+            for limit in self._quiet_limits:  # the common case, inline: no figures unless refused
+                if limit.everywhere or limit.matches(request.method, request.path):
+                    key_of = limit.key
+                    key = (
+                        request.client
+                        if key_of is _peer
+                        else None
+                        if key_of is None
+                        else key_of(request)
+                    )
+                    refused = limit.take(key, limit.cost)
+                    if refused is not None:
+                        return self._rate_refusal(limit, refused)
+            if self.rate_limit_headers and self.limits:
+                reported = self._rate_limits(request, rate_headers)
+                if reported is not None:
+                    return reported
+            priority = self.priority
+            if priority is not None and priority is not no_priority:
+                level = priority(request)
+            shedder = self.shedder
+            if shedder is not None:
+                try:
+                    if start is None and level is None:
+                        ticket = shedder.admit()
+                    else:
+                        ticket = self._shed(start, level)
+                except RejectedError as error:
+                    return self._refuse(error, self._level_headers())
         # Admission(...) without type.__call__: on CPython 3.11 a class call re-enters the
         # interpreter from C to run __init__; calling __init__ itself from here does not.
-        admission = _new(Admission)
+        admission: Admission = _new(Admission)
         _init_admission(admission, self, deadline, attempt, level, rate_headers, ticket)
         self._admitted.add()
         return admission
