@@ -492,8 +492,7 @@ class Proxy:
                     if not decision[0]:
                         response = _rate_refused(route, decision, table.request_id, rid)
                         return response
-                    last = route.rate_last  # (Route.rate_fields' first test inline)
-                    extra, block = last[1] if decision is last[0] else route.rate_fields(decision)
+                    extra, block = route.rate_fields(decision)
                 expect = None if plain else headers.get("expect")
                 if expect is not None and request.version != "1.0":  # (1.0: ignored, RFC 9110
                     if expect.lower() != "100-continue":  # §10.1.1)
