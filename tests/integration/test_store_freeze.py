@@ -378,7 +378,8 @@ def _check(
     assert worst <= allowed_wait, (worst, allowed_wait)
     assert max(held.values()) <= allowed_held, (held, allowed_held)
     assert first_closed - stopped <= TIMEOUT + baseline + late
-    assert all(v <= RESTORED_WITHIN + FAULT_OPEN for v in restored.values()), restored
+    # (this process's own hold-off delays the first answer after SIGCONT as it delays a wait)
+    assert all(v <= RESTORED_WITHIN + FAULT_OPEN + late for v in restored.values()), restored
     assert answered_late, "no call was answered by the store after it recovered"
     assert limiter.guard.outages >= 1 and limiter.guard.failed_callers >= 1
 
