@@ -155,6 +155,32 @@ def test_host_and_absolute_targets() -> None:
 
 
 @pytest.mark.parametrize(
+    ("target", "host", "same"),
+    [  # HAProxy reg-tests/http-messaging/h1_host_normalization.vtc, by client
+        (b"http://a:80/", b"a", True),  # c20
+        (b"http://a/", b"a:80", True),  # c22
+        (b"https://a:443/", b"a", True),  # c21
+        (b"https://a:80/", b"a:80", True),  # c4
+        (b"http://a:/", b"a:80", True),  # c29
+        (b"http://a:80/", b"a:", True),  # c28
+        (b"http://[::1]:80/", b"[::1]", True),
+        (b"http://a:80/", b"a:81", False),  # c9
+        (b"http://a:8080/", b"a", False),  # c10
+        (b"http://a/", b"a:81", False),  # c11
+        (b"https://a/", b"a:80", False),
+        (b"http://[::1]:8080/", b"[::1]:80", False),
+    ],
+)
+def test_an_absolute_target_and_host_name_the_same_port(
+    target: bytes, host: bytes, same: bool
+) -> None:
+    """An absent or empty port is the scheme's default (RFC 3986 §6.2.3); any other
+    difference between the target's port and ``Host``'s is a 400, as HAProxy answers."""
+    head = b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n"
+    assert _kind(head) == (None if same else "400 bad_host")
+
+
+@pytest.mark.parametrize(
     ("path", "refused"),
     [
         (b"/api/..;/admin", True),

@@ -9,8 +9,9 @@ nginx or HAProxy (the stricter of the two) refuses it too:
   HTTP/1.1, never echoed in the client's version.
 * **Host**: an RFC 9110 ``host[:port]`` (:func:`~floodwall.gateway._headers.host_error`), checked
   before it routes anything or is copied into ``X-Forwarded-Host`` / ``Forwarded``; with an
-  absolute-form target, ``Host`` must name the target's host (RFC 9112 §3.2.2 makes the target
-  win; a proxy that routes on one and forwards the other can be steered). An HTTP/1.1 request
+  absolute-form target, ``Host`` must name the target's host and port, an absent or empty
+  port being the scheme's default (RFC 9112 §3.2.2 makes the target win; a proxy that routes
+  on one and forwards the other can be steered). An HTTP/1.1 request
   needs one unless its target is absolute (RFC 9112 §3.2). 400 otherwise.
 * **target**: a fragment (``#``) is refused (400), as HAProxy does.
 * **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
@@ -139,9 +140,24 @@ def _absolute_form(scheme: str, authority: str, host: str | None) -> EdgeRefusal
     why = host_error(authority)
     if why is not None:
         return EdgeRefusal(400, "bad_target", f"the request target's authority: {why}")
-    if host is not None and normalise_host(host) != normalise_host(authority):
-        return EdgeRefusal(400, "bad_host", "Host does not name the request target's host")
+    if host is not None and (
+        normalise_host(host) != normalise_host(authority)
+        or _port(scheme, host) != _port(scheme, authority)
+    ):
+        return EdgeRefusal(400, "bad_host", "Host does not name the request target's authority")
     return None
+
+
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _port(scheme: str, authority: str) -> int:
+    """``authority``'s port (checked digits), the scheme's default when it has none or an
+    empty one (RFC 3986 §6.2.3): ``http://a:80/`` and ``Host: a`` name the same authority,
+    ``http://a:8080/`` and ``Host: a`` do not (HAProxy refuses those, nginx forwards them)."""
+    tail = authority.rpartition("]")[2] if authority.startswith("[") else authority
+    digits = tail.rpartition(":")[2] if ":" in tail else ""
+    return int(digits) if digits else _DEFAULT_PORTS[scheme]
 
 
 def _dot_parameters(path: str) -> bool:
