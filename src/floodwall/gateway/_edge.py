@@ -14,6 +14,8 @@ nginx or HAProxy (the stricter of the two) refuses it too:
   on one and forwards the other can be steered). An HTTP/1.1 request
   needs one unless its target is absolute (RFC 9112 §3.2). 400 otherwise.
 * **target**: a fragment (``#``) is refused (400), as HAProxy does.
+* **upgrade**: a WebSocket handshake without ``Sec-WebSocket-Key`` is refused (400), as HAProxy
+  does (:func:`upgrade_refusal`, applied only to heads llhttp reports as upgrades).
 * **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
   within ``max_head`` bytes, 431 past it. The per-line and count limits alone let
   ``max_headers × max_line`` bytes through (800 KiB by default); the server's protocol also
@@ -40,7 +42,7 @@ from floodwall.gateway.routing import normalise_host
 if TYPE_CHECKING:
     from floodwall.gateway._server import Request
 
-__all__ = ["EdgeRefusal", "EdgeRules"]
+__all__ = ["EdgeRefusal", "EdgeRules", "upgrade_refusal"]
 
 _VERSIONS: Final = frozenset({"1.1", "1.0"})
 GOOD_HOSTS: Final = 1024
@@ -132,6 +134,24 @@ class EdgeRules:
         ):
             return _DOT_PARAMETERS
         return None
+
+
+_NO_WEBSOCKET_KEY: Final = EdgeRefusal(
+    400, "bad_upgrade", "a WebSocket upgrade without Sec-WebSocket-Key"
+)
+
+
+def upgrade_refusal(request: Request) -> EdgeRefusal | None:
+    """The refusal for a head that asks for an upgrade (``Connection: upgrade`` and an
+    ``Upgrade`` field: llhttp reports those alone, so the common path never comes here), or
+    ``None``. The gateway proxies no upgrade (the fields are dropped and the request served
+    as plain HTTP, RFC 9110 §7.8), but a WebSocket handshake without its key is malformed
+    (RFC 6455 §4.2.1: 400), as HAProxy answers it."""
+    headers = request.headers
+    tokens = {token.strip().lower() for token in headers.get("upgrade", "").split(",")}
+    if "websocket" in tokens and "sec-websocket-key" not in headers:
+        return _NO_WEBSOCKET_KEY
+    return None
 
 
 def _absolute_form(scheme: str, authority: str, host: str | None) -> EdgeRefusal | None:
