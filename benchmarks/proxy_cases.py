@@ -722,6 +722,77 @@ REQUEST_CASES: list[Case] = [
          [get(b"/r", b"X-CamelCase: v\r\n")], "200 `ok`; upstream got GET /r as `X-CamelCase`",
          describe=lambda a, r: f"{client_text(a)}; upstream got "
          + ", ".join(request_text(x) + " as " + _name_case(x, b"x-camelcase") for x in r)),
+    # -- HAProxy reg-tests, more cases
+    Case("abs_host_mismatch", "`GET http://other.example.com/r` with `Host: api.example.com`",
+         HAP + "http-messaging/h1_host_normalization.vtc c8",
+         [get(b"http://other.example.com/r")], "400; upstream got nothing"),
+    Case("abs_port_mismatch", "`GET http://api.example.com:80/r` with `Host: api.example.com:81`",
+         HAP + "http-messaging/h1_host_normalization.vtc c9",
+         [get(b"http://api.example.com:80/r").replace(HOST, b"Host: api.example.com:81\r\n")],
+         "400; upstream got nothing"),
+    Case("abs_port_not_in_host", "`GET http://api.example.com:8080/r` with `Host: api.example.com`",
+         HAP + "http-messaging/h1_host_normalization.vtc c10",
+         [get(b"http://api.example.com:8080/r")], "400; upstream got nothing"),
+    Case("abs_port_only_in_host", "`GET http://api.example.com/r` with `Host: api.example.com:81`",
+         HAP + "http-messaging/h1_host_normalization.vtc c11",
+         [get(b"http://api.example.com/r").replace(HOST, b"Host: api.example.com:81\r\n")],
+         "400; upstream got nothing"),
+    Case("two_hosts", "two `Host` fields naming different hosts",
+         HAP + "http-messaging/h1_host_normalization.vtc c12",
+         [get(b"/r", b"Host: other.example.com\r\n")], "400; upstream got nothing"),
+    Case("abs_https_default_port",
+         "`GET https://api.example.com:443/r` with `Host: api.example.com:443`",
+         HAP + "http-messaging/h1_host_normalization.vtc c3",
+         [get(b"https://api.example.com:443/r").replace(HOST, b"Host: api.example.com:443\r\n")],
+         "200 `ok`; upstream got GET /r"),
+    Case("abs_query_no_path", "`GET http://api.example.com?a=b` (a query, no path)",
+         HAP + "http-messaging/h1_host_normalization.vtc c44",
+         [get(b"http://api.example.com?a=b")], "200 `ok`; upstream got GET /?a=b"),
+    Case("abs_empty_host", "`GET http://:` with `Host: :80` (no host at all)",
+         HAP + "http-messaging/h1_host_normalization.vtc c32",
+         [get(b"http://:").replace(HOST, b"Host: :80\r\n")], "400; upstream got nothing"),
+    Case("options_asterisk_path", "`OPTIONS */test`",
+         HAP + "http-messaging/h1_request_target_validation.vtc c4",
+         [get(b"*/test", method=b"OPTIONS")], "400; upstream got nothing"),
+    Case("cl_trailing_comma", "`Content-Length: 0,` (a list ending empty)",
+         HAP + "http-messaging/h1_to_h1.vtc c4h1",
+         [get(b"/r", b"Content-Length: 0,\r\n")], "400; upstream got nothing"),
+    Case("head_with_request_body", "`HEAD` with a 38-byte body, the answer has one too",
+         HAP + "http-messaging/h1_to_h1.vtc c2h1",
+         [get(b"/r", b"Content-Length: 38\r\n", method=b"HEAD")
+          + b"this must be delivered, like it or not"],
+         "200; upstream got HEAD /r `this must be delivered, …`"),
+    Case("four_posts", "four `POST`s: no length, `Content-Length: 0`, a body, then one with "
+         "`Connection: close` and stray bytes", HAP + "http-messaging/h1_to_h1.vtc c3h1",
+         [b"POST /a HTTP/1.1\r\n" + HOST + b"\r\n" + post(b"/b", b"Content-Length: 0\r\n", b"")
+          + post(b"/c", b"Content-Length: 12\r\n", b"this is sent")
+          + post(b"/d", b"Content-Length: 0\r\n" + CLOSE, b"") + b"this is not sent\r\n\r\n"],
+         "200 `ok` then 200 `ok` then 200 `ok` then 200 `ok`; "
+         "upstream got POST /a, POST /b, POST /c `this is sent`, POST /d"),
+    Case("te_chunked_gzip_chunked", "`Transfer-Encoding: chunked, gzip, chunked`",
+         HAP + "http-messaging/http_transfer_encoding.vtc c7",
+         [post(b"/r", b"Transfer-Encoding: chunked, gzip, chunked\r\n" + CLOSE, b"0\r\n\r\n")],
+         "400; upstream got nothing"),
+    Case("chunk_split", "a chunked body split inside a chunk, sent in two writes",
+         HAP + "http-messaging/http_request_buffer.vtc c3",
+         [post(b"/r", CHUNKED + CLOSE, b"1\r\n1\r\n1"), b"\r\n1\r\n0\r\n\r\n"],
+         "200 `ok`; upstream got POST /r `11` (chunked)", describe=framing),
+    Case("chunk_no_last_crlf", "a chunked body without its last CRLF, then the client half-closes",
+         HAP + "http-messaging/http_request_buffer.vtc c4",
+         [post(b"/r", CHUNKED + CLOSE, b"1\r\n1\r\n1\r\n1\r\n0\r\n")],
+         "closed, no answer; upstream got POST /r `11` (body cut short) (chunked)",
+         describe=framing, half_close=True),
+    Case("upgrade_custom", "`Connection: upgrade`, `Upgrade: custom_protocol`; the upstream "
+         "answers 101", HAP + "http-messaging/protocol_upgrade.vtc c4_h1",
+         [get(b"/up", b"Connection: upgrade\r\nUpgrade: custom_protocol\r\n")],
+         "502; upstream got GET /up; none passed on",
+         {b"/up": Reply(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n"
+                        b"Upgrade: custom_protocol\r\n\r\n")}, with_fields(b"upgrade")),
+    Case("websocket_no_key",
+         "`Connection: upgrade`, `Upgrade: websocket`, no `Sec-WebSocket-Key`",
+         HAP + "http-messaging/websocket.vtc c2_1",
+         [get(b"/r", b"Connection: upgrade\r\nUpgrade: websocket\r\n")],
+         "400; upstream got nothing"),
 ]  # fmt: skip
 
 ANSWER_CASES: list[Case] = [
@@ -882,6 +953,37 @@ ANSWER_CASES: list[Case] = [
     Case("answer_timeout", "the upstream never answers (the proxy waits 2 s)",
          NGX + "proxy_next_upstream.t 'timeout' / " + HAP + "timeout server",
          [get(b"/r")], "504", {b"/r": Reply(b"", "hang")}, only_client),
+    # -- HAProxy reg-tests, more cases
+    Case("answer_te_chunked_gzip_chunked",
+         "`Transfer-Encoding: chunked, gzip, chunked` in an answer",
+         HAP + "http-messaging/http_transfer_encoding.vtc c11 (s2)",
+         [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip, chunked\r\n\r\n"
+                       b"0\r\n\r\n")}, only_client),
+    Case("heads_with_bodies", "three `HEAD`s answered with bodies (12 bytes, 50 000 bytes, "
+         "chunked 55 087 bytes), then a `GET`",
+         HAP + "http-messaging/http_bodyless_response.vtc c1",
+         [get(b"/h1", close=False, method=b"HEAD") + get(b"/h2", close=False, method=b"HEAD")
+          + get(b"/h3", close=False, method=b"HEAD") + get(b"/last")],
+         "200 then 200 then 200 then 200 `last response`",
+         {b"/h1": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nskipped data", "keep"),
+          b"/h2": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 50000\r\n\r\n" + b"x" * 50000,
+                        "keep"),
+          b"/h3": Reply(chunked_answer(*(b"%x\r\n%s\r\n" % (n, b"x" * n)
+                                         for n in (15, 1024, 4048, 50000)), b"0\r\n\r\n",
+                                       close=False), "keep"),
+          b"/last": Reply(LAST, "keep")}, only_client),
+    Case("answer_many_chunks", "a chunked answer of 20 chunks of 815 bytes, then the close",
+         HAP + "http-messaging/truncated.vtc",
+         [get(b"/r")], "200 16300 bytes",
+         {b"/r": Reply(chunked_answer(*[b"32f\r\n" + b"y" * 815 + b"\r\n"] * 20, b"0\r\n\r\n"))},
+         lambda a, r: " then ".join(f"{x.status} {len(x.body)} bytes"
+                                    + ("" if x.complete else " cut short") for x in a)),
+    Case("answer_length_stalls", "`Content-Length: 1001`, 1000 bytes, then the upstream holds "
+         "the connection (the proxy waits 2 s)", HAP + "http-messaging/http_wait_for_body.vtc s2",
+         [get(b"/r")], "504",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1001\r\n\r\n" + b"z" * 1000,
+                       "hang")}, status_only),
 ]  # fmt: skip
 
 CASES: list[Case] = REQUEST_CASES + ANSWER_CASES

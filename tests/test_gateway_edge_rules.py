@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from floodwall.gateway._edge import EdgeRules
+from floodwall.gateway._edge import EdgeRules, upgrade_refusal
 from floodwall.gateway._headers import answer_head_error, host_error
-from floodwall.gateway._server import parse_head, parser_refusal
+from floodwall.gateway._server import Request, parse_head, parser_refusal
 from floodwall.gateway.config import EdgeConfig
 
 TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -152,6 +152,52 @@ def test_host_and_absolute_targets() -> None:
     assert _kind(b"GET http://a/x HTTP/1.1\r\nHost: b\r\n\r\n") == "400 bad_host"
     assert _kind(b"GET http://u@a/x HTTP/1.1\r\nHost: a\r\n\r\n") == "400 bad_target"
     assert _kind(b"GET ftp://a/x HTTP/1.1\r\nHost: a\r\n\r\n") == "400 bad_target"
+
+
+@pytest.mark.parametrize(
+    ("target", "host", "same"),
+    [  # HAProxy reg-tests/http-messaging/h1_host_normalization.vtc, by client
+        (b"http://a:80/", b"a", True),  # c20
+        (b"http://a/", b"a:80", True),  # c22
+        (b"https://a:443/", b"a", True),  # c21
+        (b"https://a:80/", b"a:80", True),  # c4
+        (b"http://a:/", b"a:80", True),  # c29
+        (b"http://a:80/", b"a:", True),  # c28
+        (b"http://[::1]:80/", b"[::1]", True),
+        (b"http://a:80/", b"a:81", False),  # c9
+        (b"http://a:8080/", b"a", False),  # c10
+        (b"http://a/", b"a:81", False),  # c11
+        (b"https://a/", b"a:80", False),
+        (b"http://[::1]:8080/", b"[::1]:80", False),
+    ],
+)
+def test_an_absolute_target_and_host_name_the_same_port(
+    target: bytes, host: bytes, same: bool
+) -> None:
+    """An absent or empty port is the scheme's default (RFC 3986 §6.2.3); any other
+    difference between the target's port and ``Host``'s is a 400, as HAProxy answers."""
+    head = b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n"
+    assert _kind(head) == (None if same else "400 bad_host")
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [  # HAProxy reg-tests/http-messaging/websocket.vtc c1, c2_1, c2_2
+        ({"upgrade": "websocket", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="}, False),
+        ({"upgrade": "websocket"}, True),
+        ({"upgrade": "proto1, WebSocket , proto2, proto3"}, True),
+        ({"upgrade": "custom_protocol"}, False),
+        ({"upgrade": "websocket/13"}, False),
+    ],
+)
+def test_a_websocket_upgrade_needs_its_key(fields: dict[str, str], refused: bool) -> None:
+    """Applied to heads llhttp reports as upgrades (``Connection: upgrade`` and ``Upgrade``)."""
+    headers = {"host": "a", "connection": "upgrade", **fields}
+    request = Request("GET", "/", "1.1", list(headers.items()), headers)
+    said = upgrade_refusal(request)
+    assert (None if said is None else f"{said.status} {said.kind}") == (
+        "400 bad_upgrade" if refused else None
+    )
 
 
 @pytest.mark.parametrize(

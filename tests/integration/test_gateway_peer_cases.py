@@ -74,14 +74,16 @@ def test_peer_case(proxied: tuple[GatewayThread, Any], case: Any) -> None:
     assert said == case.floodwall, f"{case.peer}: {case.label}"
 
 
+@pytest.mark.parametrize("name", ["answer_timeout", "answer_length_stalls"])
 def test_an_upstream_that_never_answers_is_a_504_after_the_read_timeout(
-    proxied: tuple[GatewayThread, Any],
+    proxied: tuple[GatewayThread, Any], name: str
 ) -> None:
-    """nginx-tests proxy_next_upstream.t 'timeout', HAProxy's ``timeout server``: the answer
-    comes once the wait for the head ran out, not before, and the client's exchange never
-    reaches its own cap (:data:`TIMEOUT`)."""
+    """nginx-tests proxy_next_upstream.t 'timeout', HAProxy's ``timeout server``, and HAProxy's
+    http_wait_for_body.vtc (a small answer's body that stalls one byte short, read whole
+    before any of it is sent): the answer comes once the wait ran out, not before, and the
+    client's exchange never reaches its own cap (:data:`TIMEOUT`)."""
     gateway, upstream = proxied
-    (case,) = [c for c in cases.CASES if c.name == "answer_timeout"]
+    (case,) = [c for c in cases.CASES if c.name == name]
     said, took = cases.run(gateway.port, upstream, case)
     assert said == "504"
     assert cases.UPSTREAM_TIMEOUT <= took < cases.TIMEOUT

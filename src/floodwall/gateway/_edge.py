@@ -9,10 +9,13 @@ nginx or HAProxy (the stricter of the two) refuses it too:
   HTTP/1.1, never echoed in the client's version.
 * **Host**: an RFC 9110 ``host[:port]`` (:func:`~floodwall.gateway._headers.host_error`), checked
   before it routes anything or is copied into ``X-Forwarded-Host`` / ``Forwarded``; with an
-  absolute-form target, ``Host`` must name the target's host (RFC 9112 §3.2.2 makes the target
-  win; a proxy that routes on one and forwards the other can be steered). An HTTP/1.1 request
+  absolute-form target, ``Host`` must name the target's host and port, an absent or empty
+  port being the scheme's default (RFC 9112 §3.2.2 makes the target win; a proxy that routes
+  on one and forwards the other can be steered). An HTTP/1.1 request
   needs one unless its target is absolute (RFC 9112 §3.2). 400 otherwise.
 * **target**: a fragment (``#``) is refused (400), as HAProxy does.
+* **upgrade**: a WebSocket handshake without ``Sec-WebSocket-Key`` is refused (400), as HAProxy
+  does (:func:`upgrade_refusal`, applied only to heads llhttp reports as upgrades).
 * **head size**: the request line and every field (``name: value`` and CRLF each, as parsed)
   within ``max_head`` bytes, 431 past it. The per-line and count limits alone let
   ``max_headers × max_line`` bytes through (800 KiB by default); the server's protocol also
@@ -39,7 +42,7 @@ from floodwall.gateway.routing import normalise_host
 if TYPE_CHECKING:
     from floodwall.gateway._server import Request
 
-__all__ = ["EdgeRefusal", "EdgeRules"]
+__all__ = ["EdgeRefusal", "EdgeRules", "upgrade_refusal"]
 
 _VERSIONS: Final = frozenset({"1.1", "1.0"})
 GOOD_HOSTS: Final = 1024
@@ -133,15 +136,48 @@ class EdgeRules:
         return None
 
 
+_NO_WEBSOCKET_KEY: Final = EdgeRefusal(
+    400, "bad_upgrade", "a WebSocket upgrade without Sec-WebSocket-Key"
+)
+
+
+def upgrade_refusal(request: Request) -> EdgeRefusal | None:
+    """The refusal for a head that asks for an upgrade (``Connection: upgrade`` and an
+    ``Upgrade`` field: llhttp reports those alone, so the common path never comes here), or
+    ``None``. The gateway proxies no upgrade (the fields are dropped and the request served
+    as plain HTTP, RFC 9110 §7.8), but a WebSocket handshake without its key is malformed
+    (RFC 6455 §4.2.1: 400), as HAProxy answers it."""
+    headers = request.headers
+    tokens = {token.strip().lower() for token in headers.get("upgrade", "").split(",")}
+    if "websocket" in tokens and "sec-websocket-key" not in headers:
+        return _NO_WEBSOCKET_KEY
+    return None
+
+
 def _absolute_form(scheme: str, authority: str, host: str | None) -> EdgeRefusal | None:
     if scheme not in ("http", "https"):
         return EdgeRefusal(400, "bad_target", f"a request target of scheme {scheme!r}")
     why = host_error(authority)
     if why is not None:
         return EdgeRefusal(400, "bad_target", f"the request target's authority: {why}")
-    if host is not None and normalise_host(host) != normalise_host(authority):
-        return EdgeRefusal(400, "bad_host", "Host does not name the request target's host")
+    if host is not None and (
+        normalise_host(host) != normalise_host(authority)
+        or _port(scheme, host) != _port(scheme, authority)
+    ):
+        return EdgeRefusal(400, "bad_host", "Host does not name the request target's authority")
     return None
+
+
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _port(scheme: str, authority: str) -> int:
+    """``authority``'s port (checked digits), the scheme's default when it has none or an
+    empty one (RFC 3986 §6.2.3): ``http://a:80/`` and ``Host: a`` name the same authority,
+    ``http://a:8080/`` and ``Host: a`` do not (HAProxy refuses those, nginx forwards them)."""
+    tail = authority.rpartition("]")[2] if authority.startswith("[") else authority
+    digits = tail.rpartition(":")[2] if ":" in tail else ""
+    return int(digits) if digits else _DEFAULT_PORTS[scheme]
 
 
 def _dot_parameters(path: str) -> bool:

@@ -45,7 +45,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from floodwall.gateway._edge import EdgeRefusal, EdgeRules
+from floodwall.gateway._edge import EdgeRefusal, EdgeRules, upgrade_refusal
 from floodwall.gateway._headers import NAMES, decode_name
 from floodwall.integrations._wire import PROBLEM_JSON, problem
 
@@ -561,6 +561,8 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._close_after = True  # an upgrade is not proxied: no byte after it is read
             self.pause_reading()
+            if ready:  # (the head asking for it is the last one parsed)
+                _check_upgrade(ready)
         except httptools.HttpParserError as exc:
             if not self._after_close(exc):
                 ready.clear()  # (llhttp refuses some framing only once the head is complete)
@@ -1013,6 +1015,16 @@ _LONG_TARGET: Final = EdgeRefusal(414, "request_line_too_long", "the request lin
 _LONG_FIELD: Final = EdgeRefusal(431, "request_field_too_large", "a request field is too long")
 _MANY_FIELDS: Final = EdgeRefusal(431, "request_field_too_large", "too many request fields")
 _VERSION: Final = EdgeRefusal(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1")
+
+
+def _check_upgrade(ready: deque[tuple[Request, EdgeRefusal | None]]) -> None:
+    """Refuse the upgrade head at the end of ``ready`` if :func:`upgrade_refusal` says so."""
+    request, refusal = ready[-1]
+    if refusal is None:
+        refusal = upgrade_refusal(request)
+        if refusal is not None:
+            request.keep_alive = False
+            ready[-1] = (request, refusal)
 
 
 def parser_refusal(exc: Exception) -> EdgeRefusal:

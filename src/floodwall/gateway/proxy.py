@@ -872,14 +872,19 @@ class Proxy:
         self, request: Request, route: Route, upstream: UpstreamResponse, table: Table
     ) -> Response:
         """:meth:`_live` for an answer whose whole body is still arriving: read first, within
-        the pool's ``read_timeout`` (a 502 if it breaks or takes longer)."""
+        the pool's ``read_timeout`` (a 502 if it breaks, a 504 if it takes longer: nothing
+        was sent yet, and the upstream did not answer in time)."""
         try:
             async with asyncio.timeout(route.pool.read_timeout):
                 data = await upstream.read()
         except BaseException as exc:
             upstream.release()
             upstream.endpoint.in_flight -= 1
-            if not isinstance(exc, UpstreamError | TimeoutError):
+            if isinstance(exc, TimeoutError):
+                route.stats.count("timeout")
+                route.stats.settle("timeout", "error")
+                return _problem(504, "timeout", "upstream answer body stalled past read_timeout")
+            if not isinstance(exc, UpstreamError):
                 raise
             route.stats.count("upstream_unavailable")
             route.stats.settle("error", "error")
