@@ -781,6 +781,25 @@ REQUEST_CASES: list[Case] = [
          "200 `ok` then 200 `ok`; upstream got GET /a `0123456789`, GET /b `foobar`"),
     Case("method_unknown", "`FOO /r` (a method no RFC defines)", NGX + "http_method.t (any method)",
          [get(b"/r", method=b"FOO")], "400; upstream got nothing"),
+    Case("query_percent", "`GET /r?q=%` (a `%` alone in the query)",
+         NGX + "http_uri.t 'percent' (in the query, which nginx does not decode)",
+         [get(b"/r?q=%")], "200 `ok`; upstream got GET /r?q=%"),
+    Case("query_raw_byte", "`GET /r?q=\\xff` (a byte above 0x7F in the query)",
+         NGX + "http_uri.t (raw bytes) / RFC 9112 §3.2", [get(b"/r?q=\xff")],
+         "400; upstream got nothing"),
+    Case("long_target", "a request target of 10 KiB",
+         NGX + "http_header_buffers.t 'long request line' (past `large_client_header_buffers`)",
+         [get(b"/" + b"a" * 10240)], "414; upstream got nothing"),
+    Case("two_spaces", "`GET  /r HTTP/1.1` (two spaces before the target)",
+         NGX + "http_uri.t 'space' (between the words) / RFC 9112 §3", [get(b" /r")],
+         "200 `ok`; upstream got GET /r"),
+    Case("leading_empty_line", "an empty line before the request line",
+         NGX + "http_keepalive.t (CRLF between requests) / RFC 9112 §2.2",
+         [b"\r\n" + get(b"/r")], "200 `ok`; upstream got GET /r"),
+    Case("obs_text_value", "a field value with a byte above 0x7F (`X-Obs: caf\\xe9`)",
+         NGX + "http_headers_multi.t ($http_* as sent) / RFC 9110 §5.5 (obs-text)",
+         [get(b"/r", b"X-Obs: caf\xe9\r\n")], "200 `ok`; upstream got GET /r; x-obs: `caf\xe9`",
+         describe=field_lines(b"x-obs")),
 ]  # fmt: skip
 
 ANSWER_CASES: list[Case] = [
@@ -977,6 +996,15 @@ ANSWER_CASES: list[Case] = [
          [get(b"/r", close=False) + get(b"/last")],
          "200 `ok` then 200 `last response`; 2 requests on 2 upstream connections",
          {b"/r": Reply(OK), b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_many_chunks", "a chunked answer of 100 chunks of 10 bytes and one of 26;"
+         " a `GET` next", NGX + "proxy_keepalive.t 'buffered complex chunked 2'",
+         [get(b"/r", close=False) + get(b"/last")],
+         "200 `012345678901234567890123…` then 200 `last response`;"
+         " 2 requests on 1 upstream connections",
+         {b"/r": Reply(chunked_answer(b"a\r\n0123456789\r\n" * 100,
+                                      b"1a\r\nTEST-OK-IF-YOU-SEE-THIS001\r\n0\r\n\r\n",
+                                      close=False), "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
     Case("big_whole", "`Content-Length` 1 MiB, sent whole",
          NGX + "proxy_max_temp_file_size.t 'no temp file - body length'",
          [get(b"/r")], "200",
@@ -1007,6 +1035,14 @@ ANSWER_CASES: list[Case] = [
          NGX + "proxy_duplicate_headers.t 'duplicate transfer encoding'", [get(b"/r")], "502",
          {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
                        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")}, only_client),
+    Case("answer_many_fields", "an answer with 150 fields",
+         NGX + "proxy.t / proxy_buffer_size (`upstream sent too big header`)", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-F%d: v\r\n" % i for i in range(150))
+                       + b"Content-Length: 2\r\n\r\nok")}, only_client),
+    Case("answer_obs_fold", "a folded answer field (obs-fold)",
+         NGX + "proxy.t (`upstream sent invalid header`) / RFC 9112 §5.2", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n  2\r\nContent-Length: 2\r\n\r\nok")},
+         only_client),
 ]  # fmt: skip
 
 CASES: list[Case] = REQUEST_CASES + ANSWER_CASES
