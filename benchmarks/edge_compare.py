@@ -302,25 +302,27 @@ def next_upstream_row(ports: dict[str, int], live: set[str], directory: Path, re
 
 
 def two_endpoint_rows(ports: dict[str, int], live: set[str], directory: Path) -> list[str]:
-    """nginx-tests proxy_non_idempotent.t: two endpoints that close without answering; which
-    requests a proxy sends to the second, with its defaults and with a retry."""
+    """nginx-tests proxy_non_idempotent.t and proxy_next_upstream.t: two endpoints that answer
+    alike; which requests a proxy sends to the second, with its defaults and with a retry.
+    Each case runs on proxies started for it: a failure one case provoked (nginx's
+    ``max_fails=1`` marks an endpoint down for 10 s) must not decide the next case."""
     rows = []
     for retry in (False, True):
-        upstreams = [proxy_cases.Upstream(), proxy_cases.Upstream()]
-        where = directory / ("two-retry" if retry else "two")
-        commands = proxies(where, [u.port for u in upstreams], 2.0, retry)
-        try:
-            with running(commands, ports):
-                for case in proxy_cases.TWO_ENDPOINT_CASES:
+        for number, case in enumerate(proxy_cases.TWO_ENDPOINT_CASES):
+            upstreams = [proxy_cases.Upstream(), proxy_cases.Upstream()]
+            where = directory / f"two-{'retry-' if retry else ''}{number}"
+            commands = proxies(where, [u.port for u in upstreams], 2.0, retry)
+            try:
+                with running(commands, ports):
                     said = [
                         proxy_cases.run_two(port, upstreams, case) if name in live else "-"
                         for name, port in ports.items()
                     ]
-                    label = case.label + (" (with a retry, as above)" if retry else "")
-                    rows.append(f"| {label} | {case.peer} | {' | '.join(said)} |")
-        finally:
-            for upstream in upstreams:
-                upstream.close()
+            finally:
+                for upstream in upstreams:
+                    upstream.close()
+            label = case.label + (" (with a retry, as above)" if retry else "")
+            rows.append(f"| {label} | {case.peer} | {' | '.join(said)} |")
     return rows
 
 

@@ -444,6 +444,22 @@ def with_fields(*names: bytes) -> Describe:
     return describe
 
 
+def field_lines(name: bytes) -> Describe:
+    """The default description, then every value of field ``name`` the upstream got, in
+    order (a repeated field: whether it was kept, joined or replaced)."""
+
+    def describe(answers: list[Answer], received: list[Received]) -> str:
+        values = [
+            f"`{line.partition(b':')[2].strip().decode('latin-1')}`"
+            for request in received
+            for line in request.head[1:]
+            if line.partition(b":")[0].strip().lower() == name
+        ]
+        return f"{default(answers, received)}; {name.decode()}: {', '.join(values) or 'none'}"
+
+    return describe
+
+
 def answer_fields(*names: bytes) -> Describe:
     """The client's answers, then which of ``names`` the client got."""
 
@@ -793,6 +809,68 @@ REQUEST_CASES: list[Case] = [
          HAP + "http-messaging/websocket.vtc c2_1",
          [get(b"/r", b"Connection: upgrade\r\nUpgrade: websocket\r\n")],
          "400; upstream got nothing"),
+    # -- nginx-tests, more cases
+    Case("percent_alone", "`GET /foo/bar%` (a `%` without its two hex digits)",
+         NGX + "http_uri.t 'percent'", [get(b"/foo/bar%")], "400; upstream got nothing"),
+    Case("percent_one_digit", "`GET /foo/bar%1` (a `%` with one hex digit)",
+         NGX + "http_uri.t 'percent digit'", [get(b"/foo/bar%1")], "400; upstream got nothing"),
+    Case("dotdot_query", "`GET /foo/bar/..?args` (a dot-segment before the query)",
+         NGX + "http_uri.t 'dot dot args'", [get(b"/foo/bar/..?args")],
+         "400; upstream got nothing"),
+    Case("slashes_dotdot", "`GET /foo//../bar` (an empty segment, then a dot-segment)",
+         NGX + "merge_slashes.t 'merge slashes'", [get(b"/foo//../bar")],
+         "400; upstream got nothing"),
+    Case("target_control", "`GET /\\x02` (a control character in the target)",
+         NGX + "http_uri.t 'control'", [get(b"/\x02")], "400; upstream got nothing"),
+    Case("target_control_escaped", "`GET /%02` (a control character, percent-encoded)",
+         NGX + "http_uri.t 'control escaped'", [get(b"/%02")], "200 `ok`; upstream got GET /%02"),
+    Case("absolute_no_path", "`GET http://api.example.com?args` (absolute form, no path)",
+         NGX + "http_uri.t 'absolute args'", [get(b"http://api.example.com?args")],
+         "200 `ok`; upstream got GET /?args"),
+    Case("trace", "`TRACE /r`", NGX + "http_method.t 'trace'",
+         [get(b"/r", method=b"TRACE")], "405; upstream got nothing"),
+    Case("connect_no_port", "`CONNECT api.example.com` (no port)",
+         NGX + "http_method.t 'connect no port'", [get(b"api.example.com", method=b"CONNECT")],
+         "400; upstream got nothing"),
+    Case("host_twice", "`Host` twice (`foo`, `bar`)",
+         NGX + "http_headers_multi.t 'duplicate host rejected'",
+         [get(b"/r").replace(HOST, b"Host: foo\r\nHost: bar\r\n")], "400; upstream got nothing"),
+    Case("xff_three", "`X-Forwarded-For` three times from a client no proxy trusts",
+         NGX + "http_headers_multi.t 'multi $http_x_forwarded_for'",
+         [get(b"/r", b"X-Forwarded-For: foo\r\nX-Forwarded-For: bar\r\nX-Forwarded-For: bazz\r\n")],
+         "200 `ok`; upstream got GET /r; x-forwarded-for: `127.0.0.1`",
+         describe=field_lines(b"x-forwarded-for")),
+    Case("cookie_three", "`Cookie` three times",
+         NGX + "http_headers_multi.t 'multi $http_cookie'",
+         [get(b"/r", b"Cookie: foo=1\r\nCookie: bar=2\r\nCookie: bazz=3\r\n")],
+         "200 `ok`; upstream got GET /r; cookie: `foo=1`, `bar=2`, `bazz=3`",
+         describe=field_lines(b"cookie")),
+    Case("chunked_pipelined", "two `GET`s with chunked bodies in one write",
+         NGX + "proxy_request_buffering_chunked.t 'body pipelined'",
+         [get(b"/a", CHUNKED, close=False) + b"a\r\n0123456789\r\n0\r\n\r\n"
+          + get(b"/b", CHUNKED) + b"6\r\nfoobar\r\n0\r\n\r\n"],
+         "200 `ok` then 200 `ok`; upstream got GET /a `0123456789`, GET /b `foobar`"),
+    Case("method_unknown", "`FOO /r` (a method no RFC defines)", NGX + "http_method.t (any method)",
+         [get(b"/r", method=b"FOO")], "400; upstream got nothing"),
+    Case("query_percent", "`GET /r?q=%` (a `%` alone in the query)",
+         NGX + "http_uri.t 'percent' (in the query, which nginx does not decode)",
+         [get(b"/r?q=%")], "200 `ok`; upstream got GET /r?q=%"),
+    Case("query_raw_byte", "`GET /r?q=\\xff` (a byte above 0x7F in the query)",
+         NGX + "http_uri.t (raw bytes) / RFC 9112 §3.2", [get(b"/r?q=\xff")],
+         "400; upstream got nothing"),
+    Case("long_target", "a request target of 10 KiB",
+         NGX + "http_header_buffers.t 'long request line' (past `large_client_header_buffers`)",
+         [get(b"/" + b"a" * 10240)], "414; upstream got nothing"),
+    Case("two_spaces", "`GET  /r HTTP/1.1` (two spaces before the target)",
+         NGX + "http_uri.t 'space' (between the words) / RFC 9112 §3", [get(b" /r")],
+         "200 `ok`; upstream got GET /r"),
+    Case("leading_empty_line", "an empty line before the request line",
+         NGX + "http_keepalive.t (CRLF between requests) / RFC 9112 §2.2",
+         [b"\r\n" + get(b"/r")], "200 `ok`; upstream got GET /r"),
+    Case("obs_text_value", "a field value with a byte above 0x7F (`X-Obs: caf\\xe9`)",
+         NGX + "http_headers_multi.t ($http_* as sent) / RFC 9110 §5.5 (obs-text)",
+         [get(b"/r", b"X-Obs: caf\xe9\r\n")], "200 `ok`; upstream got GET /r; x-obs: `caf\xe9`",
+         describe=field_lines(b"x-obs")),
 ]  # fmt: skip
 
 ANSWER_CASES: list[Case] = [
@@ -984,6 +1062,89 @@ ANSWER_CASES: list[Case] = [
          [get(b"/r")], "504",
          {b"/r": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1001\r\n\r\n" + b"z" * 1000,
                        "hang")}, status_only),
+    # -- nginx-tests, more cases
+    Case("chunked_extra_data", "a chunked answer, then more chunks after its last chunk",
+         NGX + "proxy_chunked_extra.t 'chunked with extra data'",
+         [get(b"/r")], "200 `SEE-THIS`",
+         {b"/r": Reply(chunked_answer(b"8\r\nSEE-THIS\r\n0\r\n\r\n3\r\nzzz\r\n0\r\n\r\n"))},
+         only_client),
+    Case("keepalive_head", "`HEAD` answered with `Content-Length: 26`, no body; a `GET` next",
+         NGX + "proxy_keepalive.t 'buffered head 2'",
+         [get(b"/r", close=False, method=b"HEAD") + get(b"/last")],
+         "200 then 200 `last response`; 2 requests on 1 upstream connections",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 26\r\n\r\n", "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_304_length", "`304` with `Content-Length: 100`, no body; a `GET` next",
+         NGX + "proxy_keepalive.t 'buffered 304 with length 2'",
+         [get(b"/r", close=False) + get(b"/last")],
+         "304 then 200 `last response`; 2 requests on 1 upstream connections",
+         {b"/r": Reply(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 100\r\n\r\n", "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_304", "`304` without length; a `GET` next",
+         NGX + "proxy_keepalive.t 'buffered 304 2'",
+         [get(b"/r", close=False) + get(b"/last")],
+         "304 then 200 `last response`; 2 requests on 1 upstream connections",
+         {b"/r": Reply(b"HTTP/1.1 304 Not Modified\r\n\r\n", "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_last_chunk", "a chunked answer of its last chunk only; a `GET` next",
+         NGX + "proxy_keepalive.t 'buffered 0 chunk 2'",
+         [get(b"/r", close=False) + get(b"/last")],
+         "200 then 200 `last response`; 2 requests on 1 upstream connections",
+         {b"/r": Reply(chunked_answer(b"0\r\n\r\n", close=False), "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_upstream_closed",
+         "an answer, then the upstream closes (no `Connection: close`); a `GET` next",
+         NGX + "proxy_keepalive.t 'buffered closed 2' (here unannounced)",
+         [get(b"/r", close=False) + get(b"/last")],
+         "200 `ok` then 200 `last response`; 2 requests on 2 upstream connections",
+         {b"/r": Reply(OK), b"/last": Reply(LAST, "keep")}, connections),
+    Case("keepalive_many_chunks", "a chunked answer of 100 chunks of 10 bytes and one of 26;"
+         " a `GET` next", NGX + "proxy_keepalive.t 'buffered complex chunked 2'",
+         [get(b"/r", close=False) + get(b"/last")],
+         "200 `012345678901234567890123…` then 200 `last response`;"
+         " 2 requests on 1 upstream connections",
+         {b"/r": Reply(chunked_answer(b"a\r\n0123456789\r\n" * 100,
+                                      b"1a\r\nTEST-OK-IF-YOU-SEE-THIS001\r\n0\r\n\r\n",
+                                      close=False), "keep"),
+          b"/last": Reply(LAST, "keep")}, connections),
+    Case("big_whole", "`Content-Length` 1 MiB, sent whole",
+         NGX + "proxy_max_temp_file_size.t 'no temp file - body length'",
+         [get(b"/r")], "200",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + b"X" * 1048576)},
+         status_only),
+    Case("answer_chunk_size_bad", "a chunked answer whose chunk size is not hex (`zz`)",
+         NGX + "proxy_chunked.t (`upstream sent invalid chunked response`)",
+         [get(b"/r")], "502",
+         {b"/r": Reply(chunked_answer(b"zz\r\nSEE-THIS\r\n0\r\n\r\n"))}, only_client),
+    Case("answer_chunk_size_huge", "a chunked answer whose chunk size has 17 hex digits",
+         NGX + "proxy_chunked.t (`upstream sent invalid chunked response`)",
+         [get(b"/r")], "502",
+         {b"/r": Reply(chunked_answer(b"10000000000000008\r\nSEE-THIS\r\n0\r\n\r\n"))},
+         only_client),
+    Case("answer_length_invalid", "`Content-Length: foo` in an answer",
+         NGX + "proxy_duplicate_headers.t 'invalid length'", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: foo\r\n\r\n")},
+         only_client),
+    Case("answer_length_twice", "`Content-Length: 0` twice in an answer",
+         NGX + "proxy_duplicate_headers.t 'duplicate length'", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n"
+                       b"Content-Length: 0\r\n\r\n")}, only_client),
+    Case("answer_te_unknown", "`Transfer-Encoding: foo` in an answer",
+         NGX + "proxy_duplicate_headers.t 'unknown transfer encoding'", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: foo\r\n\r\n")},
+         only_client),
+    Case("answer_te_twice", "`Transfer-Encoding: chunked` twice (two fields) in an answer",
+         NGX + "proxy_duplicate_headers.t 'duplicate transfer encoding'", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")}, only_client),
+    Case("answer_many_fields", "an answer with 150 fields",
+         NGX + "proxy.t / proxy_buffer_size (`upstream sent too big header`)", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-F%d: v\r\n" % i for i in range(150))
+                       + b"Content-Length: 2\r\n\r\nok")}, only_client),
+    Case("answer_obs_fold", "a folded answer field (obs-fold)",
+         NGX + "proxy.t (`upstream sent invalid header`) / RFC 9112 §5.2", [get(b"/r")], "502",
+         {b"/r": Reply(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n  2\r\nContent-Length: 2\r\n\r\nok")},
+         only_client),
 ]  # fmt: skip
 
 CASES: list[Case] = REQUEST_CASES + ANSWER_CASES
@@ -1026,6 +1187,14 @@ TWO_ENDPOINT_CASES: list[Case] = [
          NGX + "proxy_non_idempotent.t 'post'",
          [post(b"/r", b"Content-Length: 5\r\n" + CLOSE, b"hello")], "502; tried 1 endpoint",
          {b"/r": Reply(b"")}),
+    # -- nginx-tests, more cases
+    Case("next_500", "both endpoints answer a `GET` with 500",
+         NGX + "proxy_next_upstream.t 'request 500' (without `http_500`)", [get(b"/r")],
+         "500; tried 2 endpoints",
+         {b"/r": Reply(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")}),
+    Case("next_timeout", "both endpoints never answer a `GET` (each try waits 2 s)",
+         NGX + "proxy_next_upstream.t (`timeout`, in the default `error timeout`)", [get(b"/r")],
+         "504; tried 2 endpoints", {b"/r": Reply(b"", "hang")}),
 ]  # fmt: skip
 """Run against a proxy with two endpoints that answer alike (:func:`run_two`); the expected
 line is floodwall's with a retry of 2 attempts on the route's resource."""

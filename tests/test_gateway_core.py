@@ -109,6 +109,10 @@ def test_hosts_are_normalised(host: str, normal: str) -> None:
         ("/a/..", "/a/%2e%2e", True),
         ("/a/b", "/a%2Fb", True),
         ("/a\\b", "/a%5Cb", True),
+        ("/a%", "/a%", True),  # (nginx-tests http_uri.t 'percent')
+        ("/a%1", "/a%1", True),  # ('percent digit')
+        ("/a%zz", "/a%zz", True),
+        ("/a b", "/a%20b?q=%", False),  # (a '%' in the query is the upstream's business)
         ("/.well-known/x", "/.well-known/x", False),
     ],
 )

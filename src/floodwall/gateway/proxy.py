@@ -6,9 +6,9 @@ answering on its own when it refuses:
 1. **hygiene**: ``CONNECT`` and ``TRACE`` are refused (405: no tunnels, no open proxy); an
    HTTP/1.0 request with ``Transfer-Encoding`` is refused (RFC 9112 §6.1: faulty framing), a
    coding other than ``chunked`` is a 501; ``Expect`` in HTTP/1.0 is ignored (RFC 9110
-   §10.1.1), another than ``100-continue`` is a 417; a
-   path with dot-segments, empty segments or encoded separators is refused (400). The HTTP
-   parser (llhttp, strict) has already refused conflicting ``Content-Length`` /
+   §10.1.1), another than ``100-continue`` is a 417; a path with dot-segments, empty
+   segments, encoded separators or a broken ``%`` escape is refused (400). The HTTP parser
+   (llhttp, strict) has already refused conflicting ``Content-Length`` /
    ``Transfer-Encoding``, repeated ``Content-Length``, obfuscated ``Transfer-Encoding``, bare
    LF, whitespace before colons and oversized lines and headers.
 2. **routing**: host (the ``Host`` header, or the authority of an absolute-form target),

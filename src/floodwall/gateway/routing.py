@@ -27,7 +27,8 @@ __all__ = ["Matcher", "Router", "normalise_host", "unsafe_path"]
 T = TypeVar("T")
 
 _EMPTY: dict[str, str] = {}
-_ENCODED_SEPARATOR = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
+_BAD_ESCAPE = re.compile(r"%(?:2f|5c|00|(?![0-9a-f]{2}))", re.IGNORECASE)
+"""An encoded ``/``, ``\\`` or NUL, or a ``%`` not followed by two hex digits."""
 
 
 def normalise_host(host: str | None) -> str:
@@ -47,7 +48,9 @@ def normalise_host(host: str | None) -> str:
 def unsafe_path(path: str, raw_path: str) -> str | None:
     """Why ``path`` (decoded) / ``raw_path`` (as sent) cannot be routed safely, or ``None``:
     not starting with ``/``, dot-segments (``/./``, ``/../``, decoded ones too), empty segments
-    (``//``), backslashes, NUL, or encoded ``/``, ``\\`` or NUL (``%2F``, ``%5C``, ``%00``)."""
+    (``//``), backslashes, NUL, encoded ``/``, ``\\`` or NUL (``%2F``, ``%5C``, ``%00``), or a
+    ``%`` without two hex digits after it (``/a%``, ``/a%1``: nginx refuses it too, and each
+    upstream would decode it its own way)."""
     if not path.startswith("/"):
         return "the path must start with '/'"
     if "//" in path:
@@ -60,8 +63,11 @@ def unsafe_path(path: str, raw_path: str) -> str | None:
                 return "dot-segment in the path"
     if "%" in raw_path:  # (the query cut off only then: no split per request)
         raw = raw_path.split("?", 1)[0]
-        if "%" in raw and _ENCODED_SEPARATOR.search(raw):
-            return "encoded '/', '\\' or NUL in the path"
+        found = _BAD_ESCAPE.search(raw) if "%" in raw else None
+        if found is not None:
+            if found.group().lower() in ("%2f", "%5c", "%00"):
+                return "encoded '/', '\\' or NUL in the path"
+            return "a '%' without two hex digits in the path"
     return None
 
 
