@@ -60,3 +60,30 @@ class CollectorPauses:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self)
+
+
+class StoodStill:
+    """How long this process stood still while in use, in seconds (:attr:`seconds`): the
+    lateness :class:`HeldOff` saw, summed, or the collector's pauses, summed, whichever is more
+    (a collection makes the thread late too, so the two are not added). A wall-clock bound on
+    work this process's own threads do (a client, a gateway and its upstreams in loop threads)
+    adds it: none of that work goes on while the process stands still, whatever the code does.
+    Lateness under 5 ms a wake-up is not counted, so a bound keeps a slack of its own for it."""
+
+    def __init__(self) -> None:
+        self._held_off = HeldOff()
+        self._collector = CollectorPauses()
+
+    @property
+    def seconds(self) -> float:
+        held = sum(lag for _, lag in self._held_off.lags)
+        return max(held, sum(took for _, took in self._collector.pauses))
+
+    def __enter__(self) -> StoodStill:
+        self._collector.__enter__()
+        self._held_off.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._held_off.__exit__()
+        self._collector.__exit__()

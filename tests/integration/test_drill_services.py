@@ -17,6 +17,7 @@ from floodwall.drill._record import Recorder
 from floodwall.drill.edge import LocalEdge
 from floodwall.drill.scenario import FaultSpec, ServiceSpec, parse_scenario
 from floodwall.drill.services import MockService, read_ledger
+from stalls import StoodStill
 
 pytestmark = [
     pytest.mark.integration,
@@ -43,11 +44,12 @@ async def test_reads_latency_and_errors(tmp_path: Path, session: aiohttp.ClientS
     recorder = Recorder()
     service = await started(tmp_path, recorder, latency="100ms")
     try:
-        begun = time.monotonic()
-        async with session.get(service.url + "/x", headers={"X-Drill-Request": "7"}) as answer:
-            assert answer.status == 200
-            assert (await answer.json())["service"] == "svc"
-        assert 0.09 <= time.monotonic() - begun < 1.0
+        with StoodStill() as stood:
+            begun = time.monotonic()
+            async with session.get(service.url + "/x", headers={"X-Drill-Request": "7"}) as answer:
+                assert answer.status == 200
+                assert (await answer.json())["service"] == "svc"
+            took = time.monotonic() - begun
         (call,) = recorder.calls()
         assert call.service == "svc" and call.request == 7 and call.status == 200
         assert call.end is not None and call.end - call.start >= 0.09
@@ -55,10 +57,14 @@ async def test_reads_latency_and_errors(tmp_path: Path, session: aiohttp.ClientS
         await service.stop()
     failing = await started(tmp_path, Recorder(), latency=0, error_rate=1.0, error_status=502)
     try:
+        begun = time.monotonic()
         async with session.get(failing.url + "/x") as answer:
             assert answer.status == 502
+        answered = time.monotonic() - begun  # the same round trip with no latency: the baseline
     finally:
         await failing.stop()
+    # the latency once, plus the round trip and what this process stood still meanwhile
+    assert 0.09 <= took < 1.2 * 0.1 + answered + stood.seconds, (took, answered, stood.seconds)
 
 
 async def test_capacity_queue_then_refuse(tmp_path: Path, session: aiohttp.ClientSession) -> None:
