@@ -161,6 +161,10 @@ def test_a_stopped_lock_holder_costs_at_most_the_timeout(name: str) -> None:
                 waited = time.monotonic() - began
             # the timeout and the healthy call's work, plus what this process stood still
             allowed = 1.2 * 0.2 + 2 * healthy + stood.seconds
+            print(
+                f"\nstopped holder: {waited:.3f}s (bound {allowed:.3f}s, "
+                f"stood still {stood.seconds:.3f}s)"
+            )
             assert 0.2 <= waited <= allowed, (waited, allowed)
         finally:
             child.send_signal(signal.SIGKILL)
@@ -535,18 +539,22 @@ async def test_a_first_async_op_waits_for_a_stopped_lock_holder_without_blocking
 
                 await asyncio.sleep(0.02)  # the ticker notes the gap starting the child left
                 gaps.clear()
-                began = time.monotonic()
-                if user == "rate limit":
-                    assert await limiter.try_acquire_async(), "the local share answers"
-                else:
-                    assert await bulkhead.call_async(served) == "served", "the local share"
-                waited = time.monotonic() - began
-                await asyncio.sleep(0.05)  # the ticker notes the gap the call left
+                with StoodStill() as stood:
+                    began = time.monotonic()
+                    if user == "rate limit":
+                        assert await limiter.try_acquire_async(), "the local share answers"
+                    else:
+                        assert await bulkhead.call_async(served) == "served", "the local share"
+                    waited = time.monotonic() - began
+                    await asyncio.sleep(0.05)  # the ticker notes the gap the call left
             finally:
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
     finally:
         ticker.cancel()
     remove(name)  # the killed holder made NAME; nothing else uses it now
-    assert waited <= timeout + 3 * healthy + 0.5, waited
-    assert max(gaps) < timeout / 2 + 3 * healthy, (max(gaps), healthy)
+    # what this process stood still meanwhile is added: a kernel wait on the loop's thread
+    # (what the test is about) leaves the interpreter free, so it makes no thread late
+    late = stood.seconds
+    assert waited <= 1.2 * timeout + 3 * healthy + late, (waited, healthy, late)
+    assert max(gaps) < timeout / 2 + 3 * healthy + late, (max(gaps), healthy, late)

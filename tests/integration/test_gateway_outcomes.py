@@ -105,6 +105,7 @@ def test_each_failure_counts_against_its_endpoint_by_reason(
         # the read timeout and a round trip, plus what this process (gateway, upstream and
         # client threads) stood still meanwhile; the upstream's 3 s would be far past it
         bound = 1.2 * READ + answered + stood.seconds
+        print(f"\nread timeout: {took:.3f}s (bound {bound:.3f}s, stood still {stood.seconds:.3f}s)")
         assert took < bound, (
             f"read_timeout {READ}s did not bound the wait: {took:.2f}s > {bound:.2f}s"
         )
@@ -178,6 +179,9 @@ def test_a_timed_out_try_goes_to_an_untried_endpoint_with_the_time_left(
         # a hung try's timeout, then at once the other endpoint's round trip (the fastest of
         # the four: one tried there first), plus what this process stood still meanwhile
         bound = 1.2 * TRY + min(tooks) + stood.seconds
+        print(
+            f"\ntried elsewhere: {max(tooks):.3f}s (bound {bound:.3f}s, stood {stood.seconds:.3f}s)"
+        )
         assert max(tooks) < bound, (tooks, bound)
         hung = hanging.state.count
         assert hung >= 1  # round robin sent some first tries there
