@@ -14,6 +14,7 @@ import pytest
 import floodwall as fw
 from floodwall.config import Registry
 from floodwall.config.sources import FileSource, RedisSource
+from stalls import StoodStill
 
 
 def timeout_of(registry: Registry, name: str) -> float | None:
@@ -104,14 +105,18 @@ async def test_two_processes_converge_within_a_second(redis_url: str) -> None:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "1.0"  # the child is up and following
         await asyncio.sleep(0.3)  # let both subscriptions settle
-        started = time.monotonic()
-        await source.publish("resources: {a: {timeout: 9s}}")
-        while timeout_of(local, "a") != 9.0:
-            await asyncio.sleep(0.01)
-            assert time.monotonic() - started < 1.0
-        line = await asyncio.to_thread(child.stdout.readline)
-        assert line.strip() == "9.0"
-        assert time.monotonic() - started < 1.0
+        # within the second docs/configuration.md states, plus what this process stood still
+        with StoodStill() as stood:
+            started = time.monotonic()
+            await source.publish("resources: {a: {timeout: 9s}}")
+            while timeout_of(local, "a") != 9.0:
+                await asyncio.sleep(0.01)
+                assert time.monotonic() - started < 1.0 + stood.seconds
+            line = await asyncio.to_thread(child.stdout.readline)
+            assert line.strip() == "9.0"
+            took = time.monotonic() - started
+        print(f"\ntwo processes converged in {took:.3f}s (stood still {stood.seconds:.3f}s)")
+        assert took < 1.0 + stood.seconds, (took, stood.seconds)
         with pytest.raises(fw.ConfigError):
             await source.publish("resources: {a: {timeout: never}}")
         assert timeout_of(local, "a") == 9.0

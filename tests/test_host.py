@@ -27,6 +27,7 @@ from floodwall.config import Registry
 from floodwall.shared._global_ops import FIXED
 from floodwall.stores import StoreTimeoutError, StoreUnavailableError, connect
 from floodwall.stores.host import HostStore, info, remove
+from stalls import StoodStill
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="System V: Linux")
 
@@ -153,11 +154,18 @@ def test_a_stopped_lock_holder_costs_at_most_the_timeout(name: str) -> None:
         child = _hold_lock(name, "holding")
         child.send_signal(signal.SIGSTOP)
         try:
-            began = time.monotonic()
-            with pytest.raises(StoreTimeoutError):
-                _count(store)
-            waited = time.monotonic() - began
-            assert 0.2 <= waited <= 0.2 + 2 * healthy + 0.2, waited
+            with StoodStill() as stood:
+                began = time.monotonic()
+                with pytest.raises(StoreTimeoutError):
+                    _count(store)
+                waited = time.monotonic() - began
+            # the timeout and the healthy call's work, plus what this process stood still
+            allowed = 1.2 * 0.2 + 2 * healthy + stood.seconds
+            print(
+                f"\nstopped holder: {waited:.3f}s (bound {allowed:.3f}s, "
+                f"stood still {stood.seconds:.3f}s)"
+            )
+            assert 0.2 <= waited <= allowed, (waited, allowed)
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait(10)
@@ -531,18 +539,22 @@ async def test_a_first_async_op_waits_for_a_stopped_lock_holder_without_blocking
 
                 await asyncio.sleep(0.02)  # the ticker notes the gap starting the child left
                 gaps.clear()
-                began = time.monotonic()
-                if user == "rate limit":
-                    assert await limiter.try_acquire_async(), "the local share answers"
-                else:
-                    assert await bulkhead.call_async(served) == "served", "the local share"
-                waited = time.monotonic() - began
-                await asyncio.sleep(0.05)  # the ticker notes the gap the call left
+                with StoodStill() as stood:
+                    began = time.monotonic()
+                    if user == "rate limit":
+                        assert await limiter.try_acquire_async(), "the local share answers"
+                    else:
+                        assert await bulkhead.call_async(served) == "served", "the local share"
+                    waited = time.monotonic() - began
+                    await asyncio.sleep(0.05)  # the ticker notes the gap the call left
             finally:
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
     finally:
         ticker.cancel()
     remove(name)  # the killed holder made NAME; nothing else uses it now
-    assert waited <= timeout + 3 * healthy + 0.5, waited
-    assert max(gaps) < timeout / 2 + 3 * healthy, (max(gaps), healthy)
+    # what this process stood still meanwhile is added: a kernel wait on the loop's thread
+    # (what the test is about) leaves the interpreter free, so it makes no thread late
+    late = stood.seconds
+    assert waited <= 1.2 * timeout + 3 * healthy + late, (waited, healthy, late)
+    assert max(gaps) < timeout / 2 + 3 * healthy + late, (max(gaps), healthy, late)

@@ -17,6 +17,7 @@ from floodwall.drill._record import Recorder
 from floodwall.drill.edge import LocalEdge
 from floodwall.drill.scenario import FaultSpec, ServiceSpec, parse_scenario
 from floodwall.drill.services import MockService, read_ledger
+from stalls import StoodStill
 
 pytestmark = [
     pytest.mark.integration,
@@ -40,19 +41,33 @@ async def started(tmp_path: Path, recorder: Recorder, **spec: Any) -> MockServic
 
 
 async def test_reads_latency_and_errors(tmp_path: Path, session: aiohttp.ClientSession) -> None:
-    recorder = Recorder()
-    service = await started(tmp_path, recorder, latency="100ms")
-    try:
+    async def read(service: MockService) -> float:
+        """Seconds a GET took, answered 200 by ``service``."""
         begun = time.monotonic()
         async with session.get(service.url + "/x", headers={"X-Drill-Request": "7"}) as answer:
             assert answer.status == 200
             assert (await answer.json())["service"] == "svc"
-        assert 0.09 <= time.monotonic() - begun < 1.0
+        return time.monotonic() - begun
+
+    twin = await started(tmp_path, Recorder(), latency=0)
+    try:
+        answered = await read(twin)  # the same first read with no latency: the baseline
+    finally:
+        await twin.stop()
+    recorder = Recorder()
+    service = await started(tmp_path, recorder, latency="100ms")
+    try:
+        with StoodStill() as stood:
+            took = await read(service)
         (call,) = recorder.calls()
         assert call.service == "svc" and call.request == 7 and call.status == 200
         assert call.end is not None and call.end - call.start >= 0.09
     finally:
         await service.stop()
+    # the latency once, plus the twin's round trip and what this process stood still meanwhile
+    bound = 1.2 * 0.1 + answered + stood.seconds
+    print(f"\nlatency 100 ms: {took:.3f}s (bound {bound:.3f}s, twin {answered:.3f}s)")
+    assert 0.09 <= took < bound, (took, answered, stood.seconds)
     failing = await started(tmp_path, Recorder(), latency=0, error_rate=1.0, error_status=502)
     try:
         async with session.get(failing.url + "/x") as answer:
