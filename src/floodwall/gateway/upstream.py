@@ -65,9 +65,10 @@ GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})
 
 FAILURE_REASONS = ("timeout", "connect", "reset", "protocol", "5xx")
 """Why a try failed, as each endpoint counts it: ``timeout`` (no answer head within the try's
-time: the per-try timeout, ``read_timeout`` or the request's deadline), ``connect`` (no
-connection: refused, unreachable, TLS, ``connect_timeout``), ``reset`` (the connection broke
-after the request went out), ``protocol`` (an answer that is not valid HTTP/1.1) and ``5xx``
+time: the per-try timeout, ``read_timeout`` or the request's deadline; or no body byte within
+``read_timeout``), ``connect`` (no connection: refused, unreachable, TLS, ``connect_timeout``),
+``reset`` (the connection broke after the request went out, before the answer's body ended),
+``protocol`` (an answer that is not valid HTTP/1.1) and ``5xx``
 (an answer with a 5xx status). All but ``5xx`` are gateway failures; so are 502, 503 and 504."""
 
 _INF = math.inf
@@ -351,10 +352,20 @@ class UpstreamPool:
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def report(self, endpoint: Endpoint, status: int | None, reason: str = "connect") -> None:
+    def report(
+        self,
+        endpoint: Endpoint,
+        status: int | None,
+        reason: str = "connect",
+        *,
+        counted: bool = False,
+    ) -> None:
         """How a try on ``endpoint`` went: its answer's ``status``, or ``None`` for a gateway
-        failure with its ``reason`` (one of :data:`FAILURE_REASONS`)."""
-        endpoint.requests += 1
+        failure with its ``reason`` (one of :data:`FAILURE_REASONS`). ``counted``: the try was
+        counted in :attr:`Endpoint.requests` when its answer's head came, and this is how its
+        body ended (an answer below 500 ends a run of failures only once its body is whole)."""
+        if not counted:
+            endpoint.requests += 1
         outliers = self.outliers
         if status is None or status >= 500:
             kind = "5xx" if status is not None else reason
