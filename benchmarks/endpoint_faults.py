@@ -1,11 +1,12 @@
 """One endpoint of two fails in real ways: floodwall's gateway beside nginx and HAProxy.
 
-    python benchmarks/endpoint_faults.py [--only KIND ...] [--seconds 10]
+    python benchmarks/endpoint_faults.py [--balance least|round-robin] [--only KIND ...]
+        [--proxies NAME ...] [--seconds 10]
 
-For each fault kind and each proxy: two endpoint *processes* (the small Python server in
-:data:`ENDPOINT`, started with ``subprocess``, so ``SIGSTOP`` and ``SIGKILL`` are real), the proxy
-in front of them on loopback, then 100 GET requests/s open-loop for 10 s (the drill's load
-generator: each request sent at its time whatever the answers do), the fault on the second
+For each fault kind and each proxy: two endpoint *processes* (:data:`ENDPOINT`,
+``fault_endpoint.py``, started with ``subprocess``, so ``SIGSTOP`` and ``SIGKILL`` are real),
+the proxy in front of them on loopback, then 100 GET requests/s open-loop for 10 s (the drill's
+load generator: each request sent at its time whatever the answers do), the fault on the second
 endpoint from second 2 to 7:
 
 * ``frozen``: ``SIGSTOP`` (the kernel still accepts connections into the backlog), ``SIGCONT``;
@@ -16,13 +17,16 @@ endpoint from second 2 to 7:
 * ``reset``: the connection reset (``SO_LINGER`` 0) once a request was read.
 
 The endpoint switches ``slow``, ``stall-*`` and ``reset`` on at ``SIGUSR1`` and off at
-``SIGUSR2``. Printed, as a Markdown table per kind: requests answered 200 with their whole
-body, p99 (from each request's scheduled time), the time the faulty endpoint took to stop
-affecting requests (the last request slower than :data:`AFFECTED` or failed, before a second
-without one), the time after the heal until it answered a request again (from its own log of
-the requests it answered, each carrying the load's ``X-Drill-Request``), and tracebacks in the
-gateway's standard error. Each proxy is configured alike (see :func:`commands`). Nothing leaves
-127.0.0.1; every process is stopped at the end, whatever happens.
+``SIGUSR2``. Printed, as one Markdown table (a row per kind and proxy): requests answered 200
+with their whole body, p99 (from each request's scheduled time), the time the faulty endpoint
+took to stop affecting requests (the last request slower than :data:`AFFECTED` or failed,
+before a second without one), the time after the heal until it answered a request again (from
+its own log of the requests it answered, each carrying the load's ``X-Drill-Request``), and
+tracebacks in the gateway's standard error. Each proxy is configured alike (see
+:func:`command`); ``--balance`` picks least-request (the default, as ``examples/gateway.yaml``)
+or round-robin balancing for all three. ``ENDPOINT_FAULTS_DEBUG=1`` prints the times of the
+affected requests on standard error. Nothing leaves 127.0.0.1; every process is stopped at the
+end, whatever happens.
 """
 
 from __future__ import annotations
