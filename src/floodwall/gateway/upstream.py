@@ -21,8 +21,10 @@ the active checks and not ejected by outlier detection) and reports how it went 
   502/503/504: Envoy's ``consecutive_gateway_failure``), eject an endpoint
   for ``base × n`` seconds, ``n`` the times it was ejected (capped; ``n`` decays by one per
   ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
-  least one of two or more). It is the per-endpoint breaker: the route's own breaker sees the
-  upstream as a whole.
+  least one of two or more). Back from an ejection, an endpoint is on probation until it
+  answers below 500: :meth:`UpstreamPool.pick` gives it one request at a time, and a failure
+  ejects it again at once (nginx's probe of a server back from ``fail_timeout``). It is the
+  per-endpoint breaker: the route's own breaker sees the upstream as a whole.
 * **Active health checks** (:class:`HealthTracker`, pure thresholds; the pool's task sends the
   probes): ``unhealthy_threshold`` failed probes in a row mark an endpoint down,
   ``healthy_threshold`` good ones bring it back. Without health checks every endpoint is
@@ -130,6 +132,8 @@ class _Outlier:
     times: int = 0
     until: float = -_INF
     last_ejected: float = -_INF
+    probation: bool = False
+    """Ejected, and no answer below 500 since: one more failure ejects it again."""
 
 
 class OutlierDetector:
@@ -146,6 +150,8 @@ class OutlierDetector:
         self.max_ejected = 0 if size < 2 or config.max_ejection_share == 0 else max(1, share)
         """Endpoints that may be ejected at once."""
         self.ejections = 0
+        self.probing = 0
+        """Endpoints on probation (see :meth:`on_probation`)."""
 
     def ejected(self, index: int, now: float) -> bool:
         return self._state[index].until > now
@@ -157,25 +163,36 @@ class OutlierDetector:
         """When ``index``'s current (or last) ejection ends."""
         return self._state[index].until
 
+    def on_probation(self, index: int) -> bool:
+        """Whether ``index`` was ejected and has not answered below 500 since: back from its
+        ejection, its next failure ejects it again at once (nginx's ``max_fails`` probe: a
+        server still failing when its ``fail_timeout`` ends is out again after one request)."""
+        return self._state[index].probation
+
     def answered(self, index: int) -> None:
-        """:meth:`record` of an answer below 500: both runs of failures end (no clock read)."""
+        """:meth:`record` of an answer below 500: both runs of failures and the probation end
+        (no clock read)."""
         state = self._state[index]
         state.consecutive_5xx = 0
         state.consecutive_gateway = 0
+        if state.probation:
+            state.probation = False
+            self.probing -= 1
 
     def record(self, index: int, now: float, status: int | None) -> str | None:
         """Count one answer (``status``) or gateway failure (``None``) of ``index``; the reason
         if this ejects it."""
         state = self._state[index]
         if status is not None and status < 500:
-            state.consecutive_5xx = 0
-            state.consecutive_gateway = 0
+            self.answered(index)
             return None
         gateway = status is None or status in GATEWAY_FAILURE_STATUSES
         state.consecutive_5xx += 1
         state.consecutive_gateway = state.consecutive_gateway + 1 if gateway else 0
         config = self.config
-        if state.consecutive_gateway >= config.consecutive_gateway_failures:
+        if state.probation and state.until <= now:
+            why = "failed again after its ejection"
+        elif state.consecutive_gateway >= config.consecutive_gateway_failures:
             why = f"{state.consecutive_gateway} consecutive gateway failures"
         elif state.consecutive_5xx >= config.consecutive_5xx:
             why = f"{state.consecutive_5xx} consecutive 5xx answers"
@@ -197,6 +214,9 @@ class OutlierDetector:
         state.last_ejected = now
         state.consecutive_5xx = 0
         state.consecutive_gateway = 0
+        if not state.probation:
+            state.probation = True
+            self.probing += 1
         self.ejections += 1
         return f"{why}: ejected for {duration:g}s (ejection #{state.times})"
 
@@ -334,6 +354,15 @@ class UpstreamPool:
             return None
         if count == 1:
             return candidates[0]
+        outliers = self.outliers
+        if outliers is not None and outliers.probing:  # one request at a time on probation
+            ready = tuple(
+                e for e in candidates if not (e.in_flight and outliers.on_probation(e.index))
+            )
+            if ready:
+                candidates, count = ready, len(ready)
+                if count == 1:
+                    return candidates[0]
         if avoid:  # (a first try's empty list costs nothing)
             tried = (avoid,) if isinstance(avoid, Endpoint) else avoid
             fresh = tuple(e for e in candidates if e not in tried)
