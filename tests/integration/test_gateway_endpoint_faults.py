@@ -149,3 +149,27 @@ def test_an_endpoint_whose_bodies_stall_is_ejected_and_comes_back(
     assert stalling.answered() >= before + 2, "the healed endpoint never served again"
     back = _endpoint(gw, stalling.url)
     assert back["state"] == "up" and back["consecutive_failures"] == 0
+
+
+def test_a_small_body_that_stalls_is_tried_on_the_other_endpoint(
+    endpoint_pair: Callable[[str], tuple[EndpointProcess, ...]], gateways: Start
+) -> None:
+    """A small answer is read within its try: nothing went to the client yet, so with a retry
+    the request is answered by the other endpoint, whole, while the stalling one is ejected."""
+    good, stalling = endpoint_pair("stall-small")
+    config = _config(good, stalling)
+    config["resources"] = {"pool": {"retry": {"attempts": 2, "budget": {"ratio": 0.5}}}}
+    config["routes"][0]["resource"] = "pool"
+    gw = gateways(config)
+    answered = []
+    with httpx.Client(base_url=gw.url, timeout=5) as client:
+        stalling.proc.send_signal(signal.SIGUSR1)
+        for _ in range(4 * FAILURES):
+            answered.append(_get(client, "/small"))
+            if _endpoint(gw, stalling.url)["ejected"]:
+                break
+    assert all(answered), answered.count(False)
+    shown = _endpoint(gw, stalling.url)
+    assert shown["ejected"], shown
+    assert shown["failures_by_reason"]["timeout"] == FAILURES, shown
+    assert gw.admin("GET", "/status").json()["upstreams"]["pool"]["retries_elsewhere"] == 0

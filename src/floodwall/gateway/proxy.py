@@ -270,7 +270,7 @@ class _Attempt:
         may be sent again (``None``: the last try did not fail that way)."""
         self.client_host = forwarded_host if pool.client_host else None
 
-    async def __call__(self) -> UpstreamResponse:
+    async def __call__(self) -> UpstreamResponse:  # noqa: PLR0912 - one try inline
         pool, call = self.pool, self.call
         self.failed = None
         endpoint = pool.sole  # (a pool of one: no UpstreamPool.pick call)
@@ -309,6 +309,8 @@ class _Attempt:
                     )
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
+        if not answer.complete and call.retryable:
+            await self._small_body(answer, endpoint)
         status = answer.status
         # (UpstreamPool.report of an answer below 500 after another, inline: the usual answer,
         # no call; after failures, one whose body is still coming ends their run only once the
@@ -326,6 +328,22 @@ class _Attempt:
         finally:
             endpoint.in_flight -= 1
         raise failure
+
+    async def _small_body(self, answer: UpstreamResponse, endpoint: Endpoint) -> None:
+        """A small answer's body (up to :data:`SMALL_BODY`, declared), awaited within the try
+        that may be sent again: nothing went to the client yet, so a body that stalls past
+        ``read_timeout`` or breaks fails the try like a missing head, and a retry may send the
+        request to another endpoint. (A try that may not be repeated leaves it to
+        :meth:`Proxy._whole`.)"""
+        length = answer.content_length
+        if length is None or length > SMALL_BODY:
+            return
+        try:
+            async with asyncio.timeout(self.pool.read_timeout):
+                await answer.arrived()
+        except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
+            answer.release()
+            raise self._failed(endpoint, exc) from None
 
     def _head_limit(self) -> float | None:
         """Seconds the answer's head may take: ``read_timeout`` and the time this try has
