@@ -132,6 +132,7 @@ def test_consecutive_failures_eject_for_a_growing_time() -> None:
     assert why is not None and "gateway failures" in why
     assert detector.record(2, 3.0, None) is None and detector.record(2, 3.0, None) is None  # cap
     assert not detector.ejected(2, 3.0)
+    detector.record(0, 12.0, 200)  # back, and answered: off probation
     for _ in range(3):  # endpoint 0 again, right after its return: ejected for 2 × 10 s
         detector.record(0, 12.0, 500)
     assert detector.ejected(0, 31.0) and not detector.ejected(0, 32.1)
@@ -140,6 +141,7 @@ def test_consecutive_failures_eject_for_a_growing_time() -> None:
 def test_ejection_count_decays_after_quiet_time() -> None:
     detector = OutlierDetector(2, OutlierConfig(consecutive_5xx=1, base_ejection_time=10))
     detector.record(0, 0.0, 500)  # 10 s
+    detector.record(0, 10.0, 200)  # back, and answered (off probation)
     detector.record(0, 10.0, 500)  # 20 s
     assert detector.until(0) == 30.0
     detector.record(0, 100.0, 500)  # 70 s quiet: the count decays back to zero first
@@ -151,13 +153,14 @@ def test_an_endpoint_back_from_ejection_is_on_probation_until_it_answers() -> No
     detector = OutlierDetector(2, config)
     assert [detector.record(0, 0.0, None) for _ in range(3)][-1] is not None
     assert detector.on_probation(0) and detector.probing == 1
-    why = detector.record(0, 10.5, None)  # back, and its first failure ejects it again
-    assert why is not None and "again" in why
-    assert detector.ejected(0, 30.4) and not detector.ejected(0, 30.6)  # 2 × 10 s
-    assert detector.record(0, 31.0, 200) is None  # an answer ends the probation
+    why = detector.record(0, 10.5, None)  # back, and its first failure ejects it again,
+    assert why is not None and "again" in why  # for as long as the last time
+    assert detector.ejected(0, 20.4) and not detector.ejected(0, 20.6)
+    assert detector.record(0, 21.0, 200) is None  # an answer ends the probation
     assert not detector.on_probation(0) and detector.probing == 0
-    outcomes = [detector.record(0, 32.0, None) is None for _ in range(3)]
-    assert outcomes == [True, True, False]  # three in a row again
+    outcomes = [detector.record(0, 22.0, None) is None for _ in range(3)]
+    assert outcomes == [True, True, False]  # three in a row again, then 2 × 10 s out
+    assert detector.ejected(0, 41.9) and not detector.ejected(0, 42.1)
 
 
 def test_a_single_endpoint_is_never_ejected() -> None:

@@ -23,7 +23,8 @@ the active checks and not ejected by outlier detection) and reports how it went 
   ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
   least one of two or more). Back from an ejection, an endpoint is on probation until it
   answers below 500: :meth:`UpstreamPool.pick` gives it one request at a time, and a failure
-  ejects it again at once (nginx's probe of a server back from ``fail_timeout``). It is the
+  ejects it again at once, for as long as the last time (nginx's probe of a server back from
+  ``fail_timeout``). It is the
   per-endpoint breaker: the route's own breaker sees the upstream as a whole.
 * **Active health checks** (:class:`HealthTracker`, pure thresholds; the pool's task sends the
   probes): ``unhealthy_threshold`` failed probes in a row mark an endpoint down,
@@ -190,8 +191,9 @@ class OutlierDetector:
         state.consecutive_5xx += 1
         state.consecutive_gateway = state.consecutive_gateway + 1 if gateway else 0
         config = self.config
+        grow = True
         if state.probation and state.until <= now:
-            why = "failed again after its ejection"
+            why, grow = "failed again after its ejection", False
         elif state.consecutive_gateway >= config.consecutive_gateway_failures:
             why = f"{state.consecutive_gateway} consecutive gateway failures"
         elif state.consecutive_5xx >= config.consecutive_5xx:
@@ -200,15 +202,18 @@ class OutlierDetector:
             return None
         if state.until > now or self.ejected_count(now) >= self.max_ejected:
             return None
-        return self._eject(state, now, why)
+        return self._eject(state, now, why, grow)
 
-    def _eject(self, state: _Outlier, now: float, why: str) -> str:
+    def _eject(self, state: _Outlier, now: float, why: str, grow: bool) -> str:
+        """Eject for ``base × n``; ``grow``: ``n`` counts this ejection (not when the endpoint
+        failed its probation: it is out again for as long as the last time, nginx's
+        ``fail_timeout``, so a healed endpoint is not kept out longer for its first request)."""
         config = self.config
         base = config.base_ejection_time
         if state.last_ejected > -_INF:
             quiet = max(0.0, now - max(state.until, state.last_ejected))
             state.times = max(0, state.times - int(quiet // base))
-        state.times += 1
+        state.times = state.times + 1 if grow else max(1, state.times)
         duration = min(base * state.times, config.max_ejection_time)
         state.until = now + duration
         state.last_ejected = now
