@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import proxy_cases
@@ -89,8 +89,20 @@ def exchange(port: int, data: bytes) -> bytes:
 
 
 def nginx(
-    directory: Path, port: int, upstreams: list[int], timeout: float = 60.0
+    directory: Path,
+    port: int,
+    upstreams: list[int],
+    timeout: float = 60.0,
+    *,
+    server: str = "",
+    upstream: str = "",
+    location: str = "",
+    connections: int = 64,
 ) -> list[str] | None:
+    """nginx's command line, its configuration written in ``directory``; ``server`` is added to
+    each ``server`` line of the upstream block, ``upstream`` to the block and ``location`` to
+    the proxied location (directives, for a comparison that needs more than the defaults);
+    ``connections``: its ``worker_connections`` (a proxied request takes two)."""
     if shutil.which("nginx") is None:
         return None
     conf = directory / "nginx.conf"
@@ -99,33 +111,49 @@ def nginx(
         (directory / kind).mkdir(exist_ok=True)
     user = "user root;" if os.geteuid() == 0 else ""  # (its workers write the temp files)
     temp = " ".join(f"{kind}_temp_path {directory / kind};" for kind in kinds)
-    servers = " ".join(f"server 127.0.0.1:{upstream};" for upstream in upstreams)
+    servers = " ".join(f"server 127.0.0.1:{port_} {server};" for port_ in upstreams)
     conf.write_text(
         f"{user} worker_processes 1; daemon off; pid {directory / 'nginx.pid'};\n"
-        f"error_log {directory / 'nginx.log'} info;\nevents {{ worker_connections 64; }}\n"
-        f"http {{ access_log off; {temp}\n  upstream backend {{ {servers} }}\n"
+        f"error_log {directory / 'nginx.log'} info;\n"
+        f"events {{ worker_connections {connections}; }}\n"
+        f"http {{ access_log off; {temp}\n  upstream backend {{ {servers} {upstream} }}\n"
         f"  server {{ listen 127.0.0.1:{port};\n"
-        f"    location / {{ proxy_pass http://backend; proxy_read_timeout {timeout:g}s; }} }} }}\n",
+        f"    location / {{ proxy_pass http://backend; "
+        f"proxy_read_timeout {round(timeout * 1000)}ms; {location} }} }} }}\n",
         encoding="utf-8",
     )
     return ["nginx", "-p", str(directory), "-e", str(directory / "nginx.log"), "-c", str(conf)]
 
 
 def haproxy(
-    directory: Path, port: int, upstreams: list[int], timeout: float = 5.0, retry: bool = False
+    directory: Path,
+    port: int,
+    upstreams: list[int],
+    timeout: float = 5.0,
+    retry: bool = False,
+    *,
+    connect: float = 2.0,
+    server: str = "",
+    backend: str = "",
+    connections: int = 64,
 ) -> list[str] | None:
+    """HAProxy's command line, its configuration written in ``directory``; ``server`` is added
+    to each ``server`` line and ``backend`` (lines) to the backend; ``connections``: its
+    ``maxconn``. Times are written in milliseconds."""
     if shutil.which("haproxy") is None:
         return None
     conf = directory / "haproxy.cfg"
     servers = "".join(
-        f"  server s{number} 127.0.0.1:{upstream}\n" for number, upstream in enumerate(upstreams)
+        f"  server s{number} 127.0.0.1:{upstream} {server}\n"
+        for number, upstream in enumerate(upstreams)
     )
     redispatch = "  option redispatch 1\n" if retry else ""
     conf.write_text(
-        "global\n  maxconn 64\ndefaults\n  mode http\n  timeout connect 2s\n"
-        f"  timeout client 5s\n  timeout server {timeout:g}s\n{redispatch}"
+        f"global\n  maxconn {connections}\ndefaults\n  mode http\n"
+        f"  timeout connect {round(connect * 1000)}ms\n  timeout client 5s\n"
+        f"  timeout server {round(timeout * 1000)}ms\n{redispatch}"
         f"frontend edge\n  bind 127.0.0.1:{port}\n  default_backend upstream\n"
-        f"backend upstream\n{servers}",
+        f"backend upstream\n{backend}{servers}",
         encoding="utf-8",
     )
     return ["haproxy", "-db", "-f", str(conf)]
@@ -134,25 +162,26 @@ def haproxy(
 def floodwall(
     directory: Path, port: int, upstreams: list[int], timeout: float = 30.0, retry: bool = False
 ) -> list[str]:
-    conf = directory / "gateway.json"
     route: dict[str, object] = {"match": {"path_prefix": "/"}, "upstream": "svc"}
     resources = {}
     if retry:
         resources = {"svc": {"retry": {"attempts": 2}}}
         route["resource"] = "svc"
     endpoints = [f"http://127.0.0.1:{upstream}" for upstream in upstreams]
-    conf.write_text(
-        json.dumps(
-            {
-                "listen": f"127.0.0.1:{port}",
-                "admin": None,
-                "upstreams": {"svc": {"endpoints": endpoints, "read_timeout": timeout}},
-                "resources": resources,
-                "routes": [route],
-            }
-        ),
-        encoding="utf-8",
-    )
+    document = {
+        "listen": f"127.0.0.1:{port}",
+        "admin": None,
+        "upstreams": {"svc": {"endpoints": endpoints, "read_timeout": timeout}},
+        "resources": resources,
+        "routes": [route],
+    }
+    return floodwall_command(directory, document)
+
+
+def floodwall_command(directory: Path, document: Mapping[str, object]) -> list[str]:
+    """The gateway's command line, ``document`` written as its configuration in ``directory``."""
+    conf = directory / "gateway.json"
+    conf.write_text(json.dumps(document), encoding="utf-8")
     return [sys.executable, "-m", "floodwall.gateway", "-c", str(conf)]
 
 
@@ -204,30 +233,41 @@ def server_field(answer: bytes) -> str:
 
 
 @contextlib.contextmanager
-def running(commands: dict[str, list[str] | None], ports: dict[str, int]) -> Iterator[None]:
-    procs = [
-        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for command in commands.values()
-        if command is not None
-    ]
-    try:
-        deadline = time.monotonic() + 20
-        for name, port in ports.items():
-            while commands[name] is not None and time.monotonic() < deadline:
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                time.sleep(0.1)
-        yield
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+def running(
+    commands: dict[str, list[str] | None], ports: dict[str, int], logs: Path | None = None
+) -> Iterator[None]:
+    """The ``commands`` started, each ready once its port in ``ports`` takes a connection (at
+    most 20 s in all), and stopped at the end whatever happens; ``logs``: a directory for each
+    one's standard error (``NAME.log``), else it is dropped."""
+    procs = []
+    with contextlib.ExitStack() as files:
+        for name, command in commands.items():
+            if command is None:
+                continue
+            err = (
+                files.enter_context((logs / f"{name}.log").open("wb"))
+                if logs is not None
+                else subprocess.DEVNULL
+            )
+            procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err))
+        try:
+            deadline = time.monotonic() + 20
+            for name, port in ports.items():
+                while commands.get(name) is not None and time.monotonic() < deadline:
+                    with contextlib.suppress(OSError):
+                        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                        break
+                    time.sleep(0.1)
+            yield
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
 
 
 def table(upstream: Upstream, ports: dict[str, int], live: set[str]) -> list[str]:

@@ -136,6 +136,7 @@ def test_consecutive_failures_eject_for_a_growing_time() -> None:
     assert why is not None and "gateway failures" in why
     assert detector.record(2, 3.0, None) is None and detector.record(2, 3.0, None) is None  # cap
     assert not detector.ejected(2, 3.0)
+    detector.record(0, 12.0, 200)  # back, and answered: off probation
     for _ in range(3):  # endpoint 0 again, right after its return: ejected for 2 × 10 s
         detector.record(0, 12.0, 500)
     assert detector.ejected(0, 31.0) and not detector.ejected(0, 32.1)
@@ -144,10 +145,26 @@ def test_consecutive_failures_eject_for_a_growing_time() -> None:
 def test_ejection_count_decays_after_quiet_time() -> None:
     detector = OutlierDetector(2, OutlierConfig(consecutive_5xx=1, base_ejection_time=10))
     detector.record(0, 0.0, 500)  # 10 s
+    detector.record(0, 10.0, 200)  # back, and answered (off probation)
     detector.record(0, 10.0, 500)  # 20 s
     assert detector.until(0) == 30.0
     detector.record(0, 100.0, 500)  # 70 s quiet: the count decays back to zero first
     assert detector.until(0) == 110.0
+
+
+def test_an_endpoint_back_from_ejection_is_on_probation_until_it_answers() -> None:
+    config = OutlierConfig(consecutive_gateway_failures=3, base_ejection_time=10)
+    detector = OutlierDetector(2, config)
+    assert [detector.record(0, 0.0, None) for _ in range(3)][-1] is not None
+    assert detector.on_probation(0) and detector.probing == 1
+    why = detector.record(0, 10.5, None)  # back, and its first failure ejects it again,
+    assert why is not None and "again" in why  # for as long as the last time
+    assert detector.ejected(0, 20.4) and not detector.ejected(0, 20.6)
+    assert detector.record(0, 21.0, 200) is None  # an answer ends the probation
+    assert not detector.on_probation(0) and detector.probing == 0
+    outcomes = [detector.record(0, 22.0, None) is None for _ in range(3)]
+    assert outcomes == [True, True, False]  # three in a row again, then 2 × 10 s out
+    assert detector.ejected(0, 41.9) and not detector.ejected(0, 42.1)
 
 
 def test_a_single_endpoint_is_never_ejected() -> None:
@@ -205,6 +222,20 @@ def test_ejected_endpoints_leave_and_return(clock: FakeClock) -> None:
     assert {pool.pick() for _ in range(4)} == set(pool.endpoints)
     snapshot = pool.snapshot()
     assert snapshot["ejections"] == 1 and snapshot["available"] == 2
+
+
+def test_an_endpoint_on_probation_takes_one_request_at_a_time(clock: FakeClock) -> None:
+    outliers = {"consecutive_gateway_failures": 2, "base_ejection_time": 5}
+    pool = _pool("round_robin", 2, clock, outlier_detection=outliers)
+    good, bad = pool.endpoints
+    pool.report(bad, None, "timeout")
+    pool.report(bad, None, "timeout")
+    clock.advance(5.01)
+    assert {pool.pick() for _ in range(4)} == {good, bad}  # back, nothing in flight on it
+    bad.in_flight = 1  # its probe is out: the others wait for its answer
+    assert {pool.pick() for _ in range(4)} == {good}
+    pool.report(bad, 200)  # it answered: off probation, its share again
+    assert {pool.pick() for _ in range(4)} == {good, bad}
 
 
 def test_sole_is_the_pick_of_a_pool_of_one_and_none_otherwise(clock: FakeClock) -> None:

@@ -236,6 +236,19 @@ class UpstreamResponse:
                 connection.transport.resume_reading()
         return data
 
+    async def arrived(self) -> None:
+        """Wait until the whole body has arrived, kept for :meth:`take` (the caller bounds the
+        wait; for bodies up to :data:`BODY_HIGH_WATER`, past which reading pauses); the
+        connection's failure if it broke before the end."""
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
     def take(self) -> bytes:
         """The whole body, once it has all arrived (:attr:`complete`)."""
         chunks = self._chunks

@@ -25,9 +25,12 @@ answering on its own when it refuses:
 
 Every try reports its outcome to the upstream pool (outlier detection, the endpoint's figures):
 its status, or the gateway failure that ended it (timeout, connect, reset, protocol), including
-a try the resource's Timeout cancelled. A retry goes to an endpoint the request has not tried
-while there is one, and a try that failed at the gateway goes on to such an endpoint with what
-is left of the deadline when the retry held back only for lack of time (:func:`_try_elsewhere`).
+a try the resource's Timeout cancelled, and then how the body of an answer below 500 ended (a
+body that stalls past ``read_timeout`` or breaks is the endpoint's failure too; a run of
+failures ends only with a whole body: :func:`_body_ended`). A retry goes to an endpoint the
+request has not tried while there is one, and a try that failed at the gateway goes on to such
+an endpoint with what is left of the deadline when the retry held back only for lack of time
+(:func:`_try_elsewhere`).
 
 Slow clients: a request head must arrive within ``limits.header_timeout`` (the server's
 protocol closes the connection otherwise), each chunk of a body within
@@ -267,7 +270,7 @@ class _Attempt:
         may be sent again (``None``: the last try did not fail that way)."""
         self.client_host = forwarded_host if pool.client_host else None
 
-    async def __call__(self) -> UpstreamResponse:
+    async def __call__(self) -> UpstreamResponse:  # noqa: PLR0912 - one try inline
         pool, call = self.pool, self.call
         self.failed = None
         endpoint = pool.sole  # (a pool of one: no UpstreamPool.pick call)
@@ -306,9 +309,14 @@ class _Attempt:
                     )
         except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
             raise self._failed(endpoint, exc) from None
+        if not answer.complete and call.retryable:
+            await self._small_body(answer, endpoint)
         status = answer.status
-        if status < 500 and not endpoint.streak:  # (UpstreamPool.report of an answer below 500
-            endpoint.requests += 1  # after another, inline: the usual answer, no call)
+        # (UpstreamPool.report of an answer below 500 after another, inline: the usual answer,
+        # no call; after failures, one whose body is still coming ends their run only once the
+        # body is whole: _body_ended)
+        if status < 500 and not (endpoint.streak and answer.complete):
+            endpoint.requests += 1
         else:
             pool.report(endpoint, status)
         failure = call.check(status, answer.header, None)
@@ -320,6 +328,22 @@ class _Attempt:
         finally:
             endpoint.in_flight -= 1
         raise failure
+
+    async def _small_body(self, answer: UpstreamResponse, endpoint: Endpoint) -> None:
+        """A small answer's body (up to :data:`SMALL_BODY`, declared), awaited within the try
+        that may be sent again: nothing went to the client yet, so a body that stalls past
+        ``read_timeout`` or breaks fails the try like a missing head, and a retry may send the
+        request to another endpoint. (A try that may not be repeated leaves it to
+        :meth:`Proxy._whole`.)"""
+        length = answer.content_length
+        if length is None or length > SMALL_BODY:
+            return
+        try:
+            async with asyncio.timeout(self.pool.read_timeout):
+                await answer.arrived()
+        except BaseException as exc:  # noqa: BLE001 - every ending is mapped, then raised
+            answer.release()
+            raise self._failed(endpoint, exc) from None
 
     def _head_limit(self) -> float | None:
         """Seconds the answer's head may take: ``read_timeout`` and the time this try has
@@ -355,8 +379,7 @@ class _Attempt:
             body = self.body
             if isinstance(body, _Body) and body.error is not None:
                 return body.error  # the client's body broke a limit, not the upstream
-            why = "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
-            self._count(endpoint, why)
+            self._count(endpoint, _broke(exc))
             return call.io_error(exc)
         if (  # the per-try or route timeout (else the client went away, or the gateway stops)
             isinstance(exc, asyncio.CancelledError)
@@ -391,6 +414,28 @@ _init_response = Response.__init__
 """The objects every request makes, built in two calls from Python: on CPython 3.11 a class
 call with a Python ``__init__`` re-enters the interpreter from C (as the inbound guard builds
 its ``Admission``)."""
+
+
+def _broke(exc: BaseException) -> str:
+    """The failure reason of an exchange that ``exc`` (the upstream client's error, or a
+    timer's) ended after the request went out."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "protocol" if isinstance(exc, UpstreamProtocolError) else "reset"
+
+
+def _body_ended(
+    pool: UpstreamPool, upstream: UpstreamResponse, error: BaseException | None
+) -> None:
+    """How the body of an answer below 500 ended, for its endpoint: ``error`` (a stalled or
+    broken body is the endpoint's failure like a missing head), else whole (it ends the
+    endpoint's run of failures, if the head left one open)."""
+    endpoint: Endpoint = upstream.endpoint
+    if error is not None:
+        if upstream.status < 500:  # (a 5xx was counted when its head came)
+            pool.report(endpoint, None, _broke(error), counted=True)
+    elif endpoint.streak and upstream.status < 500:
+        pool.report(endpoint, upstream.status, counted=True)
 
 
 def _past_deadline() -> bool:
@@ -794,11 +839,13 @@ class Proxy:
         try:
             async with asyncio.timeout(backup.config.read_timeout):
                 data = await response.read()
-        except (UpstreamError, TimeoutError):
+        except (UpstreamError, TimeoutError) as exc:
+            _body_ended(backup, response, exc)
             return None
         finally:
             response.release()
             result.endpoint.in_flight -= 1
+        _body_ended(backup, response, None)
         headers = _copy_response_headers(response)
         headers.append((DEGRADED_HEADER, degraded_value("backup", kind)))
         return Answer(response.status, headers, data)
@@ -842,7 +889,7 @@ class Proxy:
         if not whole:
             return _Streaming(
                 upstream,
-                endpoint,
+                route.pool,
                 status=status,
                 headers=headers,
                 length=length,
@@ -855,6 +902,8 @@ class Proxy:
             data = upstream.take()
         upstream.release()
         endpoint.in_flight -= 1
+        if endpoint.streak:  # (_body_ended: the head left a run of failures open)
+            _body_ended(route.pool, upstream, None)
         if keep and cache is not None:
             cache.put(
                 self._cache_key(request),
@@ -880,6 +929,8 @@ class Proxy:
         except BaseException as exc:
             upstream.release()
             upstream.endpoint.in_flight -= 1
+            if isinstance(exc, (TimeoutError, UpstreamError)):
+                _body_ended(route.pool, upstream, exc)
             if isinstance(exc, TimeoutError):
                 route.stats.count("timeout")
                 route.stats.settle("timeout", "error")
@@ -897,12 +948,12 @@ class Proxy:
 class _Streaming(Response):
     """An answer streamed from the upstream as it arrives (sent by :meth:`stream`)."""
 
-    __slots__ = ("_endpoint", "_length", "_read_timeout", "_upstream", "_write_timeout")
+    __slots__ = ("_length", "_pool", "_read_timeout", "_upstream", "_write_timeout")
 
     def __init__(
         self,
         upstream: UpstreamResponse,
-        endpoint: Endpoint,
+        pool: UpstreamPool,
         *,
         status: int,
         headers: list[tuple[str, str]],
@@ -914,7 +965,7 @@ class _Streaming(Response):
         self.clean = True  # (built from the route's copy of the upstream's fields)
         self._length = length
         self._upstream = upstream
-        self._endpoint = endpoint
+        self._pool = pool
         self._write_timeout = limits.write_timeout
         self._read_timeout = read_timeout
 
@@ -925,21 +976,27 @@ class _Streaming(Response):
         try:
             connection.begin(self, request, self._length)
             while True:
-                if upstream.ready:  # no timer to arm for what is here already
-                    chunk = await upstream.readany()
-                else:
-                    async with asyncio.timeout(self._read_timeout):
+                try:
+                    if upstream.ready:  # no timer to arm for what is here already
                         chunk = await upstream.readany()
+                    else:
+                        async with asyncio.timeout(self._read_timeout):
+                            chunk = await upstream.readany()
+                except (UpstreamError, TimeoutError) as exc:  # the endpoint's (not the client's)
+                    _body_ended(self._pool, upstream, exc)
+                    raise
                 if not chunk:
                     break
                 await connection.write(chunk, self._write_timeout)
             connection.end()
+            if upstream.endpoint.streak:
+                _body_ended(self._pool, upstream, None)
         except (UpstreamError, TimeoutError, ConnectionError) as exc:
             log.debug("streaming aborted: %r", exc)
             connection.abort()
         finally:
             upstream.release()
-            self._endpoint.in_flight -= 1
+            upstream.endpoint.in_flight -= 1
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -21,8 +21,11 @@ the active checks and not ejected by outlier detection) and reports how it went 
   502/503/504: Envoy's ``consecutive_gateway_failure``), eject an endpoint
   for ``base × n`` seconds, ``n`` the times it was ejected (capped; ``n`` decays by one per
   ``base`` seconds without ejection), never more than ``max_ejection_share`` of the pool (at
-  least one of two or more). It is the per-endpoint breaker: the route's own breaker sees the
-  upstream as a whole.
+  least one of two or more). Back from an ejection, an endpoint is on probation until it
+  answers below 500: :meth:`UpstreamPool.pick` gives it one request at a time, and a failure
+  ejects it again at once, for as long as the last time (nginx's probe of a server back from
+  ``fail_timeout``). It is the
+  per-endpoint breaker: the route's own breaker sees the upstream as a whole.
 * **Active health checks** (:class:`HealthTracker`, pure thresholds; the pool's task sends the
   probes): ``unhealthy_threshold`` failed probes in a row mark an endpoint down,
   ``healthy_threshold`` good ones bring it back. Without health checks every endpoint is
@@ -65,9 +68,10 @@ GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})
 
 FAILURE_REASONS = ("timeout", "connect", "reset", "protocol", "5xx")
 """Why a try failed, as each endpoint counts it: ``timeout`` (no answer head within the try's
-time: the per-try timeout, ``read_timeout`` or the request's deadline), ``connect`` (no
-connection: refused, unreachable, TLS, ``connect_timeout``), ``reset`` (the connection broke
-after the request went out), ``protocol`` (an answer that is not valid HTTP/1.1) and ``5xx``
+time: the per-try timeout, ``read_timeout`` or the request's deadline; or no body byte within
+``read_timeout``), ``connect`` (no connection: refused, unreachable, TLS, ``connect_timeout``),
+``reset`` (the connection broke after the request went out, before the answer's body ended),
+``protocol`` (an answer that is not valid HTTP/1.1) and ``5xx``
 (an answer with a 5xx status). All but ``5xx`` are gateway failures; so are 502, 503 and 504."""
 
 _INF = math.inf
@@ -129,6 +133,8 @@ class _Outlier:
     times: int = 0
     until: float = -_INF
     last_ejected: float = -_INF
+    probation: bool = False
+    """Ejected, and no answer below 500 since: one more failure ejects it again."""
 
 
 class OutlierDetector:
@@ -145,6 +151,8 @@ class OutlierDetector:
         self.max_ejected = 0 if size < 2 or config.max_ejection_share == 0 else max(1, share)
         """Endpoints that may be ejected at once."""
         self.ejections = 0
+        self.probing = 0
+        """Endpoints on probation (see :meth:`on_probation`)."""
 
     def ejected(self, index: int, now: float) -> bool:
         return self._state[index].until > now
@@ -156,25 +164,37 @@ class OutlierDetector:
         """When ``index``'s current (or last) ejection ends."""
         return self._state[index].until
 
+    def on_probation(self, index: int) -> bool:
+        """Whether ``index`` was ejected and has not answered below 500 since: back from its
+        ejection, its next failure ejects it again at once (nginx's ``max_fails`` probe: a
+        server still failing when its ``fail_timeout`` ends is out again after one request)."""
+        return self._state[index].probation
+
     def answered(self, index: int) -> None:
-        """:meth:`record` of an answer below 500: both runs of failures end (no clock read)."""
+        """:meth:`record` of an answer below 500: both runs of failures and the probation end
+        (no clock read)."""
         state = self._state[index]
         state.consecutive_5xx = 0
         state.consecutive_gateway = 0
+        if state.probation:
+            state.probation = False
+            self.probing -= 1
 
     def record(self, index: int, now: float, status: int | None) -> str | None:
         """Count one answer (``status``) or gateway failure (``None``) of ``index``; the reason
         if this ejects it."""
         state = self._state[index]
         if status is not None and status < 500:
-            state.consecutive_5xx = 0
-            state.consecutive_gateway = 0
+            self.answered(index)
             return None
         gateway = status is None or status in GATEWAY_FAILURE_STATUSES
         state.consecutive_5xx += 1
         state.consecutive_gateway = state.consecutive_gateway + 1 if gateway else 0
         config = self.config
-        if state.consecutive_gateway >= config.consecutive_gateway_failures:
+        grow = True
+        if state.probation and state.until <= now:
+            why, grow = "failed again after its ejection", False
+        elif state.consecutive_gateway >= config.consecutive_gateway_failures:
             why = f"{state.consecutive_gateway} consecutive gateway failures"
         elif state.consecutive_5xx >= config.consecutive_5xx:
             why = f"{state.consecutive_5xx} consecutive 5xx answers"
@@ -182,20 +202,26 @@ class OutlierDetector:
             return None
         if state.until > now or self.ejected_count(now) >= self.max_ejected:
             return None
-        return self._eject(state, now, why)
+        return self._eject(state, now, why, grow)
 
-    def _eject(self, state: _Outlier, now: float, why: str) -> str:
+    def _eject(self, state: _Outlier, now: float, why: str, grow: bool) -> str:
+        """Eject for ``base × n``; ``grow``: ``n`` counts this ejection (not when the endpoint
+        failed its probation: it is out again for as long as the last time, nginx's
+        ``fail_timeout``, so a healed endpoint is not kept out longer for its first request)."""
         config = self.config
         base = config.base_ejection_time
         if state.last_ejected > -_INF:
             quiet = max(0.0, now - max(state.until, state.last_ejected))
             state.times = max(0, state.times - int(quiet // base))
-        state.times += 1
+        state.times = state.times + 1 if grow else max(1, state.times)
         duration = min(base * state.times, config.max_ejection_time)
         state.until = now + duration
         state.last_ejected = now
         state.consecutive_5xx = 0
         state.consecutive_gateway = 0
+        if not state.probation:
+            state.probation = True
+            self.probing += 1
         self.ejections += 1
         return f"{why}: ejected for {duration:g}s (ejection #{state.times})"
 
@@ -333,6 +359,15 @@ class UpstreamPool:
             return None
         if count == 1:
             return candidates[0]
+        outliers = self.outliers
+        if outliers is not None and outliers.probing:  # one request at a time on probation
+            ready = tuple(
+                e for e in candidates if not (e.in_flight and outliers.on_probation(e.index))
+            )
+            if ready:
+                candidates, count = ready, len(ready)
+                if count == 1:
+                    return candidates[0]
         if avoid:  # (a first try's empty list costs nothing)
             tried = (avoid,) if isinstance(avoid, Endpoint) else avoid
             fresh = tuple(e for e in candidates if e not in tried)
@@ -351,10 +386,20 @@ class UpstreamPool:
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def report(self, endpoint: Endpoint, status: int | None, reason: str = "connect") -> None:
+    def report(
+        self,
+        endpoint: Endpoint,
+        status: int | None,
+        reason: str = "connect",
+        *,
+        counted: bool = False,
+    ) -> None:
         """How a try on ``endpoint`` went: its answer's ``status``, or ``None`` for a gateway
-        failure with its ``reason`` (one of :data:`FAILURE_REASONS`)."""
-        endpoint.requests += 1
+        failure with its ``reason`` (one of :data:`FAILURE_REASONS`). ``counted``: the try was
+        counted in :attr:`Endpoint.requests` when its answer's head came, and this is how its
+        body ended (an answer below 500 ends a run of failures only once its body is whole)."""
+        if not counted:
+            endpoint.requests += 1
         outliers = self.outliers
         if status is None or status >= 500:
             kind = "5xx" if status is not None else reason
