@@ -12,8 +12,9 @@ Answers every request on keep-alive connections: ``/big`` with a 256 KiB body, `
 * any other kind (``frozen``, ``killed``): no fault of its own, the caller signals the process.
 
 Each answered request's ``X-Drill-Request`` value (the drill's load numbers its requests) is
-appended to ``LOG``, one a line, as the answer is written (``/health`` is not logged). A
-separate process so that ``SIGSTOP`` and ``SIGKILL`` are real.
+appended to ``LOG``, one a line, just before the answer is written, so a client that got
+the answer finds it counted (``/health`` is not logged). A separate process so that
+``SIGSTOP`` and ``SIGKILL`` are real.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ class Endpoint(asyncio.Protocol):
             return
         if transport.is_closing():
             return
-        transport.write(start + body)
-        if path != "/health":
+        if path != "/health":  # (logged first: whoever got the answer finds it counted)
             state.log.write(fields.get("x-drill-request", "-") + "\n")
+        transport.write(start + body)
 
 
 def switch(state: State, on: bool) -> None:
