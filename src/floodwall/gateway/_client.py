@@ -218,13 +218,7 @@ class UpstreamResponse:
         while not self._chunks:
             if self.complete:
                 return b""
-            if self._error is not None:
-                raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._more()
         chunks = self._chunks
         data = _join(chunks)  # (one piece: the piece itself, no copy)
         chunks.clear()
@@ -241,13 +235,17 @@ class UpstreamResponse:
         wait; for bodies up to :data:`BODY_HIGH_WATER`, past which reading pauses); the
         connection's failure if it broke before the end."""
         while not self.complete:
-            if self._error is not None:
-                raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._more()
+
+    async def _more(self) -> None:
+        """Wait for more of the body (or its end); the connection's failure if it broke."""
+        if self._error is not None:
+            raise self._error
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     def take(self) -> bytes:
         """The whole body, once it has all arrived (:attr:`complete`)."""
